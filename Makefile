@@ -1,0 +1,60 @@
+# The pipeline: make infer judge score aggregate [BENCH=... MODEL=... JUDGE_MODEL=... RUNS=... DATA=...]
+# The endpoint comes from the environment: OPENAI_API_KEY, OPENAI_BASE_URL (the judge may use
+# JUDGE_API_KEY, JUDGE_BASE_URL). Every target is safe to rerun: it resumes where it stopped.
+
+BENCH       ?= clbench
+MODEL       ?= gpt-4o-mini
+JUDGE_MODEL ?= gpt-4.1
+RUNS        ?= 3
+DATA        ?=
+WORKERS     ?= 8
+MAX_SAMPLES ?=
+ARGS        ?=
+JUDGE_ARGS  ?=
+
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+data_flag   = $(if $(DATA),--input $(DATA))
+sample_flag = $(if $(MAX_SAMPLES),--max-samples $(MAX_SAMPLES))
+score_flags = $(if $(DATA),--data $(DATA)) $(sample_flag)
+
+# Run a stage once per run 1..RUNS. Exit 3 means incomplete (some tasks failed; the next
+# invocation retries them): the other runs go on, and infer/judge let the next stage go on too
+# (score then exits 3 because coverage is incomplete). Any other failure stops at once.
+define each_run
+	@rc=0; for k in $$(seq 1 $(RUNS)); do \
+	  $(1) --run $$k; c=$$?; \
+	  if [ $$c -eq 3 ]; then rc=3; elif [ $$c -ne 0 ]; then exit $$c; fi; \
+	done; \
+	if [ $$rc -eq 3 ] && [ "$(2)" = "go-on" ]; then echo "make: $@ incomplete (exit 3); going on, rerun later to finish"; rc=0; fi; \
+	exit $$rc
+endef
+
+.PHONY: install test infer judge score aggregate clean-venv
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+infer: $(STAMP)
+	$(call each_run,$(PYTHON) infer.py --bench $(BENCH) --model $(MODEL) $(data_flag) $(sample_flag) --workers $(WORKERS) $(ARGS),go-on)
+
+judge: $(STAMP)
+	$(call each_run,$(PYTHON) judge.py --bench $(BENCH) --model $(MODEL) --judge-model $(JUDGE_MODEL) --workers $(WORKERS) $(JUDGE_ARGS),go-on)
+
+score: $(STAMP)
+	$(call each_run,$(PYTHON) score.py --bench $(BENCH) --model $(MODEL) $(score_flags))
+
+aggregate: $(STAMP)
+	$(PYTHON) aggregate.py --bench $(BENCH) --runs $(RUNS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+"""evalpipe: a resumable JSONL pipeline for benchmarking language models."""
+
+__version__ = "0.1.0"

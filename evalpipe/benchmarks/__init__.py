@@ -1,0 +1,15 @@
+"""The benchmark registry: stages look a benchmark up here and never branch on its name."""
+
+from .base import Benchmark, Task, row_id
+from .clbench import CLBench
+
+REGISTRY: dict[str, type[Benchmark]] = {
+    CLBench.name: CLBench,
+}
+
+
+def get(name: str) -> Benchmark:
+    return REGISTRY[name]()
+
+
+__all__ = ["Benchmark", "Task", "REGISTRY", "get", "row_id"]

@@ -1,0 +1,68 @@
+"""What every benchmark answers: which tasks, how one is solved, how it is graded, which metrics."""
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..llm import ChatClient
+
+VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass
+class Task:
+    id: str
+    row: dict  # the dataset row as read
+    line: int  # where it was read, for error messages
+
+
+def row_id(row: dict) -> Any:
+    """The task id of a stage row: `idx`, or upstream's fallback `metadata.task_id`."""
+    if "idx" in row:
+        return row["idx"]
+    meta = row.get("metadata")
+    return meta.get("task_id") if isinstance(meta, dict) else None
+
+
+class Benchmark:
+    name: str = ""
+    default_data: Path | None = None
+    judge_uses_llm: bool = False
+
+    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Benchmark-specific infer flags."""
+
+    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Benchmark-specific judge flags."""
+
+    def configure(self, args: argparse.Namespace) -> None:
+        """Take the parsed flags (called once before load/solve/grade)."""
+        self.args = args
+
+    def load(self, path: Path) -> list[Task]:
+        raise NotImplementedError
+
+    async def solve(self, task: Task, model: ChatClient) -> dict:
+        """Make the inference row for one task (raises llm.CallFailed to leave it pending)."""
+        raise NotImplementedError
+
+    def is_judged(self, row: dict) -> bool:
+        """Whether a judge row is final (False: judge it again on the next run)."""
+        return True
+
+    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+        """Make the judge row for one inference row."""
+        raise NotImplementedError
+
+    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        """One run's metrics from the selected tasks and their judge rows (last row per id)."""
+        raise NotImplementedError
+
+    def headline(self, metrics: dict) -> dict[str, float | None]:
+        """The figures aggregate reports as mean ± std across runs, in display order (0..1)."""
+        raise NotImplementedError
+
+    def format_metrics(self, metrics: dict) -> str:
+        """A human-readable table of one run's metrics."""
+        raise NotImplementedError

@@ -1,0 +1,484 @@
+"""CL-bench: context learning, graded by an LLM judge against rubrics, all-or-nothing.
+
+Rows stay compatible with upstream (Tencent-Hunyuan/CL-bench): an inference row starts with
+idx, messages, model_output, rubrics, metadata; a judge row adds grading_rationale,
+requirement_status and score. Our extra keys come after those.
+"""
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import jsonl, stats
+from ..errors import BadInput
+from ..llm import CallFailed, ChatClient, ContextTooLong
+from .base import VALID_ROLES, Benchmark, Task, row_id
+
+CATEGORIES = (
+    "Domain Knowledge Reasoning",
+    "Rule System Application",
+    "Procedural Task Execution",
+    "Empirical Discovery & Simulation",
+)
+NO_RUBRICS = "No specific rubrics provided."
+
+JUDGE_PROMPT = """\
+You are grading one response against a list of rubrics. Be strict: grading is all-or-nothing.
+
+Check every rubric on its own, as written, against the response only. A rubric is met ("yes")
+only if the response fully satisfies it; if it is missing, partly met, malformed or
+contradicted, it is not met ("no"). Do not reward effort, length or style the rubrics do not ask
+for, and do not invent requirements they do not state.
+
+The overall score is 1 if every rubric is met, and 0 if even one is not.
+
+Rubrics:
+{rubrics}
+
+Response to grade:
+<<<RESPONSE
+{response}
+RESPONSE>>>
+
+Answer with one JSON object and nothing else, with exactly these keys:
+{{"Grading Rationale": "<one short sentence per rubric>", "List of Requirement Satisfaction Status": ["yes" or "no", one per rubric, in order], "Overall Score": <0 or 1>}}
+"""
+
+JUDGE_KEYS = ("Grading Rationale", "List of Requirement Satisfaction Status", "Overall Score")
+
+# judge_status values; the first two are real grades, the rest are conservative zero scores
+OK, SALVAGED = "ok", "salvaged"
+EMPTY_OUTPUT, API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH = (
+    "empty_output",
+    "api_error",
+    "parse_error",
+    "judge_context_length",
+)
+
+
+def rubric_lines(rubrics: Any) -> list[str]:
+    lines = []
+    for rubric in rubrics or []:
+        text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
+        text = str(text or "").strip()
+        if text:
+            lines.append(text)
+    return lines
+
+
+def rubrics_text(rubrics: Any) -> str:
+    lines = rubric_lines(rubrics)
+    if not lines:
+        return NO_RUBRICS
+    return "\n".join(f"{i}. {text}" for i, text in enumerate(lines, 1))
+
+
+# ---------------------------------------------------------------- judge reply parsing
+
+class Verdict:
+    def __init__(self, score: int, rationale: str, statuses: list, how: str, notes: list[str]):
+        self.score, self.rationale, self.statuses, self.how, self.notes = score, rationale, statuses, how, notes
+
+
+_FENCE = re.compile(r"```[a-zA-Z]*\s*\n?(.*?)```", re.DOTALL)
+_SCORE = re.compile(r'"Overall Score"\s*:\s*"?\s*([0-9.]+)')
+_RATIONALE = re.compile(r'"Grading Rationale"\s*:\s*"((?:[^"\\]|\\.)*)')
+_STATUS_LIST = re.compile(r'"List of Requirement Satisfaction Status"\s*:\s*\[([^\]]*)')
+
+
+def _strip_outer_fence(text: str) -> str:
+    text = text.strip()
+    if text.startswith("```json"):
+        text = text[7:]
+    elif text.startswith("```"):
+        text = text[3:]
+    if text.endswith("```"):
+        text = text[:-3]
+    return text.strip()
+
+
+def _json_objects(text: str):
+    decoder = json.JSONDecoder()
+    pos = text.find("{")
+    while pos >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            pos = text.find("{", pos + 1)
+            continue
+        if isinstance(obj, dict):
+            yield obj
+        pos = text.find("{", end)
+
+
+def _normalize_score(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    if isinstance(value, str) and value.strip() in ("0", "1", "0.0", "1.0"):
+        return int(float(value.strip()))
+    return None
+
+
+def _verdict_from(obj: dict, how: str, n_rubrics: int) -> Verdict | str:
+    if "Overall Score" not in obj:
+        return "no 'Overall Score' key"
+    score = _normalize_score(obj["Overall Score"])
+    if score is None:
+        return f"'Overall Score' must be 0 or 1, got {obj['Overall Score']!r}"
+    notes = []
+    rationale = obj.get("Grading Rationale", "")
+    if not isinstance(rationale, str):
+        rationale = json.dumps(rationale, ensure_ascii=False)
+    statuses = obj.get("List of Requirement Satisfaction Status", [])
+    if not isinstance(statuses, list):
+        notes.append(f"status list is a {type(statuses).__name__}, not a list")
+        statuses = []
+    statuses = [s.strip().lower() if isinstance(s, str) else s for s in statuses]
+    if len(statuses) != n_rubrics:
+        notes.append(f"{len(statuses)} statuses for {n_rubrics} rubrics")
+    if any(s not in ("yes", "no") for s in statuses):
+        notes.append("status values other than yes/no")
+    if score == 1 and "no" in statuses:
+        notes.append("score 1 although a rubric is marked no")
+    return Verdict(score, rationale, statuses, how, notes)
+
+
+def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
+    """A Verdict, or the reason the reply could not be read.
+
+    Tries, in order: the reply as JSON after stripping an outer code fence (what upstream
+    accepts: how="json"); then salvages a fenced block inside the reply, a JSON object inside
+    prose, and finally a clearly stated "Overall Score": 0|1 in a truncated reply.
+    """
+    if not text or not text.strip():
+        return "empty judge reply"
+    reasons = []
+    try:
+        obj = json.loads(_strip_outer_fence(text))
+    except ValueError as exc:
+        reasons.append(f"not JSON ({exc.msg})")
+    else:
+        if isinstance(obj, dict):
+            verdict = _verdict_from(obj, "json", n_rubrics)
+            if isinstance(verdict, Verdict):
+                return verdict
+            reasons.append(verdict)
+        else:
+            reasons.append(f"JSON {type(obj).__name__}, not an object")
+    candidates = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
+    candidates += [(m, "json_in_prose") for m in _json_objects(text)]
+    for obj, how in reversed(candidates):  # the last stated verdict wins
+        verdict = _verdict_from(obj, how, n_rubrics)
+        if isinstance(verdict, Verdict):
+            return verdict
+        reasons.append(verdict)
+    scores = _SCORE.findall(text)
+    if scores:
+        score = _normalize_score(scores[-1])
+        if score is None:
+            return f"'Overall Score' must be 0 or 1, got {scores[-1]!r}"
+        rationale = _RATIONALE.search(text)
+        statuses = _STATUS_LIST.search(text)
+        obj = {
+            "Overall Score": score,
+            "Grading Rationale": rationale.group(1).replace('\\"', '"') if rationale else "",
+            "List of Requirement Satisfaction Status": re.findall(r'"(yes|no)"', statuses.group(1), re.I)
+            if statuses
+            else [],
+        }
+        return _verdict_from(obj, "score_only", n_rubrics)
+    return "; ".join(dict.fromkeys(reasons)) or "no verdict found"
+
+
+# ---------------------------------------------------------------- the benchmark
+
+def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: str, **extra) -> dict:
+    out = dict(row)
+    out["idx"] = row_id(row)
+    for key in ("grading_rationale", "requirement_status", "score", "judge_status"):
+        out.pop(key, None)
+    out.update(grading_rationale=rationale, requirement_status=statuses, score=score, judge_status=status)
+    out.update({k: v for k, v in extra.items() if v is not None})
+    return out
+
+
+def _add_usage(total: dict, usage: dict) -> None:
+    for key, value in usage.items():
+        total[key] = total.get(key, 0) + value
+
+
+class CLBench(Benchmark):
+    name = "clbench"
+    default_data = Path("data/clbench/sample.jsonl")
+    judge_uses_llm = True
+
+    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--judge-prompt",
+            type=Path,
+            help="prompt template file used verbatim; {rubrics} and {response} are replaced",
+        )
+        parser.add_argument(
+            "--parse-attempts",
+            type=int,
+            default=3,
+            help="judge calls per task while the reply cannot be parsed (default 3, as upstream)",
+        )
+        parser.add_argument(
+            "--rejudge-parse-errors",
+            action="store_true",
+            help="also judge again the rows whose judge reply could not be parsed",
+        )
+
+    def configure(self, args: argparse.Namespace) -> None:
+        super().configure(args)
+        self.judge_template = JUDGE_PROMPT
+        prompt_file = getattr(args, "judge_prompt", None)
+        if prompt_file is not None:
+            try:
+                self.judge_template = prompt_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise BadInput(f"cannot read the judge prompt: {exc.strerror}", prompt_file) from None
+            if "{response}" not in self.judge_template:
+                raise BadInput("the judge prompt has no {response} placeholder", prompt_file)
+
+    # ---- which tasks
+
+    def load(self, path: Path) -> list[Task]:
+        tasks, seen = [], {}
+        for line, row in jsonl.iter_rows(path):
+            messages = row.get("messages")
+            if messages is None:
+                raise BadInput("no 'messages' key", path, line)
+            if not isinstance(messages, list) or not messages:
+                raise BadInput("'messages' must be a non-empty list of chat messages", path, line)
+            for i, msg in enumerate(messages):
+                if not isinstance(msg, dict) or not isinstance(msg.get("content"), (str, list)):
+                    raise BadInput(f"messages[{i}] must be an object with a 'content' string", path, line)
+                if msg.get("role") not in VALID_ROLES:
+                    raise BadInput(
+                        f"messages[{i}] has role {msg.get('role')!r}; expected one of {sorted(VALID_ROLES)}",
+                        path,
+                        line,
+                    )
+            if messages[-1]["role"] != "user":
+                raise BadInput("'messages' must end with a user turn", path, line)
+            rubrics = row.get("rubrics", [])
+            if not isinstance(rubrics, list) or not all(isinstance(r, (str, dict)) for r in rubrics):
+                raise BadInput("'rubrics' must be a list of strings or objects with 'rubric_criteria'", path, line)
+            meta = row.get("metadata")
+            task_id = meta.get("task_id") if isinstance(meta, dict) else None
+            if not isinstance(task_id, (str, int)) or task_id == "":
+                raise BadInput("no 'metadata.task_id'", path, line)
+            if task_id in seen:
+                raise BadInput(f"task_id {task_id!r} appears again (first on line {seen[task_id]})", path, line)
+            seen[task_id] = line
+            tasks.append(Task(id=task_id, row=row, line=line))
+        if not tasks:
+            raise BadInput("no tasks in the file", path)
+        return tasks
+
+    # ---- how a task is solved
+
+    async def solve(self, task: Task, model: ChatClient) -> dict:
+        row = task.row
+        out = {
+            "idx": task.id,
+            "messages": row["messages"],
+            "model_output": "",
+            "rubrics": row.get("rubrics", []),
+            "metadata": row.get("metadata", {}),
+            "model": model.endpoint.model,
+        }
+        try:
+            done = await model.complete(row["messages"])
+        except ContextTooLong as exc:
+            out.update(status="context_length", error=str(exc))
+            return out
+        out["model_output"] = done.text
+        out.update(
+            status="ok",
+            finish_reason=done.finish_reason,
+            usage=done.usage,
+            latency_s=done.latency_s,
+        )
+        return out
+
+    # ---- how a solution is graded
+
+    def is_judged(self, row: dict) -> bool:
+        status = row.get("judge_status", OK)
+        if status == API_ERROR:
+            return False
+        if status == PARSE_ERROR and getattr(self.args, "rejudge_parse_errors", False):
+            return False
+        return True
+
+    def judge_prompt(self, rubrics: Any, response: str) -> str:
+        if self.judge_template is JUDGE_PROMPT:
+            return JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=response)
+        return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
+
+    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+        output = row.get("model_output") or ""
+        if not isinstance(output, str) or not output.strip():
+            why = "empty model output: score 0 without a judge call"
+            if row.get("status") == "context_length":
+                why = "the prompt exceeded the model's context: score 0 without a judge call"
+            return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
+        rubrics = row.get("rubrics", [])
+        n_rubrics = len(rubric_lines(rubrics))
+        messages = [{"role": "user", "content": self.judge_prompt(rubrics, output)}]
+        usage: dict = {}
+        latency = 0.0
+        failures = []
+        attempts = max(1, self.args.parse_attempts)
+        for _ in range(attempts):
+            try:
+                reply = await judge.complete(messages)
+            except ContextTooLong as exc:
+                return _graded(
+                    row, rationale="the judge prompt exceeded the judge's context: score 0",
+                    statuses=[], score=0, status=JUDGE_CONTEXT_LENGTH, judge_error=str(exc),
+                    judge_model=judge.endpoint.model,
+                )
+            except CallFailed as exc:
+                return _graded(
+                    row, rationale="judge API call failed after retries: score 0 (judged again on the next run)",
+                    statuses=[], score=0, status=API_ERROR, judge_error=str(exc),
+                    judge_model=judge.endpoint.model, judge_usage=usage or None,
+                )
+            _add_usage(usage, reply.usage)
+            latency += reply.latency_s
+            verdict = parse_judge_reply(reply.text, n_rubrics)
+            if isinstance(verdict, Verdict):
+                return _graded(
+                    row,
+                    rationale=verdict.rationale,
+                    statuses=verdict.statuses,
+                    score=verdict.score,
+                    status=OK if verdict.how == "json" else SALVAGED,
+                    judge_salvage=None if verdict.how == "json" else verdict.how,
+                    judge_notes=verdict.notes or None,
+                    judge_model=judge.endpoint.model,
+                    judge_usage=usage,
+                    judge_latency_s=round(latency, 3),
+                    judge_attempts=len(failures) + 1,
+                )
+            failures.append(f"{verdict}; reply began {reply.text[:200]!r}")
+        return _graded(
+            row,
+            rationale=f"judge reply unparseable after {attempts} attempts: score 0",
+            statuses=[],
+            score=0,
+            status=PARSE_ERROR,
+            judge_error=failures[-1],
+            judge_model=judge.endpoint.model,
+            judge_usage=usage,
+            judge_latency_s=round(latency, 3),
+            judge_attempts=attempts,
+        )
+
+    # ---- which metrics a run has
+
+    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        overall = _Tally()
+        by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
+        by_sub: dict[str, _Tally] = {}
+        statuses: dict[str, int] = {}
+        infer_tokens: dict = {}
+        judge_tokens: dict = {}
+        missing = []
+        for task in tasks:
+            meta = task.row.get("metadata") or {}
+            row = judged.get(task.id)
+            if row is None:
+                missing.append(task.id)
+                score = None
+            else:
+                score = 1 if _normalize_score(row.get("score")) == 1 else 0
+                status = row.get("judge_status", OK)
+                statuses[status] = statuses.get(status, 0) + 1
+                _add_usage(infer_tokens, row.get("usage") or {})
+                _add_usage(judge_tokens, row.get("judge_usage") or {})
+            for tally in (
+                overall,
+                by_cat.setdefault(str(meta.get("context_category", "(none)")), _Tally()),
+                by_sub.setdefault(str(meta.get("sub_category", "(none)")), _Tally()),
+            ):
+                tally.add(score)
+        expected_ids = {t.id for t in tasks}
+        return {
+            "benchmark": self.name,
+            "denominator": "solving_rate counts missing rows as 0 (all selected tasks); "
+            "solving_rate_graded is upstream's rate over graded rows only",
+            "coverage": {
+                "expected": len(tasks),
+                "graded": len(tasks) - len(missing),
+                "missing": len(missing),
+                "missing_ids": missing[:20],
+                "extra_rows_ignored": sum(1 for k in judged if k not in expected_ids),
+            },
+            "overall": overall.as_dict(),
+            "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},
+            "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
+            "judge_status": dict(sorted(statuses.items())),
+            "tokens": {"infer": infer_tokens, "judge": judge_tokens},
+        }
+
+    def headline(self, metrics: dict) -> dict[str, float | None]:
+        figures = {"Overall": metrics["overall"]["solving_rate"]}
+        for cat in CATEGORIES:
+            figures[cat] = metrics["by_category"].get(cat, {}).get("solving_rate")
+        for cat, tally in metrics["by_category"].items():
+            figures.setdefault(cat, tally["solving_rate"])
+        return figures
+
+    def format_metrics(self, metrics: dict) -> str:
+        cov = metrics["coverage"]
+        lines = [
+            f"CL-bench: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing (counted as 0)",
+            f"{'':36} {'tasks':>6} {'solved':>7} {'rate':>7} {'rate (graded)':>14}",
+        ]
+
+        def line(name: str, t: dict) -> str:
+            return (
+                f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {stats.pct(t['solving_rate']):>7}"
+                f" {stats.pct(t['solving_rate_graded']):>14}"
+            )
+
+        lines.append(line("Overall", metrics["overall"]))
+        lines += [line(k, v) for k, v in metrics["by_category"].items()]
+        lines.append("Sub-categories:")
+        lines += [line("  " + k, v) for k, v in metrics["by_sub_category"].items()]
+        lines.append("Judge status: " + ", ".join(f"{k} {v}" for k, v in metrics["judge_status"].items()))
+        return "\n".join(lines)
+
+
+class _Tally:
+    def __init__(self):
+        self.total = self.score_1 = self.score_0 = self.missing = 0
+
+    def add(self, score: int | None) -> None:
+        self.total += 1
+        if score is None:
+            self.missing += 1
+        elif score == 1:
+            self.score_1 += 1
+        else:
+            self.score_0 += 1
+
+    def as_dict(self) -> dict:
+        graded = self.score_1 + self.score_0
+        return {
+            "total": self.total,
+            "score_1": self.score_1,
+            "score_0": self.score_0,
+            "missing": self.missing,
+            "solving_rate": self.score_1 / self.total if self.total else 0.0,
+            "solving_rate_graded": self.score_1 / graded if graded else 0.0,
+        }

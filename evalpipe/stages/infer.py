@@ -1,0 +1,75 @@
+"""infer: ask the model for every selected task that has no row yet."""
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from .. import cli, jsonl, lock, manifest, paths, runner
+from ..benchmarks import Benchmark, row_id
+from ..errors import EXIT_OK
+from ..llm import ChatClient
+
+
+def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
+    parser.add_argument("--model", required=True, help="model name sent to the endpoint")
+    parser.add_argument("--input", type=Path, help=f"dataset JSONL (default for this benchmark: {bench.default_data})")
+    parser.add_argument("--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)")
+    parser.add_argument("--max-samples", type=int, help="only the first N tasks of the dataset (a prefix, as upstream)")
+    cli.add_endpoint_args(parser)
+    bench.add_infer_arguments(parser)
+
+
+def main(argv: list[str]) -> int:
+    bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
+    data = args.input or bench.default_data
+    tasks = bench.load(data)
+    if args.max_samples is not None:
+        tasks = tasks[: args.max_samples]  # prefix first, then resume, as upstream
+    output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
+    endpoint = cli.endpoint_from_args(args, args.model)
+
+    with lock.exclusive(output):
+        done = jsonl.latest_rows(output, row_id)
+        pending = [t for t in tasks if t.id not in done]
+        manifest.write(
+            output,
+            {
+                "stage": "infer",
+                "benchmark": bench.name,
+                "dataset": str(Path(data).resolve()),
+                "dataset_sha256": manifest.sha256_file(Path(data)),
+                "max_samples": args.max_samples,
+                "selected": len(tasks),
+                "model": args.model,
+                "endpoint": endpoint.host,
+                "params": {**endpoint.params, **endpoint.extra_body},
+            },
+        )
+        print(
+            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
+            f"{len(pending)} to run → {output}",
+            file=sys.stderr,
+        )
+        if not pending:
+            return EXIT_OK
+        summary = asyncio.run(_run(bench, endpoint, pending, output, args))
+
+    return runner.finish("infer", summary, output)
+
+
+async def _run(bench, endpoint, pending, output, args) -> runner.RunSummary:
+    client = ChatClient(endpoint)
+    try:
+        return await runner.run(
+            pending,
+            len(pending),
+            lambda task: bench.solve(task, client),
+            output,
+            workers=args.workers,
+            label="infer",
+            grace_s=args.grace,
+            log_every_s=args.log_every,
+        )
+    finally:
+        await client.aclose()

@@ -1,0 +1,85 @@
+"""score: one run's metrics from its judge rows, with coverage against the selected tasks."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+
+from .. import cli, jsonl, manifest, paths
+from ..benchmarks import Benchmark, Task, row_id
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+
+
+def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
+    parser.add_argument("--model", help="the model whose run is scored (for the default paths)")
+    parser.add_argument("--input", type=Path, help="judge JSONL (default outputs/<bench>/<model>/run-<K>/judge.jsonl)")
+    parser.add_argument("--output", type=Path, help="score JSON (default: score.json beside the judge file)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="dataset the run was selected from (default: as recorded by infer beside the run)",
+    )
+    parser.add_argument("--max-samples", type=int, help="the prefix size used by infer (default: as recorded)")
+
+
+def _judge_path(bench: Benchmark, args) -> Path:
+    if args.input is not None:
+        return args.input
+    if not args.model:
+        raise BadInput("give --input, or --model (and --run) to use the default output layout")
+    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "judge.jsonl"
+
+
+def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tuple[list[Task], str]:
+    """The tasks the run should cover, and where that selection came from."""
+    data, max_samples = args.data, args.max_samples
+    recorded = manifest.read(judge_path.with_name("infer.jsonl"))
+    if data is None and recorded is not None:
+        data = Path(recorded["dataset"])
+        if max_samples is None:
+            max_samples = recorded.get("max_samples")
+        if not data.exists():
+            raise BadInput(f"the dataset recorded by infer is gone: {data} (pass --data)")
+        if manifest.sha256_file(data) != recorded.get("dataset_sha256"):
+            print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
+    if data is None:
+        print(
+            "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
+            "against the judged rows only, so missing tasks cannot be seen",
+            file=sys.stderr,
+        )
+        return [Task(id=k, row=row, line=0) for k, row in judged.items()], "judged rows only"
+    tasks = bench.load(data)
+    if max_samples is not None:
+        tasks = tasks[:max_samples]
+    return tasks, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
+
+
+def main(argv: list[str]) -> int:
+    bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
+    judge_path = _judge_path(bench, args)
+    if not judge_path.exists():
+        raise BadInput("no such judge file (run judge first)", judge_path)
+    judged = jsonl.latest_rows(judge_path, row_id)
+    tasks, selection = selected_tasks(bench, args, judge_path, judged)
+    metrics = bench.metrics(tasks, judged)
+    selected = {t.id for t in tasks}
+    metrics["coverage"]["to_rejudge"] = sum(1 for k, row in judged.items() if k in selected and not bench.is_judged(row))
+    metrics["selection"] = selection
+    metrics["judge_file"] = str(judge_path)
+    output = args.output
+    if output is None:
+        output = judge_path.with_name("score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json")
+    jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
+    print(bench.format_metrics(metrics))
+    print(f"score: wrote {output}", file=sys.stderr)
+    missing = metrics["coverage"]["missing"]
+    if missing:
+        print(f"score: {missing} selected tasks have no judge row yet (counted as 0); rerun infer/judge", file=sys.stderr)
+    if metrics["coverage"]["to_rejudge"]:
+        print(
+            f"score: {metrics['coverage']['to_rejudge']} judge rows are provisional zeros (judge API failed); rerun judge",
+            file=sys.stderr,
+        )
+    return EXIT_INCOMPLETE if missing or metrics["coverage"]["to_rejudge"] else EXIT_OK
