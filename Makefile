@@ -9,6 +9,7 @@ RUNS        ?= 3
 DATA        ?=
 WORKERS     ?= 8
 MAX_SAMPLES ?=
+OUTPUTS     ?= outputs
 ARGS        ?=
 JUDGE_ARGS  ?=
 
@@ -45,16 +46,16 @@ test: $(STAMP)
 	$(PYTHON) -m pytest -q
 
 infer: $(STAMP)
-	$(call each_run,$(PYTHON) infer.py --bench $(BENCH) --model $(MODEL) $(data_flag) $(sample_flag) --workers $(WORKERS) $(ARGS),go-on)
+	$(call each_run,$(PYTHON) infer.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --model $(MODEL) $(data_flag) $(sample_flag) --workers $(WORKERS) $(ARGS),go-on)
 
 judge: $(STAMP)
-	$(call each_run,$(PYTHON) judge.py --bench $(BENCH) --model $(MODEL) --judge-model $(JUDGE_MODEL) --workers $(WORKERS) $(JUDGE_ARGS),go-on)
+	$(call each_run,$(PYTHON) judge.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --model $(MODEL) --judge-model $(JUDGE_MODEL) --workers $(WORKERS) $(JUDGE_ARGS),go-on)
 
 score: $(STAMP)
-	$(call each_run,$(PYTHON) score.py --bench $(BENCH) --model $(MODEL) $(score_flags))
+	$(call each_run,$(PYTHON) score.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --model $(MODEL) $(score_flags))
 
 aggregate: $(STAMP)
-	$(PYTHON) aggregate.py --bench $(BENCH) --runs $(RUNS)
+	$(PYTHON) aggregate.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --runs $(RUNS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -38,7 +38,11 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
     A line that is not a JSON object is a BadInput error naming the file and line, except a
     last line without a newline when torn_tail_ok (a write cut short): it is skipped.
     """
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise BadInput(f"cannot read: {exc.strerror}", path) from None
+    with f:
         lineno = 0
         for raw in f:
             lineno += 1

@@ -153,7 +153,7 @@ class ChatClient:
             max_retries=0,
         )
         self._fallback_wait = wait_exponential_jitter(
-            initial=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
+            multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
         )
 
     def _wait(self, state) -> float:

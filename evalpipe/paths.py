@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 DEFAULT_ROOT = Path("outputs")
+PROJECT = Path(__file__).resolve().parent.parent  # where data/ with the bundled samples lives
 
 
 def slug(model: str) -> str:

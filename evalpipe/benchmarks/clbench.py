@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonl, stats
+from ..paths import PROJECT
 from ..errors import BadInput
 from ..llm import CallFailed, ChatClient, ContextTooLong
 from .base import VALID_ROLES, Benchmark, Task, row_id
@@ -169,9 +170,9 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
             reasons.append(verdict)
         else:
             reasons.append(f"JSON {type(obj).__name__}, not an object")
-    candidates = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
-    candidates += [(m, "json_in_prose") for m in _json_objects(text)]
-    for obj, how in reversed(candidates):  # the last stated verdict wins
+    fenced = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
+    in_prose = [(m, "json_in_prose") for m in _json_objects(text)]
+    for obj, how in fenced[::-1] + in_prose[::-1]:  # a fenced block first; the last stated verdict wins
         verdict = _verdict_from(obj, how, n_rubrics)
         if isinstance(verdict, Verdict):
             return verdict
@@ -196,12 +197,16 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
 
 # ---------------------------------------------------------------- the benchmark
 
+UPSTREAM_INFER_KEYS = ("idx", "messages", "model_output", "rubrics", "metadata")
+
+
 def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: str, **extra) -> dict:
-    out = dict(row)
-    out["idx"] = row_id(row)
-    for key in ("grading_rationale", "requirement_status", "score", "judge_status"):
-        out.pop(key, None)
-    out.update(grading_rationale=rationale, requirement_status=statuses, score=score, judge_status=status)
+    """Upstream's keys first (inference keys, then its three judge keys), then ours."""
+    out = {"idx": row_id(row)}
+    out.update((k, row[k]) for k in UPSTREAM_INFER_KEYS[1:] if k in row)
+    out.update(grading_rationale=rationale, requirement_status=statuses, score=score)
+    out.update((k, v) for k, v in row.items() if k not in out and not k.startswith("judge_"))
+    out["judge_status"] = status
     out.update({k: v for k, v in extra.items() if v is not None})
     return out
 
@@ -213,7 +218,7 @@ def _add_usage(total: dict, usage: dict) -> None:
 
 class CLBench(Benchmark):
     name = "clbench"
-    default_data = Path("data/clbench/sample.jsonl")
+    default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     judge_uses_llm = True
 
     def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,89 @@
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalpipe.testserver import FakeOpenAI, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "clbench" / "sample.jsonl"
+SHARED = ROOT.parent / "shared"
+API_KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+def judge_json(score: int, n: int, rationale: str = "checked") -> str:
+    status = ["yes"] * n if score else ["yes"] * (n - 1) + ["no"]
+    return json.dumps(
+        {"Grading Rationale": rationale, "List of Requirement Satisfaction Status": status, "Overall Score": score}
+    )
+
+
+def is_judge(request) -> bool:
+    return "Response to grade:" in request.last_content
+
+
+def rubric_count(prompt: str) -> int:
+    section = prompt.split("Rubrics:\n", 1)[1].split("\n\nResponse to grade:", 1)[0]
+    return sum(1 for line in section.splitlines() if re.match(r"\d+\. ", line))
+
+
+def scripted(request) -> Reply:
+    """Model: echoes the end of the last turn. Judge: 1 when the answer's character sum is even."""
+    prompt = request.last_content
+    if is_judge(request):
+        answer = prompt.split("<<<RESPONSE\n", 1)[1].split("\nRESPONSE>>>", 1)[0]
+        return Reply(content=judge_json(1 - sum(map(ord, answer)) % 2, rubric_count(prompt)))
+    return Reply(content="Answer: " + prompt[-60:])
+
+
+@pytest.fixture
+def server():
+    srv = FakeOpenAI(scripted).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def env(server):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_"))}
+    e.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY=API_KEY, PYTHONUNBUFFERED="1")
+    return e
+
+
+class Stage:
+    """Runs the real stage scripts as subprocesses."""
+
+    def __init__(self, env, cwd):
+        self.env, self.cwd = env, cwd
+
+    def __call__(self, script, *args, timeout=120, check=None):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
+            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout,
+        )
+        if check is not None:
+            assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def popen(self, script, *args):
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
+            cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+
+@pytest.fixture
+def stage(env, tmp_path):
+    return Stage(env, tmp_path)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path, rows):
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
