@@ -13,7 +13,8 @@ from ..llm import ChatClient
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument("--model", required=True, help="model name sent to the endpoint")
-    parser.add_argument("--input", type=Path, help=f"dataset JSONL (default for this benchmark: {bench.default_data})")
+    default = bench.default_data.relative_to(paths.PROJECT) if bench.default_data else None
+    parser.add_argument("--input", type=Path, help=f"dataset JSONL (default: the bundled sample, {default})")
     parser.add_argument("--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)")
     parser.add_argument("--max-samples", type=int, help="only the first N tasks of the dataset (a prefix, as upstream)")
     cli.add_endpoint_args(parser)
