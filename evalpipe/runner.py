@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from . import jsonl
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EndpointRefused
-from .llm import CallFailed
+from .llm import CallFailed, ChatClient, Endpoint
 
 
 @dataclass
@@ -160,6 +160,32 @@ async def run(
                 failures.close()
     summary.elapsed_s = time.monotonic() - started
     return summary
+
+
+async def run_with_client(
+    label: str,
+    endpoint: Endpoint | None,
+    pending: list,
+    output: Path,
+    args,
+    work: Callable[[object, ChatClient | None], Awaitable[dict]],
+) -> RunSummary:
+    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards."""
+    client = ChatClient(endpoint) if endpoint is not None else None
+    try:
+        return await run(
+            pending,
+            len(pending),
+            lambda task: work(task, client),
+            output,
+            workers=args.workers,
+            label=label,
+            grace_s=args.grace,
+            log_every_s=args.log_every,
+        )
+    finally:
+        if client is not None:
+            await client.aclose()
 
 
 def finish(stage: str, summary: RunSummary, output: Path) -> int:

@@ -5,7 +5,7 @@ import subprocess
 
 from evalpipe.testserver import Reply
 
-from .conftest import API_KEY, ROOT, SAMPLE, is_judge, read_jsonl, scripted, write_jsonl
+from .conftest import API_KEY, ROOT, SAMPLE, is_judge, read_jsonl, write_jsonl
 
 UPSTREAM_INFER = ["idx", "messages", "model_output", "rubrics", "metadata"]
 UPSTREAM_JUDGE = UPSTREAM_INFER + ["grading_rationale", "requirement_status", "score"]

@@ -8,7 +8,6 @@ from pathlib import Path
 from .. import cli, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, row_id
 from ..errors import EXIT_OK
-from ..llm import ChatClient
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -54,23 +53,6 @@ def main(argv: list[str]) -> int:
         )
         if not pending:
             return EXIT_OK
-        summary = asyncio.run(_run(bench, endpoint, pending, output, args))
+        summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, bench.solve))
 
     return runner.finish("infer", summary, output)
-
-
-async def _run(bench, endpoint, pending, output, args) -> runner.RunSummary:
-    client = ChatClient(endpoint)
-    try:
-        return await runner.run(
-            pending,
-            len(pending),
-            lambda task: bench.solve(task, client),
-            output,
-            workers=args.workers,
-            label="infer",
-            grace_s=args.grace,
-            log_every_s=args.log_every,
-        )
-    finally:
-        await client.aclose()

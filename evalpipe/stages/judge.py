@@ -8,7 +8,6 @@ from pathlib import Path
 from .. import cli, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, Task, row_id
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..llm import ChatClient
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
@@ -82,7 +81,10 @@ def main(argv: list[str]) -> int:
         )
         if not pending:
             return EXIT_OK
-        summary = asyncio.run(_run(bench, endpoint, pending, output, args))
+        judge_endpoint = endpoint if bench.judge_uses_llm else None
+        summary = asyncio.run(
+            runner.run_with_client("judge", judge_endpoint, pending, output, args, lambda task, client: bench.grade(task.row, client))
+        )
         judged = jsonl.latest_rows(output, row_id)
 
     code = runner.finish("judge", summary, output)
@@ -92,21 +94,3 @@ def main(argv: list[str]) -> int:
     if code == EXIT_OK and retry_later:
         return EXIT_INCOMPLETE
     return code
-
-
-async def _run(bench, endpoint, pending, output, args) -> runner.RunSummary:
-    client = ChatClient(endpoint) if bench.judge_uses_llm else None
-    try:
-        return await runner.run(
-            pending,
-            len(pending),
-            lambda task: bench.grade(task.row, client),
-            output,
-            workers=args.workers,
-            label="judge",
-            grace_s=args.grace,
-            log_every_s=args.log_every,
-        )
-    finally:
-        if client is not None:
-            await client.aclose()
