@@ -28,7 +28,7 @@ def model_file() -> Path:
         sys.exit("the model package is not installed: run `make demo` or `make serve-local`")
     target = cache_dir() / gemma.MODEL_NAME
     if not target.exists():
-        print(f"demo: assembling {gemma.MODEL_NAME} into {target.parent} (once)...", flush=True)
+        print(f"local model: assembling {gemma.MODEL_NAME} into {target.parent} (once)...", flush=True)
     return gemma.assemble(target)
 
 
@@ -52,7 +52,7 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
         # its own session: a Ctrl-C reaches the stages first; we stop the server ourselves
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        print(f"demo: starting the model server on {base_url} (log: {log_path})...", flush=True)
+        print(f"local model: starting the server on {base_url} (log: {log_path})...", flush=True)
         deadline = time.monotonic() + ready_timeout
         while True:
             if proc.poll() is not None:
@@ -64,7 +64,7 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the model server did not answer within {ready_timeout:.0f}s; see {log_path}")
                 time.sleep(0.5)
-        print("demo: model server is up", flush=True)
+        print("local model: server is up", flush=True)
         yield base_url
     finally:
         if proc.poll() is None:
@@ -74,7 +74,7 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        print("demo: model server stopped", flush=True)
+        print("local model: server stopped", flush=True)
 
 
 def sigterm_as_interrupt() -> None:
