@@ -34,7 +34,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test demo serve-local infer judge score aggregate clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data clean-venv
 
 install: $(STAMP)
 
@@ -70,6 +70,10 @@ score: $(STAMP)
 
 aggregate: $(STAMP)
 	$(PYTHON) aggregate.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --runs $(RUNS)
+
+# Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
+coin-flip-data: $(STAMP)
+	$(PYTHON) -m evalpipe.datasets.coin_flip --out data/coin_flip
 
 clean-venv:
 	rm -rf $(VENV)

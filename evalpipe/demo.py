@@ -25,6 +25,11 @@ PLAN = {
         "infer": ["--max-samples", "8", "--max-tokens", "64", "--temperature", "0.8"],
         "judge": ["--max-tokens", "128", "--parse-attempts", "1"],
     },
+    "coin_flip": {
+        # three worked demos teach even the tiny model the ANSWER line
+        "infer": ["--max-samples", "10", "--fewshot", "3", "--max-tokens", "96", "--temperature", "0.8"],
+        "judge": [],
+    },
 }
 
 

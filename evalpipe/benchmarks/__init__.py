@@ -2,9 +2,11 @@
 
 from .base import Benchmark, Task, row_id
 from .clbench import CLBench
+from .coin_flip import CoinFlip
 
 REGISTRY: dict[str, type[Benchmark]] = {
     CLBench.name: CLBench,
+    CoinFlip.name: CoinFlip,
 }
 
 

@@ -29,6 +29,7 @@ class Benchmark:
     name: str = ""
     default_data: Path | None = None
     judge_uses_llm: bool = False
+    aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
 
     def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Benchmark-specific infer flags."""
@@ -48,8 +49,12 @@ class Benchmark:
         raise NotImplementedError
 
     def is_judged(self, row: dict) -> bool:
-        """Whether a judge row is final (False: judge it again on the next run)."""
-        return True
+        """Whether judge.py, with its current flags, leaves this judge row as it is."""
+        return not self.is_provisional(row)
+
+    def is_provisional(self, row: dict) -> bool:
+        """Whether a judge row is a stand-in (e.g. the judge API failed) that judge.py redoes by itself."""
+        return False
 
     async def grade(self, row: dict, judge: ChatClient | None) -> dict:
         """Make the judge row for one inference row."""

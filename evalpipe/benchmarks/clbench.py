@@ -220,6 +220,7 @@ class CLBench(Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     judge_uses_llm = True
+    aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
 
     def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -315,13 +316,13 @@ class CLBench(Benchmark):
 
     # ---- how a solution is graded
 
+    def is_provisional(self, row: dict) -> bool:
+        return row.get("judge_status") == API_ERROR
+
     def is_judged(self, row: dict) -> bool:
-        status = row.get("judge_status", OK)
-        if status == API_ERROR:
+        if row.get("judge_status") == PARSE_ERROR and self.args.rejudge_parse_errors:
             return False
-        if status == PARSE_ERROR and getattr(self.args, "rejudge_parse_errors", False):
-            return False
-        return True
+        return not self.is_provisional(row)
 
     def judge_prompt(self, rubrics: Any, response: str) -> str:
         if self.judge_template is JUDGE_PROMPT:

@@ -120,8 +120,7 @@ def main(argv: list[str]) -> int:
     md, csv_data = tables(models, args.std)
     std_note = "sample std (n − 1)" if args.std == "sample" else "population std (n)"
     md = (
-        f"## {bench.name}: mean ± {std_note} over runs, in percent\n\n{md}\n"
-        "Missing tasks count as 0 (solving rate over all selected tasks).\n"
+        f"## {bench.name}: mean ± {std_note} over runs, in percent\n\n{md}\n{bench.aggregate_note}\n"
     )
     out_dir = paths.bench_dir(args.outputs_dir, bench.name)
     summary = {"benchmark": bench.name, "std_shown": args.std, "warnings": warnings, "models": models}

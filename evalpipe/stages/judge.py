@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         judged = jsonl.latest_rows(output, row_id)
 
     code = runner.finish("judge", summary, output)
-    retry_later = [k for k in rows if k in judged and not bench.is_judged(judged[k])]
+    retry_later = [k for k in rows if k in judged and bench.is_provisional(judged[k])]
     if retry_later:
         print(f"judge: {len(retry_later)} rows will be judged again on the next run (judge API failed)", file=sys.stderr)
     if code == EXIT_OK and retry_later:

@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = bench.metrics(tasks, judged)
     selected = {t.id for t in tasks}
-    metrics["coverage"]["to_rejudge"] = sum(1 for k, row in judged.items() if k in selected and not bench.is_judged(row))
+    metrics["coverage"]["to_rejudge"] = sum(1 for k, row in judged.items() if k in selected and bench.is_provisional(row))
     metrics["selection"] = selection
     metrics["judge_file"] = str(judge_path)
     output = args.output

@@ -1,0 +1,238 @@
+"""CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO.
+
+Prompts use EvalScope's templates exactly; the answer is read from the last `ANSWER:` line by a
+rule (no judge model); F1 over YES/NO is the headline metric.
+"""
+
+import argparse
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import jsonl
+from ..errors import BadInput
+from ..llm import ChatClient, ContextTooLong
+from ..paths import PROJECT
+from .base import Benchmark, Task
+
+ZERO_SHOT = (
+    "\nSolve the following coin flip problem step by step. The last line of your response should be of the form "
+    '"ANSWER: [ANSWER]" (without quotes) where [ANSWER] is the answer to the problem.\n\n{question}\n\n'
+    'Remember to put your answer on its own line at the end in the form "ANSWER: [ANSWER]" (without quotes) '
+    "where [ANSWER] is the answer YES or NO to the problem.\n\nReasoning:\n"
+)
+FEW_SHOT_HEADER = "Here are some examples of how to solve similar problems:"
+DATA_DIR = PROJECT / "data" / "coin_flip"
+
+_STRICT = re.compile(r"ANSWER:\s*(.*)")
+_LENIENT = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
+_MARKUP = re.compile(r"[*_`]+")
+_PERSON = re.compile(r" ([^ .]+) (flips|does not flip) the coin\.")
+
+
+def few_shot_prompt(question: str, demos: str) -> str:
+    return f"{FEW_SHOT_HEADER}\n\n{demos}\n\n{ZERO_SHOT.format(question=question)}"
+
+
+def worked_example(question: str, answer: str) -> str:
+    """A demo that tracks the coin through every person and ends with the ANSWER line."""
+    steps, heads = ["The coin starts heads up."], True
+    for name, action in _PERSON.findall(question):
+        if action == "flips":
+            heads = not heads
+            steps.append(f"{name} flips the coin, so it is now {'heads' if heads else 'tails'} up.")
+        else:
+            steps.append(f"{name} does not flip the coin, so it stays {'heads' if heads else 'tails'} up.")
+    verdict = "YES" if heads else "NO"
+    if verdict != answer:
+        raise ValueError(f"demo answer {answer} disagrees with the flips in {question!r}")
+    steps.append(f"The coin ends {'heads' if heads else 'tails'} up, so it is {'' if heads else 'not '}still heads up.")
+    return f"{question}\n\nReasoning:\n{' '.join(steps)}\nANSWER: {verdict}"
+
+
+def parse_answer(text: str, mode: str = "strict") -> str | None:
+    """YES, NO, or None when unparsed.
+
+    strict (EvalScope-compatible): the last match of `ANSWER:\\s*(.*)` (case-sensitive marker),
+    stripped and upper-cased, must be exactly YES or NO.
+    lenient (EvalScope 1.14.1 style): case-insensitive marker, markdown emphasis removed, and the
+    first whole word after it must be yes or no.
+    """
+    if mode == "strict":
+        found = _STRICT.findall(text or "")
+        if not found:
+            return None
+        verdict = found[-1].strip().upper()
+        return verdict if verdict in ("YES", "NO") else None
+    found = _LENIENT.findall(_MARKUP.sub("", text or ""))
+    if not found:
+        return None
+    words = re.findall(r"[A-Za-z]+", found[-1])
+    verdict = words[0].upper() if words else ""
+    return verdict if verdict in ("YES", "NO") else None
+
+
+def _gold(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "YES" if value else "NO"
+    if isinstance(value, str) and value.strip().upper() in ("YES", "NO"):
+        return value.strip().upper()
+    return None
+
+
+def load_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line or index, row) from JSONL, a JSON array / {"rows": [...]} file, or Parquet."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise BadInput("reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path) from None
+        return list(enumerate(pq.read_table(path).to_pylist(), 1))
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"cannot read as JSON: {exc}", path) from None
+        if isinstance(data, dict):
+            data = data.get("rows") or data.get("data") or []
+            data = [r.get("row", r) for r in data]  # the datasets-server shape {"rows": [{"row": {...}}]}
+        if not isinstance(data, list):
+            raise BadInput("expected a JSON array of rows", path)
+        return list(enumerate(data, 1))
+    return list(jsonl.iter_rows(path))
+
+
+class CoinFlip(Benchmark):
+    name = "coin_flip"
+    default_data = DATA_DIR / "test.jsonl"
+    judge_uses_llm = False
+    aggregate_note = (
+        "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
+        "selected tasks, with unparsed and missing answers counted as wrong."
+    )
+
+    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--fewshot", type=int, default=0, help="number of worked demos in the prompt (default 0)")
+        parser.add_argument("--fewshot-seed", type=int, default=42, help="seed that picks the demos (default 42)")
+        parser.add_argument(
+            "--fewshot-data", type=Path, default=DATA_DIR / "validation.jsonl",
+            help="split the demos come from (default data/coin_flip/validation.jsonl)",
+        )
+
+    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--parse", choices=("strict", "lenient"), default="strict",
+            help="answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
+        )
+
+    def configure(self, args: argparse.Namespace) -> None:
+        super().configure(args)
+        self.demos = ""
+        if getattr(args, "fewshot", 0):
+            pool = self.load(args.fewshot_data)
+            if args.fewshot > len(pool):
+                raise BadInput(f"--fewshot {args.fewshot} is more than the {len(pool)} rows", args.fewshot_data)
+            picked = random.Random(args.fewshot_seed).sample(pool, args.fewshot)
+            self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
+
+    def load(self, path: Path) -> list[Task]:
+        tasks = []
+        for line, row in load_rows(path):
+            if not isinstance(row, dict):
+                raise BadInput("expected an object with 'question' and 'answer'", path, line)
+            question, gold = row.get("question"), _gold(row.get("answer"))
+            if not isinstance(question, str) or not question.strip():
+                raise BadInput("no 'question' string", path, line)
+            if gold is None:
+                raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
+            # position + content: stable under --max-samples, and a different file cannot match old rows
+            digest = hashlib.sha256(question.encode()).hexdigest()[:8]
+            task_id = f"{len(tasks):05d}-{digest}"
+            tasks.append(Task(id=task_id, row={"question": question, "target": gold}, line=line))
+        if not tasks:
+            raise BadInput("no rows in the file", path)
+        return tasks
+
+    def prompt(self, question: str) -> str:
+        return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
+
+    async def solve(self, task: Task, model: ChatClient) -> dict:
+        messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
+        out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
+               "metadata": {"fewshot": self.args.fewshot}, "model": model.endpoint.model}
+        try:
+            done = await model.complete(messages)
+        except ContextTooLong as exc:
+            out.update(status="context_length", error=str(exc))
+            return out
+        out["model_output"] = done.text
+        out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
+        return out
+
+    def is_judged(self, row: dict) -> bool:
+        return row.get("parse_mode") == self.args.parse  # another parse mode: grade again (it is free)
+
+    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+        prediction = parse_answer(row.get("model_output") or "", self.args.parse)
+        correct = prediction is not None and prediction == row.get("target")
+        return {**row, "prediction": prediction, "score": int(correct),
+                "judge_status": "ok" if prediction else "unparsed", "parse_mode": self.args.parse}
+
+    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        tp = fp = fn = tn = unparsed = missing = yes = 0
+        usage: dict = {}
+        for task in tasks:
+            row = judged.get(task.id)
+            if row is None:
+                missing += 1
+                continue
+            for key, value in (row.get("usage") or {}).items():
+                usage[key] = usage.get(key, 0) + value
+            pred, gold = row.get("prediction"), task.row["target"]
+            if pred is None:
+                unparsed += 1
+                continue
+            yes += pred == "YES"
+            if pred == "YES":
+                tp += gold == "YES"
+                fp += gold == "NO"
+            else:
+                fn += gold == "YES"
+                tn += gold == "NO"
+        total = len(tasks)
+
+        def ratio(a: int, b: int) -> float:
+            return a / b if b else 0.0
+
+        precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
+        return {
+            "benchmark": self.name,
+            "denominator": "accuracy and yes_ratio over all selected tasks (unparsed and missing count as wrong); "
+            "precision, recall and F1 over parsed predictions, positive class YES",
+            "coverage": {"expected": total, "graded": total - missing, "missing": missing,
+                         "extra_rows_ignored": sum(1 for k in judged if k not in {t.id for t in tasks})},
+            "f1": ratio(2 * precision * recall, precision + recall),
+            "accuracy": ratio(tp + tn, total),
+            "precision": precision,
+            "recall": recall,
+            "yes_ratio": ratio(yes, total),
+            "confusion": {"tp": tp, "fp": fp, "fn": fn, "tn": tn},
+            "unparsed": unparsed,
+            "tokens": {"infer": usage},
+        }
+
+    def headline(self, metrics: dict) -> dict[str, float | None]:
+        return {"F1": metrics["f1"], "Accuracy": metrics["accuracy"], "Precision": metrics["precision"],
+                "Recall": metrics["recall"], "YES ratio": metrics["yes_ratio"]}
+
+    def format_metrics(self, metrics: dict) -> str:
+        cov, c = metrics["coverage"], metrics["confusion"]
+        lines = [f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
+                 f"{metrics['unparsed']} unparsed (both count as wrong)"]
+        lines += [f"  {name:10} {100 * value:6.1f}" for name, value in self.headline(metrics).items()]
+        lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")
+        return "\n".join(lines)
