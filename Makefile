@@ -34,7 +34,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data clean-venv
 
 install: $(STAMP)
 
@@ -50,6 +50,8 @@ $(DEMO_STAMP): $(STAMP) requirements-demo.txt
 
 # The whole pipeline offline on a real local model (no account needed).
 demo: $(DEMO_STAMP)
+	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d "$(BBM_DIR)" ]; then \
+	  $(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(BBM_DIR) --out data/error_recovery --variants small; fi
 	$(PYTHON) -m evalpipe.demo
 
 # Just the local model server, for trying the stages by hand.
@@ -74,6 +76,11 @@ aggregate: $(STAMP)
 # Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
 coin-flip-data: $(STAMP)
 	$(PYTHON) -m evalpipe.datasets.coin_flip --out data/coin_flip
+
+# Error Recovery rows (main, medium, small) from the BIG-Bench Mistake files in BBM_DIR.
+BBM_DIR ?= ../shared/data/big-bench-mistake
+error-recovery-data: $(STAMP)
+	$(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(BBM_DIR) --out data/error_recovery
 
 clean-venv:
 	rm -rf $(VENV)

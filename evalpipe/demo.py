@@ -22,15 +22,21 @@ RUNS = 2
 # What each benchmark runs in the demo: infer flags, judge flags.
 PLAN = {
     "clbench": {
-        "infer": ["--max-samples", "8", "--max-tokens", "64", "--temperature", "0.8"],
+        "infer": ["--max-samples", "6", "--max-tokens", "64", "--temperature", "0.8"],
         "judge": ["--max-tokens", "128", "--parse-attempts", "1"],
     },
     "coin_flip": {
         # three worked demos teach even the tiny model the ANSWER line
-        "infer": ["--max-samples", "10", "--fewshot", "3", "--max-tokens", "96", "--temperature", "0.8"],
+        "infer": ["--max-samples", "8", "--fewshot", "3", "--max-tokens", "96", "--temperature", "0.8"],
+        "judge": [],
+    },
+    # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
+    "error_recovery": {
+        "infer": ["--max-tokens", "32", "--temperature", "0.8"],
         "judge": [],
     },
 }
+ER_SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"
 
 
 def run_child(cmd: list[str], env: dict) -> int:
@@ -64,10 +70,12 @@ def main() -> int:
             env["OPENAI_BASE_URL"] = base_url
             for bench, flags in PLAN.items():
                 common = ["--bench", bench, "--outputs-dir", str(ROOT)]
+                if bench == "error_recovery" and ER_SMALL.exists():
+                    flags = {**flags, "infer": [*flags["infer"], "--input", str(ER_SMALL)]}
                 for run in range(1, RUNS + 1):
                     steps = [
-                        ("infer", ["--model", model, "--workers", "2", *flags["infer"]]),
-                        ("judge", ["--model", model, "--judge-model", model, "--workers", "2", *flags["judge"]]),
+                        ("infer", ["--model", model, "--workers", "1", *flags["infer"]]),
+                        ("judge", ["--model", model, "--judge-model", model, "--workers", "1", *flags["judge"]]),
                         ("score", ["--model", model]),
                     ]
                     for script, args in steps:

@@ -3,10 +3,12 @@
 from .base import Benchmark, Task, row_id
 from .clbench import CLBench
 from .coin_flip import CoinFlip
+from .error_recovery import ErrorRecovery
 
 REGISTRY: dict[str, type[Benchmark]] = {
     CLBench.name: CLBench,
     CoinFlip.name: CoinFlip,
+    ErrorRecovery.name: ErrorRecovery,
 }
 
 

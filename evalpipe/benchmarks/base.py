@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import StepCache
 from ..llm import ChatClient
 
 VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -44,8 +45,16 @@ class Benchmark:
     def load(self, path: Path) -> list[Task]:
         raise NotImplementedError
 
-    async def solve(self, task: Task, model: ChatClient) -> dict:
-        """Make the inference row for one task (raises llm.CallFailed to leave it pending)."""
+    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
+        """`--max-samples N`: a prefix of the dataset's rows (as upstream)."""
+        return tasks if max_samples is None else tasks[:max_samples]
+
+    async def solve(self, task: Task, model: ChatClient, steps: StepCache) -> dict:
+        """Make the inference row for one task (raises llm.CallFailed to leave it pending).
+
+        A task that needs several calls keeps each finished one in `steps`, so a rerun pays
+        only for the calls that did not finish.
+        """
         raise NotImplementedError
 
     def is_judged(self, row: dict) -> bool:

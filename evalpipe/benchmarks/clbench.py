@@ -290,7 +290,7 @@ class CLBench(Benchmark):
 
     # ---- how a task is solved
 
-    async def solve(self, task: Task, model: ChatClient) -> dict:
+    async def solve(self, task: Task, model: ChatClient, steps=None) -> dict:
         row = task.row
         out = {
             "idx": task.id,

@@ -160,7 +160,7 @@ class CoinFlip(Benchmark):
     def prompt(self, question: str) -> str:
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
 
-    async def solve(self, task: Task, model: ChatClient) -> dict:
+    async def solve(self, task: Task, model: ChatClient, steps=None) -> dict:
         messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
         out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
                "metadata": {"fewshot": self.args.fewshot}, "model": model.endpoint.model}

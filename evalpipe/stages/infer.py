@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .. import cli, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, row_id
+from ..checkpoint import StepCache
 from ..errors import EXIT_OK
 
 
@@ -24,8 +25,7 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
     tasks = bench.load(data)
-    if args.max_samples is not None:
-        tasks = tasks[: args.max_samples]  # prefix first, then resume, as upstream
+    tasks = bench.select(tasks, args.max_samples)  # prefix first, then resume, as upstream
     output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
     endpoint = cli.endpoint_from_args(args, args.model)
 
@@ -53,6 +53,12 @@ def main(argv: list[str]) -> int:
         )
         if not pending:
             return EXIT_OK
-        summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, bench.solve))
+        steps = StepCache(output)
+        try:
+            summary = asyncio.run(
+                runner.run_with_client("infer", endpoint, pending, output, args, lambda t, c: bench.solve(t, c, steps))
+            )
+        finally:
+            steps.close()
 
     return runner.finish("infer", summary, output)

@@ -50,9 +50,7 @@ def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tu
             file=sys.stderr,
         )
         return [Task(id=k, row=row, line=0) for k, row in judged.items()], "judged rows only"
-    tasks = bench.load(data)
-    if max_samples is not None:
-        tasks = tasks[:max_samples]
+    tasks = bench.select(bench.load(data), max_samples)
     return tasks, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
 
 

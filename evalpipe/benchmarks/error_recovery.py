@@ -1,0 +1,293 @@
+"""Error Recovery (as in OpenAI Evals `error-recovery`), built on BIG-Bench Mistake.
+
+Each problem is asked three ways — no reasoning (NR), the correct first steps (CR), and those
+steps plus the first wrong one (IR) — and the model continues the reasoning. A second call to the
+same model extracts the final answer, which must equal str(target) exactly. Every variation is
+its own task (`<task>-<n>:<NR|CR|IR>`), so runs resume per (problem, variation), and each
+finished call is kept, so a failed extraction never costs the reasoning again.
+
+The prompt strings are the reference eval's, reproduced verbatim so results stay comparable.
+"""
+
+import argparse
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import jsonl
+from ..checkpoint import StepCache
+from ..datasets.error_recovery import TASKS
+from ..errors import BadInput
+from ..llm import ChatClient, ContextTooLong
+from ..paths import PROJECT
+from .base import Benchmark, Task
+
+TASK_DESCRIPTION = "Solve the given problem, writing your reasoning along the way."
+MISTAKE_NOTICE = "There might be a mistake in your reasoning."
+FINAL_ANSWER_PROMPT = "Given this reasoning, write your final answer. Only write your final answer, and nothing else."
+_LETTER_HINT = "\n\nAnswer with the selected single letter indicating your answer, wrapped with parentheses. Do not write anything else."
+FORMAT_HINTS = {
+    "dyck_languages": "\n\nAnswer with just the end of the sequence, separated by spaces. Do not repeat the part of "
+    "the sequence given in the question. Only write the sequence of symbols, nothing else.",
+    "logical_deduction": _LETTER_HINT,
+    "multistep_arithmetic": "\n\nAnswer with a single number.",
+    "tracking_shuffled_objects": _LETTER_HINT,
+    "word_sorting": "\n\nAnswer with the sorted words, each lower case and separated by a single space.",
+}
+VARIATIONS = ("NR", "CR", "IR")
+ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
+
+
+def conversation(problem: dict, variation: str, reasoning_role: str = "assistant") -> list[dict]:
+    """The messages a variation starts from, as the reference builds them."""
+    messages = [{"role": "system", "content": TASK_DESCRIPTION}, {"role": "user", "content": problem["question"]}]
+    if variation != "NR":
+        steps = "\n".join(problem["correct_steps"])
+        if variation == "IR":
+            steps = f"{steps}\n{problem['incorrect_step']}"
+        messages.append({"role": reasoning_role, "content": steps})
+    return messages
+
+
+def notice_position(variation: str, position: str, ir_only: bool) -> str:
+    """Where the mistake notice goes for a variation: none, immediate or end (the reference's rules)."""
+    if ir_only and variation != "IR":
+        return "none"
+    if variation == "NR" and position == "immediate":
+        return "none"  # there is no given reasoning to put a notice after
+    return position
+
+
+def compat(messages: list[dict], mode: str) -> list[dict]:
+    """Rewrite a conversation for chat templates that reject what the reference sends.
+
+    merge: a system message after the first message becomes a user message, then consecutive
+    messages of one role are merged into one, joined by a blank line. strict: unchanged.
+    """
+    if mode == "strict":
+        return messages
+    out: list[dict] = []
+    for i, msg in enumerate(messages):
+        role = "user" if msg["role"] == "system" and i > 0 else msg["role"]
+        if out and out[-1]["role"] == role:
+            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n\n{msg['content']}"}
+        else:
+            out.append({"role": role, "content": msg["content"]})
+    return out
+
+
+def normalize(task: str, answer: str) -> str:
+    """Our normalised form of an answer (reported beside the exact match, never instead of it)."""
+    text = answer.strip().strip("`\"'").strip()
+    text = re.sub(r"\s+", " ", text).rstrip(".").strip()
+    if task == "multistep_arithmetic":
+        try:
+            number = float(text.replace(",", ""))
+            return str(int(number)) if number.is_integer() else str(number)
+        except ValueError:
+            return text
+    if task in ("logical_deduction", "tracking_shuffled_objects"):
+        m = re.fullmatch(r"\(?([A-Za-z])\)?(?:\s.*)?", text)
+        return f"({m.group(1).upper()})" if m else text
+    if task == "word_sorting":
+        return text.lower()
+    if task == "dyck_languages":
+        return " ".join(re.findall(r"[()\[\]{}<>]", text))
+    return text
+
+
+class ErrorRecovery(Benchmark):
+    name = "error_recovery"
+    default_data = PROJECT / "data" / "error_recovery" / "sample.jsonl"
+    judge_uses_llm = False
+    aggregate_note = (
+        "Correct rates over all selected problems (a missing variation counts as wrong); exact match with "
+        "str(target) as the reference. Performance loss = 1 − IR/CR."
+    )
+
+    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("error recovery")
+        g.add_argument("--reasoning-role", choices=("assistant", "user"), default="assistant",
+                       help="the given reasoning as the model's own turn (assistant, default) or as another's (user)")
+        g.add_argument("--final-answer-role", choices=("system", "user"), default="system",
+                       help="role of the answer-extraction prompt (default system)")
+        g.add_argument("--mistake-notice", choices=("none", "immediate", "end"), default="none",
+                       help=f"add {MISTAKE_NOTICE!r} right after the given reasoning (immediate) or after the model's "
+                       "reasoning, followed by one more reasoning call (end); default none")
+        g.add_argument("--mistake-notice-ir-only", action="store_true", help="the notice only for IR")
+        g.add_argument("--chat-compat", choices=("strict", "merge"), default="strict",
+                       help="strict: messages exactly as the reference; merge: for chat templates that reject two "
+                       "assistant turns in a row or a system message mid-conversation")
+
+    # ---- which tasks
+
+    def load(self, path: Path) -> list[Task]:
+        tasks, per_task = [], {}
+        for line, row in jsonl.iter_rows(path):
+            missing = [k for k in ROW_KEYS if k not in row]
+            if missing:
+                raise BadInput(f"missing keys {missing} (convert BIG-Bench Mistake with make error-recovery-data)", path, line)
+            if row["task"] not in FORMAT_HINTS:
+                raise BadInput(f"unknown task {row['task']!r}; expected one of {list(FORMAT_HINTS)}", path, line)
+            if not isinstance(row["correct_steps"], list) or len(row["correct_steps"]) != int(row["mistake_index"]):
+                raise BadInput("'correct_steps' must hold mistake_index steps", path, line)
+            n = per_task.get(row["task"], 0)
+            per_task[row["task"]] = n + 1
+            problem = {**row, "problem": len(tasks) // len(VARIATIONS)}  # position in the file
+            for variation in VARIATIONS:
+                tasks.append(Task(id=f"{row['task']}-{n}:{variation}", row={**problem, "variation": variation}, line=line))
+        if not tasks:
+            raise BadInput("no problems in the file", path)
+        return tasks
+
+    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
+        """`--max-samples N`: the first N problems, each with its three variations."""
+        return tasks if max_samples is None else [t for t in tasks if t.row["problem"] < max_samples]
+
+    # ---- how a task is solved
+
+    async def _call(self, model: ChatClient, steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
+        done = steps.get(task_id, step)
+        if done is None:
+            reply = await model.complete(compat(messages, self.args.chat_compat))
+            done = steps.put(task_id, step, {"text": reply.text, "usage": reply.usage, "latency_s": reply.latency_s,
+                                             "finish_reason": reply.finish_reason})
+        return done
+
+    async def solve(self, task: Task, model: ChatClient, steps: StepCache) -> dict:
+        p, a = task.row, self.args
+        variation = p["variation"]
+        notice = notice_position(variation, a.mistake_notice, a.mistake_notice_ir_only)
+        messages = conversation(p, variation, a.reasoning_role)
+        calls: dict[str, dict] = {}
+        out = {"idx": task.id, "messages": [], "model_output": "", "answer": "", "target": str(p["target"]),
+               "metadata": {"task": p["task"], "variation": variation, "problem": p["problem"],
+                            "mistake_index": int(p["mistake_index"]), "num_ground_truth_steps": p["num_ground_truth_steps"],
+                            "steps_after_mistake": p["num_ground_truth_steps"] - int(p["mistake_index"]),
+                            "reasoning_role": a.reasoning_role, "final_answer_role": a.final_answer_role,
+                            "mistake_notice": notice, "chat_compat": a.chat_compat},
+               "model": model.endpoint.model}
+        try:
+            if notice == "immediate":
+                messages.append({"role": "user", "content": MISTAKE_NOTICE})
+            calls["reasoning"] = await self._call(model, steps, task.id, "reasoning", messages)
+            messages.append({"role": "assistant", "content": calls["reasoning"]["text"]})
+            if notice == "end":
+                messages.append({"role": "user", "content": MISTAKE_NOTICE})
+                calls["reasoning_after_notice"] = await self._call(model, steps, task.id, "reasoning_after_notice", messages)
+                messages.append({"role": "assistant", "content": calls["reasoning_after_notice"]["text"]})
+            messages.append({"role": a.final_answer_role, "content": FINAL_ANSWER_PROMPT + FORMAT_HINTS[p["task"]]})
+            calls["extraction"] = await self._call(model, steps, task.id, "extraction", messages)
+        except ContextTooLong as exc:
+            out.update(messages=compat(messages, a.chat_compat), status="context_length", error=str(exc),
+                       calls={k: _call_record(v) for k, v in calls.items()})
+            return out
+        usage: dict = {}
+        for call in calls.values():
+            for key, value in (call.get("usage") or {}).items():
+                usage[key] = usage.get(key, 0) + value
+        out.update(
+            messages=compat(messages, a.chat_compat),
+            model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],
+            answer=calls["extraction"]["text"],
+            status="ok",
+            usage=usage,
+            calls={k: _call_record(v) for k, v in calls.items()},
+        )
+        return out
+
+    # ---- how a solution is graded
+
+    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+        answer, target, task = row.get("answer") or "", str(row.get("target")), row["metadata"]["task"]
+        correct = answer == target  # exact, as the reference
+        return {**row, "correct": correct, "score": int(correct),
+                "normalized_correct": normalize(task, answer) == normalize(task, target), "judge_status": "ok"}
+
+    # ---- which metrics a run has
+
+    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
+        usage: dict[str, dict] = {}
+        for t in tasks:
+            var, row = t.row["variation"], judged.get(t.id)
+            scopes = ("all", f"task:{t.row['task']}",
+                      f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}")
+            for scope in scopes:
+                cell = tally.setdefault((scope, var), [0, 0, 0, 0])
+                cell[2] += 1
+                if row is None:
+                    cell[3] += 1
+                else:
+                    cell[0] += bool(row.get("correct"))
+                    cell[1] += bool(row.get("normalized_correct"))
+            for name, call in ((row or {}).get("calls") or {}).items():
+                bucket = usage.setdefault(name, {})
+                for key, value in (call.get("usage") or {}).items():
+                    bucket[key] = bucket.get(key, 0) + value
+
+        def rate(scope: str, var: str, which: int = 0) -> float:
+            cell = tally.get((scope, var), [0, 0, 0, 0])
+            return cell[which] / cell[2] if cell[2] else 0.0
+
+        out: dict[str, Any] = {"benchmark": self.name,
+                               "denominator": "all selected problems of the variation; a missing row counts as wrong"}
+        for var in VARIATIONS:
+            out[f"{var}_correct_rate"] = rate("all", var)
+        tasks_present = [task for task in TASKS if ("task:" + task, "NR") in tally]
+        for task in tasks_present:
+            for var in VARIATIONS:
+                out[f"task_{task.replace('_', '-')}_{var}_correct_rate"] = rate("task:" + task, var)
+        counts = {var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
+                  for var in VARIATIONS}
+        out["counts"] = counts
+        out["stderr"] = {var: _stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS}
+        cr, ir = out["CR_correct_rate"], out["IR_correct_rate"]
+        out["performance_loss"] = 1 - ir / cr if cr else None
+        out["normalized_correct_rate (ours)"] = {var: rate("all", var, 1) for var in VARIATIONS}
+        afters = sorted({int(scope.split(":")[1]) for scope, _ in tally if scope.startswith("after:")})
+        out["by_steps_after_mistake"] = {
+            str(k): {"problems": tally[(f"after:{k}", "NR")][2], **{var: rate(f"after:{k}", var) for var in VARIATIONS}}
+            for k in afters
+        }
+        missing = sum(c["missing"] for c in counts.values())
+        total = sum(c["total"] for c in counts.values())
+        out["coverage"] = {"expected": total, "graded": total - missing, "missing": missing,
+                           "extra_rows_ignored": sum(1 for k in judged if k not in {t.id for t in tasks})}
+        out["tokens"] = usage
+        return out
+
+    def headline(self, metrics: dict) -> dict[str, float | None]:
+        return {"NR": metrics["NR_correct_rate"], "CR": metrics["CR_correct_rate"], "IR": metrics["IR_correct_rate"],
+                "Performance loss (1 − IR/CR)": metrics["performance_loss"]}
+
+    def format_metrics(self, metrics: dict) -> str:
+        cov = metrics["coverage"]
+        lines = [f"Error Recovery: {cov['graded']}/{cov['expected']} variations graded, {cov['missing']} missing (wrong)",
+                 f"{'':28} {'NR':>12} {'CR':>12} {'IR':>12}"]
+
+        def cells(get) -> str:
+            return " ".join(f"{get(v):>12}" for v in VARIATIONS)
+
+        lines.append(f"{'exact (reference)':28} " + cells(
+            lambda v: f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * metrics['stderr'][v]:.1f}"))
+        lines.append(f"{'normalised (ours)':28} " + cells(
+            lambda v: f"{100 * metrics['normalized_correct_rate (ours)'][v]:.1f}"))
+        for task in TASKS:
+            key = f"task_{task.replace('_', '-')}"
+            if f"{key}_NR_correct_rate" in metrics:
+                lines.append(f"  {task:26} " + cells(lambda v: f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}"))
+        loss = metrics["performance_loss"]
+        lines.append("performance loss 1 − IR/CR: " + ("n/a (CR is 0)" if loss is None else f"{100 * loss:.1f}%"))
+        lines.append("by steps after the mistake: " + ", ".join(
+            f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})" for k, v in metrics["by_steps_after_mistake"].items()))
+        return "\n".join(lines)
+
+
+def _call_record(call: dict) -> dict:
+    return {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+
+
+def _stderr(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n) if n else 0.0
