@@ -34,7 +34,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data chaos clean-venv
 
 install: $(STAMP)
 
@@ -81,6 +81,11 @@ coin-flip-data: $(STAMP)
 BBM_DIR ?= ../shared/data/big-bench-mistake
 error-recovery-data: $(STAMP)
 	$(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(BBM_DIR) --out data/error_recovery
+
+# Kill every stage at random under injected faults; prints kills, faults, rows lost, duplicates.
+CHAOS_KILLS ?= 20
+chaos: $(STAMP)
+	$(PYTHON) -m evalpipe.chaos --kills $(CHAOS_KILLS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -13,6 +13,7 @@ from . import jsonl
 class StepCache:
     def __init__(self, output: Path):
         self.path = output.with_name(output.name + ".steps.jsonl")
+        jsonl.repair_tail(self.path)
         self._done: dict[tuple, dict] = {}
         if self.path.exists():
             for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):

@@ -16,6 +16,7 @@ from .paths import DEFAULT_ROOT
 
 def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a stage's main and map every way it can end to one exit code and one line."""
+    os.umask(os.umask(0) | 0o002)  # the user's umask, but never a world-writable output
     try:
         return main(sys.argv[1:] if argv is None else argv)
     except StageError as exc:

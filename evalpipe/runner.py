@@ -85,6 +85,7 @@ async def run(
 ) -> RunSummary:
     """Run `work(task)` for every task; each task has `.id`. Returns what happened."""
     summary = RunSummary(pending=total)
+    jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
     if total == 0:
         return summary
     queue = iter(tasks)
