@@ -34,7 +34,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data chaos clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data chaos bench clean-venv
 
 install: $(STAMP)
 
@@ -86,6 +86,12 @@ error-recovery-data: $(STAMP)
 CHAOS_KILLS ?= 20
 chaos: $(STAMP)
 	$(PYTHON) -m evalpipe.chaos --kills $(CHAOS_KILLS)
+
+# Throughput, rate limits, resume and score at scale against the loopback server; prints each
+# figure beside its target (about 6 minutes; BENCH_ARGS=--tiny for a quick look).
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PYTHON) -m evalpipe.bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -10,7 +10,6 @@ from typing import Callable
 
 from . import benchmarks, redact
 from .errors import EXIT_INTERRUPTED, BadInput, StageError
-from .llm import Endpoint
 from .paths import DEFAULT_ROOT
 
 
@@ -92,6 +91,8 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
     g.add_argument("--grace", type=float, default=10.0, help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)")
     g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal (default 30)")
+    g.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
+                   help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)")
 
 
 def _extra_body(text: str | None) -> dict:
@@ -113,8 +114,10 @@ def _extra_body(text: str | None) -> dict:
     return value
 
 
-def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "OPENAI") -> Endpoint:
-    """Flags first, then <PREFIX>_API_KEY / <PREFIX>_BASE_URL, then OPENAI_*."""
+def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "OPENAI"):
+    """An llm.Endpoint: flags first, then <PREFIX>_API_KEY / <PREFIX>_BASE_URL, then OPENAI_*."""
+    from .llm import Endpoint  # here, so that score and aggregate never load the openai SDK
+
 
     def env(name: str) -> str | None:
         return os.environ.get(f"{env_prefix}_{name}") or os.environ.get(f"OPENAI_{name}") or None

@@ -34,3 +34,11 @@ class EndpointRefused(StageError):
     """The endpoint refused us for a reason no retry can fix (auth, permission, model, quota)."""
 
     exit_code = EXIT_ENDPOINT_REFUSED
+
+
+class CallFailed(Exception):
+    """A model call did not succeed in this run; the task stays pending for the next run."""
+
+
+class ContextTooLong(Exception):
+    """The request does not fit the model's context: final, retrying cannot help."""

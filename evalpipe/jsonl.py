@@ -48,7 +48,7 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
             lineno += 1
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
-            if not raw.strip():
+            if raw[:1] in b" \t\r\n" and not raw.strip():  # strip only what may be blank
                 continue
             try:
                 row = orjson.loads(raw)
@@ -67,15 +67,51 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
             yield lineno, row
 
 
-def latest_rows(path: str | os.PathLike, key: Callable[[dict], Any]) -> dict[Any, dict]:
-    """The last row per id in one of our output files (missing file: no rows)."""
+def latest_rows(
+    path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
+) -> dict[Any, Any]:
+    """The last row per id in one of our output files (missing file: no rows).
+
+    `keep` maps each row to what is kept of it, so a large file need not be held whole.
+    """
     if not os.path.exists(path):
         return {}
-    rows: dict[Any, dict] = {}
+    rows: dict[Any, Any] = {}
     for _, row in iter_rows(path, torn_tail_ok=True):
-        rows.pop(key(row), None)  # re-insert so dict order follows the last write
-        rows[key(row)] = row
+        rows[key(row)] = row if keep is None else keep(row)
     return rows
+
+
+_FAST_ID = b'{"idx":"'
+
+
+def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
+    """The ids that have a complete row in one of our output files (missing file: none).
+
+    Our rows start with {"idx":"<id>", so for them the id is sliced from the line without
+    parsing it; other lines (upstream rows, escaped ids, a last line without newline) are
+    parsed, and a torn last line does not count. Holds ids only, never rows.
+    """
+    ids: set = set()
+    if not os.path.exists(path):
+        return ids
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.startswith(_FAST_ID) and raw.endswith(b"}\n"):
+                end = raw.find(b'"', 8)
+                if end > 0 and b"\\" not in raw[8:end]:
+                    ids.add(raw[8:end].decode("utf-8"))
+                    continue
+            if not raw.strip():
+                continue
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                if raw.endswith(b"\n"):
+                    raise BadInput("invalid JSON in an output file", path, lineno) from None
+                continue  # a torn last line
+            ids.add(key(row))
+    return ids
 
 
 def repair_tail(path: str | os.PathLike) -> str | None:

@@ -9,7 +9,8 @@ The SDK's own retries are turned off; this module decides what is retried:
   other 400/422  CallFailed at once (not retried in this run, retried next run)
   401/403/404, 429 insufficient_quota
                  EndpointRefused: the whole run stops
-Retries are capped in count (max_retries) and in total time (max_retry_seconds).
+Retries are capped in count (max_retries; 429s do not count, the server asked us to wait) and
+in total time (max_retry_seconds).
 """
 
 import email.utils
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from . import redact
-from .errors import BadInput, EndpointRefused
+from .errors import BadInput, CallFailed, ContextTooLong, EndpointRefused
+from .limiter import AdaptiveLimit
 
 _CONTEXT_LENGTH_HINTS = (
     "context_length_exceeded",
@@ -35,14 +37,6 @@ _CONTEXT_LENGTH_HINTS = (
 )
 _RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0
-
-
-class CallFailed(Exception):
-    """The call did not succeed in this run; the task stays pending for the next run."""
-
-
-class ContextTooLong(Exception):
-    """The request does not fit the model's context: final, retrying cannot help."""
 
 
 class MalformedReply(Exception):
@@ -138,8 +132,9 @@ def describe(exc: BaseException) -> str:
 class ChatClient:
     """Calls one model on one endpoint with the retry policy above."""
 
-    def __init__(self, endpoint: Endpoint):
+    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None):
         self.endpoint = endpoint
+        self.limit = limit
         key = endpoint.api_key
         if not key:
             if endpoint.base_url is None:
@@ -164,6 +159,19 @@ class ChatClient:
         return self._fallback_wait(state)
 
     async def _call_once(self, messages: list[dict]) -> Any:
+        if self.limit is None:
+            return await self._request(messages)
+        async with self.limit:
+            sent = time.monotonic()
+            try:
+                response = await self._request(messages)
+            except openai.RateLimitError as exc:
+                self.limit.rate_limited(retry_after_seconds(exc))
+                raise
+            self.limit.succeeded(time.monotonic() - sent)
+            return response
+
+    async def _request(self, messages: list[dict]) -> Any:
         response = await self._client.chat.completions.create(
             model=self.endpoint.model,
             messages=messages,
@@ -177,14 +185,16 @@ class ChatClient:
     async def complete(self, messages: list[dict]) -> Completion:
         """One chat completion. Raises ContextTooLong, CallFailed or EndpointRefused."""
         started = time.monotonic()
-        attempts = 0
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_retryable),
-            wait=self._wait,
-            stop=stop_after_attempt(self.endpoint.max_retries + 1)
-            | stop_after_delay(self.endpoint.max_retry_seconds),
-            reraise=True,
-        )
+        attempts = failures = 0
+
+        def give_up(state) -> bool:
+            # A 429 is the server asking us to wait, not a failure: only the time cap ends those.
+            nonlocal failures
+            if not isinstance(state.outcome.exception(), openai.RateLimitError):
+                failures += 1
+            return failures > self.endpoint.max_retries or time.monotonic() - started >= self.endpoint.max_retry_seconds
+
+        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable), wait=self._wait, stop=give_up, reraise=True)
         try:
             async for attempt in retrying:
                 with attempt:

@@ -17,8 +17,9 @@ from typing import Awaitable, Callable, Iterable
 from tqdm import tqdm
 
 from . import jsonl
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EndpointRefused
-from .llm import CallFailed, ChatClient, Endpoint
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused
+from .limiter import AdaptiveLimit
+from .llm import ChatClient, Endpoint
 
 
 @dataclass
@@ -39,11 +40,12 @@ def failures_path(output: Path) -> Path:
 class _Progress:
     """A tqdm bar on a terminal; a plain line every `every` seconds otherwise (cron logs)."""
 
-    def __init__(self, label: str, total: int, every: float):
+    def __init__(self, label: str, total: int, every: float, mode: str = "auto"):
         self.label, self.total, self.every = label, total, every
         self.done = self.failed = 0
         self.started = self.last = time.monotonic()
-        self.bar = tqdm(total=total, desc=label, unit="task", file=sys.stderr) if sys.stderr.isatty() else None
+        bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+        self.bar = tqdm(total=total, desc=label, unit="task", file=sys.stderr) if bar else None
 
     def update(self, failed: bool = False) -> None:
         self.done += 1
@@ -82,6 +84,7 @@ async def run(
     label: str,
     grace_s: float = 10.0,
     log_every_s: float = 30.0,
+    progress: str = "auto",
 ) -> RunSummary:
     """Run `work(task)` for every task; each task has `.id`. Returns what happened."""
     summary = RunSummary(pending=total)
@@ -90,7 +93,7 @@ async def run(
         return summary
     queue = iter(tasks)
     stop = asyncio.Event()
-    progress = _Progress(label, total, log_every_s)
+    progress = _Progress(label, total, log_every_s, progress)
     failures = None
     started = time.monotonic()
 
@@ -171,8 +174,11 @@ async def run_with_client(
     args,
     work: Callable[[object, ChatClient | None], Awaitable[dict]],
 ) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards."""
-    client = ChatClient(endpoint) if endpoint is not None else None
+    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
+
+    The client's requests in flight adapt to 429s below the --workers ceiling.
+    """
+    client = ChatClient(endpoint, AdaptiveLimit(args.workers)) if endpoint is not None else None
     try:
         return await run(
             pending,
@@ -183,6 +189,7 @@ async def run_with_client(
             label=label,
             grace_s=args.grace,
             log_every_s=args.log_every,
+            progress=args.progress,
         )
     finally:
         if client is not None:

@@ -88,3 +88,21 @@ def test_atomic_write_replaces_whole_file_with_umask_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_ids_in_slices_our_ids_and_parses_the_rest(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(
+        b'{"idx":"a","v":1}\n'
+        b'{"idx": "b", "v": 2}\n'  # upstream spacing: parsed
+        b'{"idx":"c\\"q","v":3}\n'  # an escaped quote in the id: parsed
+        b'{"messages": [], "metadata": {"task_id": "d"}}\n'  # no idx: upstream fallback
+        b'{"idx":"e","v":5}'  # complete, but no newline yet: parsed, counts
+    )
+    key = lambda r: r.get("idx", r.get("metadata", {}).get("task_id"))  # noqa: E731
+    assert jsonl.ids_in(path, key) == {"a", "b", 'c"q', "d", "e"}
+    path.write_bytes(b'{"idx":"a","v":1}\n{"idx":"b","v":')  # torn: b is not done
+    assert jsonl.ids_in(path, key) == {"a"}
+    path.write_bytes(b'{"idx":"a","v":1}\nnot json\n{"idx":"b","v":2}\n')
+    with pytest.raises(BadInput, match=":2:"):
+        jsonl.ids_in(path, key)

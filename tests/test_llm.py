@@ -120,3 +120,17 @@ def test_an_echoed_key_is_redacted_from_errors(server):
     with pytest.raises(EndpointRefused) as err:
         call(server)
     assert API_KEY not in str(err.value) and "[REDACTED]" in str(err.value)
+
+
+def test_429s_do_not_use_up_the_retry_count(server):
+    server.handler = sequence(*[Reply.error(429, "slow", headers={"retry-after-ms": "10"})] * 5, Reply(content="ok"))
+    done = call(server, max_retries=1)
+    assert done.text == "ok" and done.attempts == 6
+
+
+def test_the_retry_time_cap_ends_a_429_storm(server):
+    server.handler = sequence(Reply.error(429, "slow", headers={"retry-after-ms": "100"}))
+    started = time.monotonic()
+    with pytest.raises(CallFailed, match="HTTP 429"):
+        call(server, max_retries=1, max_retry_seconds=0.5)
+    assert time.monotonic() - started < 2

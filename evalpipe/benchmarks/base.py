@@ -3,15 +3,17 @@
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..checkpoint import StepCache
-from ..llm import ChatClient
+
+if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
+    from ..llm import ChatClient
 
 VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     id: str
     row: dict  # the dataset row as read
@@ -31,6 +33,7 @@ class Benchmark:
     default_data: Path | None = None
     judge_uses_llm: bool = False
     aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
+    score_fields: tuple[str, ...] = ()  # what metrics() and is_provisional() read of a judge row
 
     def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Benchmark-specific infer flags."""
@@ -49,7 +52,7 @@ class Benchmark:
         """`--max-samples N`: a prefix of the dataset's rows (as upstream)."""
         return tasks if max_samples is None else tasks[:max_samples]
 
-    async def solve(self, task: Task, model: ChatClient, steps: StepCache) -> dict:
+    async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         """Make the inference row for one task (raises llm.CallFailed to leave it pending).
 
         A task that needs several calls keeps each finished one in `steps`, so a rerun pays
@@ -65,7 +68,7 @@ class Benchmark:
         """Whether a judge row is a stand-in (e.g. the judge API failed) that judge.py redoes by itself."""
         return False
 
-    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+    async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         """Make the judge row for one inference row."""
         raise NotImplementedError
 

@@ -9,13 +9,15 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from .. import jsonl, stats
 from ..paths import PROJECT
-from ..errors import BadInput
-from ..llm import CallFailed, ChatClient, ContextTooLong
+from ..errors import BadInput, CallFailed, ContextTooLong
 from .base import VALID_ROLES, Benchmark, Task, row_id
+
+if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
+    from ..llm import ChatClient
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -220,6 +222,7 @@ class CLBench(Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     judge_uses_llm = True
+    score_fields = ("score", "judge_status", "usage", "judge_usage")
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
 
     def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -290,7 +293,7 @@ class CLBench(Benchmark):
 
     # ---- how a task is solved
 
-    async def solve(self, task: Task, model: ChatClient, steps=None) -> dict:
+    async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         row = task.row
         out = {
             "idx": task.id,
@@ -329,7 +332,7 @@ class CLBench(Benchmark):
             return JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=response)
         return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
 
-    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+    async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         output = row.get("model_output") or ""
         if not isinstance(output, str) or not output.strip():
             why = "empty model output: score 0 without a judge call"
@@ -427,7 +430,7 @@ class CLBench(Benchmark):
                 "graded": len(tasks) - len(missing),
                 "missing": len(missing),
                 "missing_ids": missing[:20],
-                "extra_rows_ignored": sum(1 for k in judged if k not in expected_ids),
+                "extra_rows_ignored": len(judged.keys() - expected_ids),
             },
             "overall": overall.as_dict(),
             "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},

@@ -5,18 +5,20 @@ rule (no judge model); F1 over YES/NO is the headline metric.
 """
 
 import argparse
-import hashlib
 import json
 import random
 import re
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from .. import jsonl
-from ..errors import BadInput
-from ..llm import ChatClient, ContextTooLong
+from ..errors import BadInput, ContextTooLong
 from ..paths import PROJECT
 from .base import Benchmark, Task
+
+if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
+    from ..llm import ChatClient
 
 ZERO_SHOT = (
     "\nSolve the following coin flip problem step by step. The last line of your response should be of the form "
@@ -75,6 +77,9 @@ def parse_answer(text: str, mode: str = "strict") -> str | None:
     return verdict if verdict in ("YES", "NO") else None
 
 
+_GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}
+
+
 def _gold(value: Any) -> str | None:
     if isinstance(value, bool):
         return "YES" if value else "NO"
@@ -110,6 +115,7 @@ class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
     judge_uses_llm = False
+    score_fields = ("prediction", "usage")
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
         "selected tasks, with unparsed and missing answers counted as wrong."
@@ -142,17 +148,19 @@ class CoinFlip(Benchmark):
     def load(self, path: Path) -> list[Task]:
         tasks = []
         for line, row in load_rows(path):
+            try:
+                question, gold = row["question"], _GOLD.get(row["answer"]) or _gold(row["answer"])
+            except (KeyError, TypeError):
+                question, gold = None, None
             if not isinstance(row, dict):
                 raise BadInput("expected an object with 'question' and 'answer'", path, line)
-            question, gold = row.get("question"), _gold(row.get("answer"))
             if not isinstance(question, str) or not question.strip():
                 raise BadInput("no 'question' string", path, line)
             if gold is None:
                 raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
             # position + content: stable under --max-samples, and a different file cannot match old rows
-            digest = hashlib.sha256(question.encode()).hexdigest()[:8]
-            task_id = f"{len(tasks):05d}-{digest}"
-            tasks.append(Task(id=task_id, row={"question": question, "target": gold}, line=line))
+            task_id = f"{len(tasks):05d}-{zlib.crc32(question.encode()):08x}"
+            tasks.append(Task(task_id, {"question": question, "target": gold}, line))
         if not tasks:
             raise BadInput("no rows in the file", path)
         return tasks
@@ -160,7 +168,7 @@ class CoinFlip(Benchmark):
     def prompt(self, question: str) -> str:
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
 
-    async def solve(self, task: Task, model: ChatClient, steps=None) -> dict:
+    async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
         out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
                "metadata": {"fewshot": self.args.fewshot}, "model": model.endpoint.model}
@@ -176,7 +184,7 @@ class CoinFlip(Benchmark):
     def is_judged(self, row: dict) -> bool:
         return row.get("parse_mode") == self.args.parse  # another parse mode: grade again (it is free)
 
-    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+    async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         prediction = parse_answer(row.get("model_output") or "", self.args.parse)
         correct = prediction is not None and prediction == row.get("target")
         return {**row, "prediction": prediction, "score": int(correct),
@@ -185,13 +193,16 @@ class CoinFlip(Benchmark):
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tp = fp = fn = tn = unparsed = missing = yes = 0
         usage: dict = {}
+        get = judged.get
         for task in tasks:
-            row = judged.get(task.id)
+            row = get(task.id)
             if row is None:
                 missing += 1
                 continue
-            for key, value in (row.get("usage") or {}).items():
-                usage[key] = usage.get(key, 0) + value
+            row_usage = row.get("usage")
+            if row_usage:
+                for key, value in row_usage.items():
+                    usage[key] = usage.get(key, 0) + value
             pred, gold = row.get("prediction"), task.row["target"]
             if pred is None:
                 unparsed += 1
@@ -214,7 +225,7 @@ class CoinFlip(Benchmark):
             "denominator": "accuracy and yes_ratio over all selected tasks (unparsed and missing count as wrong); "
             "precision, recall and F1 over parsed predictions, positive class YES",
             "coverage": {"expected": total, "graded": total - missing, "missing": missing,
-                         "extra_rows_ignored": sum(1 for k in judged if k not in {t.id for t in tasks})},
+                         "extra_rows_ignored": len(judged.keys() - {t.id for t in tasks})},
             "f1": ratio(2 * precision * recall, precision + recall),
             "accuracy": ratio(tp + tn, total),
             "precision": precision,

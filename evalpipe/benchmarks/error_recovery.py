@@ -13,15 +13,17 @@ import argparse
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from .. import jsonl
 from ..checkpoint import StepCache
 from ..datasets.error_recovery import TASKS
-from ..errors import BadInput
-from ..llm import ChatClient, ContextTooLong
+from ..errors import BadInput, ContextTooLong
 from ..paths import PROJECT
 from .base import Benchmark, Task
+
+if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
+    from ..llm import ChatClient
 
 TASK_DESCRIPTION = "Solve the given problem, writing your reasoning along the way."
 MISTAKE_NOTICE = "There might be a mistake in your reasoning."
@@ -101,6 +103,7 @@ class ErrorRecovery(Benchmark):
     name = "error_recovery"
     default_data = PROJECT / "data" / "error_recovery" / "sample.jsonl"
     judge_uses_llm = False
+    score_fields = ("correct", "normalized_correct", "calls")
     aggregate_note = (
         "Correct rates over all selected problems (a missing variation counts as wrong); exact match with "
         "str(target) as the reference. Performance loss = 1 − IR/CR."
@@ -147,7 +150,7 @@ class ErrorRecovery(Benchmark):
 
     # ---- how a task is solved
 
-    async def _call(self, model: ChatClient, steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
+    async def _call(self, model: "ChatClient", steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
         done = steps.get(task_id, step)
         if done is None:
             reply = await model.complete(compat(messages, self.args.chat_compat))
@@ -155,7 +158,7 @@ class ErrorRecovery(Benchmark):
                                              "finish_reason": reply.finish_reason})
         return done
 
-    async def solve(self, task: Task, model: ChatClient, steps: StepCache) -> dict:
+    async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         p, a = task.row, self.args
         variation = p["variation"]
         notice = notice_position(variation, a.mistake_notice, a.mistake_notice_ir_only)
@@ -199,7 +202,7 @@ class ErrorRecovery(Benchmark):
 
     # ---- how a solution is graded
 
-    async def grade(self, row: dict, judge: ChatClient | None) -> dict:
+    async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = row.get("answer") or "", str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
         return {**row, "correct": correct, "score": int(correct),
@@ -254,7 +257,7 @@ class ErrorRecovery(Benchmark):
         missing = sum(c["missing"] for c in counts.values())
         total = sum(c["total"] for c in counts.values())
         out["coverage"] = {"expected": total, "graded": total - missing, "missing": missing,
-                           "extra_rows_ignored": sum(1 for k in judged if k not in {t.id for t in tasks})}
+                           "extra_rows_ignored": len(judged.keys() - {t.id for t in tasks})}
         out["tokens"] = usage
         return out
 

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import sys
 from pathlib import Path
 
@@ -17,6 +18,12 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument("--input", type=Path, help=f"dataset JSONL (default: the bundled sample, {default})")
     parser.add_argument("--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)")
     parser.add_argument("--max-samples", type=int, help="only the first N tasks of the dataset (a prefix, as upstream)")
+    parser.add_argument(
+        "--slim",
+        action="store_true",
+        help="leave the copied `messages` out of the rows (much smaller files; `python -m evalpipe.expand` "
+        "joins them back from the dataset for upstream tools)",
+    )
     cli.add_endpoint_args(parser)
     bench.add_infer_arguments(parser)
 
@@ -26,11 +33,12 @@ def main(argv: list[str]) -> int:
     data = args.input or bench.default_data
     tasks = bench.load(data)
     tasks = bench.select(tasks, args.max_samples)  # prefix first, then resume, as upstream
+    gc.freeze()  # the loaded dataset lives to the end: keep the collector from rescanning it
     output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
     endpoint = cli.endpoint_from_args(args, args.model)
 
     with lock.exclusive(output):
-        done = jsonl.latest_rows(output, row_id)
+        done = jsonl.ids_in(output, row_id)
         pending = [t for t in tasks if t.id not in done]
         manifest.write(
             output,
@@ -44,6 +52,7 @@ def main(argv: list[str]) -> int:
                 "model": args.model,
                 "endpoint": endpoint.host,
                 "params": {**endpoint.params, **endpoint.extra_body},
+                "slim": args.slim,
             },
         )
         print(
@@ -54,10 +63,15 @@ def main(argv: list[str]) -> int:
         if not pending:
             return EXIT_OK
         steps = StepCache(output)
+
+        async def solve(task, client):
+            row = await bench.solve(task, client, steps)
+            if args.slim:
+                row.pop("messages", None)
+            return row
+
         try:
-            summary = asyncio.run(
-                runner.run_with_client("infer", endpoint, pending, output, args, lambda t, c: bench.solve(t, c, steps))
-            )
+            summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, solve))
         finally:
             steps.close()
 

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import sys
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def main(argv: list[str]) -> int:
             "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
         )
     rows = jsonl.latest_rows(infer_path, row_id)
+    gc.freeze()  # the loaded rows live to the end: keep the collector from rescanning them
     endpoint = cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE")
 
     with lock.exclusive(output):

@@ -1,6 +1,7 @@
 """score: one run's metrics from its judge rows, with coverage against the selected tasks."""
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tu
             "against the judged rows only, so missing tasks cannot be seen",
             file=sys.stderr,
         )
-        return [Task(id=k, row=row, line=0) for k, row in judged.items()], "judged rows only"
+        full = jsonl.latest_rows(judge_path, row_id)  # the rows must stand in for the dataset
+        return [Task(id=k, row=row, line=0) for k, row in full.items()], "judged rows only"
     tasks = bench.select(bench.load(data), max_samples)
     return tasks, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
 
@@ -59,7 +61,9 @@ def main(argv: list[str]) -> int:
     judge_path = _judge_path(bench, args)
     if not judge_path.exists():
         raise BadInput("no such judge file (run judge first)", judge_path)
-    judged = jsonl.latest_rows(judge_path, row_id)
+    gc.disable()  # a short-lived process building millions of objects: collection would only slow it
+    fields = bench.score_fields
+    judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = bench.metrics(tasks, judged)
     selected = {t.id for t in tasks}

@@ -1,0 +1,52 @@
+"""Join the `messages` of slim rows (infer.py --slim) back from the dataset, for upstream tools.
+
+    python -m evalpipe.expand --data CL-bench.jsonl --input infer.jsonl --output infer-full.jsonl
+
+Works for benchmarks whose messages are the dataset's own (CL-bench); rows keep their key order
+with `messages` back in second place.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import benchmarks, jsonl
+from .errors import BadInput
+
+
+def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) -> int:
+    messages = {t.id: t.row.get("messages") for t in bench.load(data)}
+    written = 0
+    with jsonl.Appender(target) as out:
+        for line, row in jsonl.iter_rows(source, torn_tail_ok=True):
+            task_id = benchmarks.row_id(row)
+            if "messages" not in row:
+                if messages.get(task_id) is None:
+                    raise BadInput(f"task {task_id!r} has no messages in {data}", source, line)
+                row = {"idx": row["idx"], "messages": messages[task_id], **{k: v for k, v in row.items() if k != "idx"}}
+            out.append(row)
+            written += 1
+    return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", default="clbench", choices=list(benchmarks.REGISTRY))
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--input", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+    if args.output.exists():
+        print(f"expand: error: {args.output} exists; choose a new file", file=sys.stderr)
+        return 2
+    try:
+        n = expand(benchmarks.get(args.bench), args.data, args.input, args.output)
+    except BadInput as exc:
+        print(f"expand: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"expand: wrote {n} rows to {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Slim rows, joining messages back, and the benchmark script in its tiny mode."""
+
+import subprocess
+import sys
+
+from .conftest import ROOT, SAMPLE, read_jsonl
+
+UPSTREAM_INFER = ["idx", "messages", "model_output", "rubrics", "metadata"]
+
+
+def test_slim_rows_judge_the_same_and_expand_back(server, stage, tmp_path):
+    stage("infer", "--model", "m", "--output", "full/infer.jsonl", check=0)
+    stage("infer", "--model", "m", "--output", "slim/infer.jsonl", "--slim", check=0)
+    full, slim = read_jsonl(tmp_path / "full/infer.jsonl"), read_jsonl(tmp_path / "slim/infer.jsonl")
+    assert all("messages" not in r for r in slim)
+    assert (tmp_path / "slim/infer.jsonl").stat().st_size < (tmp_path / "full/infer.jsonl").stat().st_size
+    for d in ("full", "slim"):
+        stage("judge", "--input", f"{d}/infer.jsonl", "--judge-model", "j", check=0)
+    scores = [{r["idx"]: r["score"] for r in read_jsonl(tmp_path / d / "judge.jsonl")} for d in ("full", "slim")]
+    assert scores[0] == scores[1]
+    proc = subprocess.run([sys.executable, "-m", "evalpipe.expand", "--data", str(SAMPLE), "--input",
+                           str(tmp_path / "slim/infer.jsonl"), "--output", str(tmp_path / "expanded.jsonl")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    expanded = {r["idx"]: r for r in read_jsonl(tmp_path / "expanded.jsonl")}
+    for row in full:
+        assert list(expanded[row["idx"]])[:5] == UPSTREAM_INFER
+        assert expanded[row["idx"]]["messages"] == row["messages"]
+
+
+def test_the_benchmark_script_runs_in_tiny_mode():
+    proc = subprocess.run([sys.executable, "-m", "evalpipe.bench", "--tiny"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    # tiny sizes are too small for the targets: only that every part ran and printed its figure
+    assert "| figure | measured | target | met |" in proc.stdout, proc.stdout + proc.stderr
+    for part in ("overhead", "wide", "rate-limited (with Retry-After)", "rate-limited (without Retry-After)",
+                 "resume", "slim rows", "score.py", "aggregate.py"):
+        assert part in proc.stdout, part
