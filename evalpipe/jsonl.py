@@ -5,6 +5,7 @@ instant leaves at most one torn last line. Readers of our own outputs ignore tha
 writers cut it off before appending, so the file stays valid JSONL.
 """
 
+import itertools
 import os
 import sys
 import tempfile
@@ -43,20 +44,20 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
     except OSError as exc:
         raise BadInput(f"cannot read: {exc.strerror}", path) from None
     with f:
-        lineno = 0
-        for raw in f:
-            lineno += 1
-            if lineno == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM):]
-            if raw[:1] in b" \t\r\n" and not raw.strip():  # strip only what may be blank
-                continue
+        first = f.readline()
+        if first.startswith(BOM):
+            first = first[len(BOM):]
+        loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+        for lineno, raw in enumerate(itertools.chain((first,), f), 1):
             try:
-                row = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
+                row = loads(raw)
+            except JSONDecodeError as exc:
+                if not raw.strip():
+                    continue  # a blank line
                 if torn_tail_ok and not raw.endswith(b"\n"):
                     return
                 raise BadInput(_describe_json_error(exc, raw), path, lineno) from None
-            if not isinstance(row, dict):
+            if type(row) is not dict:
                 if torn_tail_ok and not raw.endswith(b"\n"):
                     return
                 if isinstance(row, list):

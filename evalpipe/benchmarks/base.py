@@ -34,6 +34,7 @@ class Benchmark:
     judge_uses_llm: bool = False
     aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
     score_fields: tuple[str, ...] = ()  # what metrics() and is_provisional() read of a judge row
+    has_provisional: bool = False  # whether is_provisional() can ever be true
 
     def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Benchmark-specific infer flags."""

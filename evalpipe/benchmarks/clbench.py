@@ -223,6 +223,7 @@ class CLBench(Benchmark):
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     judge_uses_llm = True
     score_fields = ("score", "judge_status", "usage", "judge_usage")
+    has_provisional = True
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
 
     def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -146,24 +146,28 @@ class CoinFlip(Benchmark):
             self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
 
     def load(self, path: Path) -> list[Task]:
-        tasks = []
+        tasks: list[Task] = []
+        append, crc32 = tasks.append, zlib.crc32
         for line, row in load_rows(path):
             try:
                 question, gold = row["question"], _GOLD.get(row["answer"]) or _gold(row["answer"])
             except (KeyError, TypeError):
-                question, gold = None, None
-            if not isinstance(row, dict):
-                raise BadInput("expected an object with 'question' and 'answer'", path, line)
-            if not isinstance(question, str) or not question.strip():
-                raise BadInput("no 'question' string", path, line)
-            if gold is None:
-                raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
+                question = gold = None
+            if gold is None or type(question) is not str or not question:
+                self._reject(row, path, line)
             # position + content: stable under --max-samples, and a different file cannot match old rows
-            task_id = f"{len(tasks):05d}-{zlib.crc32(question.encode()):08x}"
-            tasks.append(Task(task_id, {"question": question, "target": gold}, line))
+            append(Task(f"{len(tasks):05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line))
         if not tasks:
             raise BadInput("no rows in the file", path)
         return tasks
+
+    @staticmethod
+    def _reject(row: Any, path: Path, line: int) -> None:
+        if not isinstance(row, dict):
+            raise BadInput("expected an object with 'question' and 'answer'", path, line)
+        if not isinstance(row.get("question"), str) or not row["question"].strip():
+            raise BadInput("no 'question' string", path, line)
+        raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
 
     def prompt(self, question: str) -> str:
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)

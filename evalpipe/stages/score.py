@@ -66,8 +66,8 @@ def main(argv: list[str]) -> int:
     judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = bench.metrics(tasks, judged)
-    selected = {t.id for t in tasks}
-    metrics["coverage"]["to_rejudge"] = sum(1 for k, row in judged.items() if k in selected and bench.is_provisional(row))
+    provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []
+    metrics["coverage"]["to_rejudge"] = len(set(provisional) & {t.id for t in tasks})
     metrics["selection"] = selection
     metrics["judge_file"] = str(judge_path)
     output = args.output
