@@ -88,7 +88,7 @@ chaos: $(STAMP)
 	$(PYTHON) -m evalpipe.chaos --kills $(CHAOS_KILLS)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
-# figure beside its target (about 6 minutes; BENCH_ARGS=--tiny for a quick look).
+# figure beside its target (about 8 minutes; BENCH_ARGS=--tiny for a quick look).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PYTHON) -m evalpipe.bench $(BENCH_ARGS)
