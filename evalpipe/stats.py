@@ -25,5 +25,10 @@ def stderr(values: Sequence[float]) -> float:
     return std(values, "sample") / math.sqrt(len(values))
 
 
+def binomial_stderr(rate: float, n: int) -> float:
+    """Standard error of a rate measured over n independent items: sqrt(p(1 − p)/n)."""
+    return math.sqrt(rate * (1 - rate) / n) if n else 0.0
+
+
 def pct(rate: float | None, digits: int = 1) -> str:
     return "-" if rate is None else f"{100 * rate:.{digits}f}"

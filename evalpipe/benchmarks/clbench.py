@@ -49,7 +49,6 @@ Answer with one JSON object and nothing else, with exactly these keys:
 {{"Grading Rationale": "<one short sentence per rubric>", "List of Requirement Satisfaction Status": ["yes" or "no", one per rubric, in order], "Overall Score": <0 or 1>}}
 """
 
-JUDGE_KEYS = ("Grading Rationale", "List of Requirement Satisfaction Status", "Overall Score")
 
 # judge_status values; the first two are real grades, the rest are conservative zero scores
 OK, SALVAGED = "ok", "salvaged"

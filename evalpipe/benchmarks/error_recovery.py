@@ -10,12 +10,11 @@ The prompt strings are the reference eval's, reproduced verbatim so results stay
 """
 
 import argparse
-import math
 import re
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .. import jsonl
+from .. import jsonl, stats
 from ..checkpoint import StepCache
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
@@ -245,7 +244,7 @@ class ErrorRecovery(Benchmark):
         counts = {var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
                   for var in VARIATIONS}
         out["counts"] = counts
-        out["stderr"] = {var: _stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS}
+        out["stderr"] = {var: stats.binomial_stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS}
         cr, ir = out["CR_correct_rate"], out["IR_correct_rate"]
         out["performance_loss"] = 1 - ir / cr if cr else None
         out["normalized_correct_rate (ours)"] = {var: rate("all", var, 1) for var in VARIATIONS}
@@ -290,7 +289,3 @@ class ErrorRecovery(Benchmark):
 
 def _call_record(call: dict) -> dict:
     return {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
-
-
-def _stderr(p: float, n: int) -> float:
-    return math.sqrt(p * (1 - p) / n) if n else 0.0
