@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 
 from . import __version__, jsonl
+from .errors import BadInput
 
 
 def path_for(output: Path) -> Path:
@@ -32,3 +33,30 @@ def read(output: Path) -> dict | None:
     if not os.path.exists(path):
         return None
     return orjson.loads(Path(path).read_bytes())
+
+
+# Flags that change how a run goes, not what its rows are: left out of the fingerprint.
+OPERATIONAL = {
+    "api_key", "base_url", "workers", "timeout", "max_retries", "max_retry_seconds", "backoff", "backoff_max",
+    "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
+}
+
+
+def fingerprint(args, dataset_sha256: str) -> dict:
+    """What makes the rows what they are: the dataset's content and every flag that shapes a request
+    (model, generation parameters, benchmark options). Endpoint, concurrency and retry settings,
+    and the --max-samples prefix (resuming a longer prefix is the same run), are left out."""
+    flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in OPERATIONAL}
+    return {"dataset_sha256": dataset_sha256, **flags}
+
+
+def refuse_if_changed(output: Path, new: dict) -> None:
+    """Refuse to add rows made under another configuration to an output that has rows."""
+    old = (read(output) or {}).get("fingerprint")
+    if old is None or old == new:
+        return
+    changed = [f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    raise BadInput(
+        f"{output} holds rows made under another configuration ({'; '.join(changed)}); "
+        "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
+    )

@@ -157,3 +157,24 @@ def test_auth_failure_stops_the_run_with_one_line_and_no_key(server, stage, tmp_
     assert "infer: error:" in proc.stderr and "HTTP 401" in proc.stderr and "Traceback" not in proc.stderr
     assert len(server.chat_requests()) <= 4  # the ones already in flight, nothing after
     assert read_jsonl(tmp_path / "infer.jsonl") == []
+
+
+def test_a_rerun_under_another_configuration_is_refused(server, stage, tmp_path):
+    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", "--temperature", "0.2", check=0)
+    before = (tmp_path / "infer.jsonl").read_bytes()
+    # more samples, other workers and retries: the same run, resumed
+    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", "--temperature", "0.2",
+          "--workers", "3", "--max-retries", "2", check=0)
+    assert len(read_jsonl(tmp_path / "infer.jsonl")) == 5
+    before = (tmp_path / "infer.jsonl").read_bytes()
+    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.7")
+    assert proc.returncode == 2
+    assert "temperature: 0.2 → 0.7" in proc.stderr and "--allow-config-change" in proc.stderr
+    assert (tmp_path / "infer.jsonl").read_bytes() == before
+    other = tmp_path / "other.jsonl"
+    other.write_text((tmp_path / "infer.jsonl").read_text())
+    (tmp_path / "other.jsonl.manifest.json").write_text((tmp_path / "infer.jsonl.manifest.json").read_text())
+    proc = stage("infer", "--model", "m2", "--output", "other.jsonl", "--temperature", "0.2")
+    assert proc.returncode == 2 and "model: 'm' → 'm2'" in proc.stderr
+    stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.7", "--allow-config-change", check=0)
+    assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12

@@ -24,6 +24,12 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         help="leave the copied `messages` out of the rows (much smaller files; `python -m evalpipe.expand` "
         "joins them back from the dataset for upstream tools)",
     )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="add rows to an output made under another configuration (model, parameters, dataset, options); "
+        "without it such a rerun is refused",
+    )
     cli.add_endpoint_args(parser)
     bench.add_infer_arguments(parser)
 
@@ -37,8 +43,13 @@ def main(argv: list[str]) -> int:
     output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
     endpoint = cli.endpoint_from_args(args, args.model)
 
+    data_sha = manifest.sha256_file(Path(data))
+    fingerprint = manifest.fingerprint(args, data_sha)
+
     with lock.exclusive(output):
         done = jsonl.ids_in(output, row_id)
+        if done and not args.allow_config_change:
+            manifest.refuse_if_changed(output, fingerprint)
         pending = [t for t in tasks if t.id not in done]
         manifest.write(
             output,
@@ -46,13 +57,14 @@ def main(argv: list[str]) -> int:
                 "stage": "infer",
                 "benchmark": bench.name,
                 "dataset": str(Path(data).resolve()),
-                "dataset_sha256": manifest.sha256_file(Path(data)),
+                "dataset_sha256": data_sha,
                 "max_samples": args.max_samples,
                 "selected": len(tasks),
                 "model": args.model,
                 "endpoint": endpoint.host,
                 "params": {**endpoint.params, **endpoint.extra_body},
                 "slim": args.slim,
+                "fingerprint": fingerprint,
             },
         )
         print(
