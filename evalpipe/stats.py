@@ -30,5 +30,12 @@ def binomial_stderr(rate: float, n: int) -> float:
     return math.sqrt(rate * (1 - rate) / n) if n else 0.0
 
 
+def add_counts(total: dict, counts: dict | None) -> dict:
+    """Add token counts (or any counts) into a running total, key by key."""
+    for key, value in (counts or {}).items():
+        total[key] = total.get(key, 0) + value
+    return total
+
+
 def pct(rate: float | None, digits: int = 1) -> str:
     return "-" if rate is None else f"{100 * rate:.{digits}f}"

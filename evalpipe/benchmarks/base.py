@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from ..checkpoint import StepCache
+from ..errors import ContextTooLong
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -18,6 +19,18 @@ class Task:
     id: str
     row: dict  # the dataset row as read
     line: int  # where it was read, for error messages
+
+
+async def answer_into(out: dict, model: "ChatClient", messages: list[dict]) -> dict:
+    """Fill an inference row from one chat call: the answer, or a final context-length failure."""
+    try:
+        done = await model.complete(messages)
+    except ContextTooLong as exc:
+        out.update(status="context_length", error=str(exc))
+        return out
+    out["model_output"] = done.text
+    out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
+    return out
 
 
 def row_id(row: dict) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, TYPE_CHECKING
 from .. import jsonl, stats
 from ..paths import PROJECT
 from ..errors import BadInput, CallFailed, ContextTooLong
-from .base import VALID_ROLES, Benchmark, Task, row_id
+from .base import VALID_ROLES, Benchmark, Task, answer_into, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -212,11 +212,6 @@ def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: st
     return out
 
 
-def _add_usage(total: dict, usage: dict) -> None:
-    for key, value in usage.items():
-        total[key] = total.get(key, 0) + value
-
-
 class CLBench(Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
@@ -303,19 +298,7 @@ class CLBench(Benchmark):
             "metadata": row.get("metadata", {}),
             "model": model.endpoint.model,
         }
-        try:
-            done = await model.complete(row["messages"])
-        except ContextTooLong as exc:
-            out.update(status="context_length", error=str(exc))
-            return out
-        out["model_output"] = done.text
-        out.update(
-            status="ok",
-            finish_reason=done.finish_reason,
-            usage=done.usage,
-            latency_s=done.latency_s,
-        )
-        return out
+        return await answer_into(out, model, row["messages"])
 
     # ---- how a solution is graded
 
@@ -361,7 +344,7 @@ class CLBench(Benchmark):
                     statuses=[], score=0, status=API_ERROR, judge_error=str(exc),
                     judge_model=judge.endpoint.model, judge_usage=usage or None,
                 )
-            _add_usage(usage, reply.usage)
+            stats.add_counts(usage, reply.usage)
             latency += reply.latency_s
             verdict = parse_judge_reply(reply.text, n_rubrics)
             if isinstance(verdict, Verdict):
@@ -412,8 +395,8 @@ class CLBench(Benchmark):
                 score = 1 if _normalize_score(row.get("score")) == 1 else 0
                 status = row.get("judge_status", OK)
                 statuses[status] = statuses.get(status, 0) + 1
-                _add_usage(infer_tokens, row.get("usage") or {})
-                _add_usage(judge_tokens, row.get("judge_usage") or {})
+                stats.add_counts(infer_tokens, row.get("usage"))
+                stats.add_counts(judge_tokens, row.get("judge_usage"))
             for tally in (
                 overall,
                 by_cat.setdefault(str(meta.get("context_category", "(none)")), _Tally()),

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from .. import jsonl
-from ..errors import BadInput, ContextTooLong
+from ..stats import add_counts
+from ..errors import BadInput
 from ..paths import PROJECT
-from .base import Benchmark, Task
+from .base import Benchmark, Task, answer_into
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -176,14 +177,7 @@ class CoinFlip(Benchmark):
         messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
         out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
                "metadata": {"fewshot": self.args.fewshot}, "model": model.endpoint.model}
-        try:
-            done = await model.complete(messages)
-        except ContextTooLong as exc:
-            out.update(status="context_length", error=str(exc))
-            return out
-        out["model_output"] = done.text
-        out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
-        return out
+        return await answer_into(out, model, messages)
 
     def is_judged(self, row: dict) -> bool:
         return row.get("parse_mode") == self.args.parse  # another parse mode: grade again (it is free)
@@ -203,10 +197,7 @@ class CoinFlip(Benchmark):
             if row is None:
                 missing += 1
                 continue
-            row_usage = row.get("usage")
-            if row_usage:
-                for key, value in row_usage.items():
-                    usage[key] = usage.get(key, 0) + value
+            add_counts(usage, row.get("usage"))
             pred, gold = row.get("prediction"), task.row["target"]
             if pred is None:
                 unparsed += 1

@@ -187,8 +187,7 @@ class ErrorRecovery(Benchmark):
             return out
         usage: dict = {}
         for call in calls.values():
-            for key, value in (call.get("usage") or {}).items():
-                usage[key] = usage.get(key, 0) + value
+            stats.add_counts(usage, call.get("usage"))
         out.update(
             messages=compat(messages, a.chat_compat),
             model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],
@@ -225,9 +224,7 @@ class ErrorRecovery(Benchmark):
                     cell[0] += bool(row.get("correct"))
                     cell[1] += bool(row.get("normalized_correct"))
             for name, call in ((row or {}).get("calls") or {}).items():
-                bucket = usage.setdefault(name, {})
-                for key, value in (call.get("usage") or {}).items():
-                    bucket[key] = bucket.get(key, 0) + value
+                stats.add_counts(usage.setdefault(name, {}), call.get("usage"))
 
         def rate(scope: str, var: str, which: int = 0) -> float:
             cell = tally.get((scope, var), [0, 0, 0, 0])
