@@ -83,14 +83,18 @@ def main(argv: list[str]) -> int:
         )
         if not pending:
             return EXIT_OK
+        retry_later = set()  # rows this run wrote as stand-ins (every earlier one was pending again)
+
+        async def grade(task, client):
+            row = await bench.grade(task.row, client)
+            if bench.is_provisional(row):
+                retry_later.add(task.id)
+            return row
+
         judge_endpoint = endpoint if bench.judge_uses_llm else None
-        summary = asyncio.run(
-            runner.run_with_client("judge", judge_endpoint, pending, output, args, lambda task, client: bench.grade(task.row, client))
-        )
-        judged = jsonl.latest_rows(output, row_id)
+        summary = asyncio.run(runner.run_with_client("judge", judge_endpoint, pending, output, args, grade))
 
     code = runner.finish("judge", summary, output)
-    retry_later = [k for k in rows if k in judged and bench.is_provisional(judged[k])]
     if retry_later:
         print(f"judge: {len(retry_later)} rows will be judged again on the next run (judge API failed)", file=sys.stderr)
     if code == EXIT_OK and retry_later:
