@@ -1,21 +1,48 @@
-"""A scriptable OpenAI-compatible chat server on loopback, for tests and benchmarks.
+"""A scriptable OpenAI-compatible server on loopback, for tests and benchmarks.
 
-It speaks enough HTTP/1.1 (keep-alive, Content-Length bodies) for the `openai` SDK and answers
-POST /v1/chat/completions with whatever its handler returns for each request: an answer, a
+It speaks enough HTTP/1.1 (keep-alive, Content-Length or chunked bodies) for the `openai` SDK and
+answers POST /v1/chat/completions with whatever its handler returns for each request: an answer, a
 delay, an HTTP error with headers (Retry-After), a hang, a connection reset, a malformed or
 trickled body. Run it in-process (FakeOpenAI, in a background thread) or as
 `python -m evalpipe.testserver` (deterministic answers).
+
+It also serves the Files and Batches APIs (/v1/files, /v1/batches) well enough for the SDK's
+`client.files` and `client.batches`. Each line of a batch is answered by the same `handler` as an
+online call (the Request carries the line's `custom_id`; delay, hang, reset and trickle are
+ignored): a 200 reply becomes a line of the output file, any other status a line of the error file
+with that status_code and the reply's error body. Output and error file ids stay null when the file
+would be empty, and request_counts.completed/failed always equal the lines in those two files.
+
+A batch moves only when it is retrieved (GET /v1/batches/{id}), so tests need no sleeps. With
+P = batch_polls_to_finish and n requests, retrieve number k does:
+
+    k = 1        validating -> in_progress, the first n // 2 requests answered
+                 (or -> failed with `errors`, when validation fails)
+    1 < k < P-1  in_progress, nothing new
+    k = P-1 > 1  all requests answered -> finalizing
+    k >= P       all requests answered -> completed, output/error files written
+
+(P = 1 goes straight to completed on the first retrieve.) With batch_expire_after = N, only the
+first N requests are ever answered and the batch ends `expired` instead, with N lines across the
+two files and the rest absent. POST /v1/batches/{id}/cancel turns validating, in_progress or
+finalizing into `cancelling`; the next retrieve ends it `cancelled`, with files holding whatever had
+been answered (none before the first retrieve, n // 2 after it). The settings are read when a
+batch is created.
 """
 
 import argparse
 import asyncio
+import copy
 import hashlib
 import itertools
 import json
+import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import parse_qs, urlsplit
 
 
 @dataclass
@@ -25,6 +52,8 @@ class Request:
     headers: dict[str, str]
     body: dict | None
     number: int  # 1-based arrival order
+    raw: bytes = field(default=b"", repr=False)  # the body as received
+    custom_id: str | None = None  # set when the request is a line of a batch
 
     @property
     def messages(self) -> list[dict]:
@@ -63,7 +92,7 @@ def deterministic(request: Request) -> Reply:
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            408: "Request Timeout", 413: "Payload Too Large", 422: "Unprocessable Entity",
+            408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large", 422: "Unprocessable Entity",
             429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
             503: "Service Unavailable", 504: "Gateway Timeout"}
 
@@ -93,13 +122,165 @@ def completion_body(request: Request, reply: Reply) -> bytes:
     ).encode()
 
 
+# ---- Files and Batches: formats and bookkeeping
+
+FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+BATCH_ENDPOINTS = ("/v1/chat/completions",)  # the only endpoint this server answers
+FINISHED = ("completed", "failed", "expired", "cancelled")
+DAY = 24 * 3600
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def payload(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload()).encode()
+
+
+def parse_multipart(raw: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
+    """The fields of a multipart/form-data body: name -> (filename, or None for a plain field; value)."""
+    boundary = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not content_type.lower().startswith("multipart/form-data") or not boundary:
+        raise ApiError(400, "Expected a multipart/form-data body.")
+    fields = {}
+    for part in raw.split(b"--" + boundary.group(1).encode())[1:]:
+        if part.startswith(b"--"):  # the closing delimiter
+            break
+        head, _, value = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        disposition = next((line for line in head.decode("utf-8", "replace").split("\r\n")
+                            if line.lower().startswith("content-disposition:")), "")
+        params = dict(re.findall(r'(\w+)="([^"]*)"', disposition))
+        if "name" in params:
+            fields[params["name"]] = (params.get("filename"), value.removesuffix(b"\r\n"))
+    return fields
+
+
+def parse_batch_input(content: bytes) -> list[dict]:
+    """The request lines of a batch input file, or ApiError(400) naming the first bad line."""
+    lines, seen = [], set()
+    for number, text in enumerate(content.decode("utf-8", "replace").splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except ValueError:
+            line = None
+        if not isinstance(line, dict):
+            raise ApiError(400, f"Line {number} of the batch input is not a JSON object.", "invalid_json_line", "file")
+        for key, kind in (("custom_id", str), ("method", str), ("url", str), ("body", dict)):
+            if not isinstance(line.get(key), kind) or not line[key]:
+                raise ApiError(400, f"Line {number} of the batch input needs '{key}' ({kind.__name__}).",
+                               "missing_required_parameter", "file")
+        if line["method"] != "POST":
+            raise ApiError(400, f"Line {number} of the batch input: method must be POST.", "invalid_value", "file")
+        if line["custom_id"] in seen:
+            raise ApiError(400, f"Line {number} of the batch input repeats custom_id {line['custom_id']!r}; "
+                           "custom_id must be unique within a batch.", "duplicate_custom_id", "file")
+        seen.add(line["custom_id"])
+        lines.append(line)
+    if not lines:
+        raise ApiError(400, "The batch input file is empty.", "empty_file", "file")
+    return lines
+
+
+def batch_validation_errors(lines: list[dict], endpoint: str) -> list[dict]:
+    """What makes a batch `failed` at validation: a line for another endpoint, or a second model."""
+    errors = []
+    models = {line["body"].get("model") for line in lines}
+    for number, line in enumerate(lines, 1):
+        if line["url"] != endpoint:
+            errors.append({"code": "invalid_url", "line": number, "param": "url",
+                           "message": f"The URL {line['url']!r} does not match the batch endpoint {endpoint!r}."})
+    if len(models) > 1:
+        errors.append({"code": "mismatched_model", "line": None, "param": "body.model",
+                       "message": "All requests in a batch must use the same model."})
+    return errors
+
+
+def cursor_page(items: list[dict], query: dict[str, str], default_limit: int) -> dict:
+    """One page of a list answer (items already in list order), honouring `limit` and `after`."""
+    try:
+        limit = int(query.get("limit", default_limit))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= max(100, default_limit):
+        raise ApiError(400, f"Invalid limit {query.get('limit')!r}.", "invalid_value", "limit")
+    if "after" in query:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(query["after"]) + 1:] if query["after"] in ids else []
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def batch_usage(output: list[dict]) -> dict:
+    """A batch's `usage`: the token counts of its successful responses, summed."""
+    usages = [line["response"]["body"].get("usage") or {} for line in output
+              if isinstance(line["response"]["body"], dict)]
+
+    def total(key: str, detail: str | None = None) -> int:
+        values = [(u.get(key) or {}).get(detail) if detail else u.get(key) for u in usages]
+        return sum(v for v in values if isinstance(v, int))
+
+    input_tokens, output_tokens = total("prompt_tokens"), total("completion_tokens")
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": total("prompt_tokens_details", "cached_tokens")},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": total("completion_tokens_details", "reasoning_tokens")},
+            "total_tokens": input_tokens + output_tokens}
+
+
+@dataclass
+class StoredFile:
+    info: dict  # the FileObject the API returns
+    content: bytes
+
+
+@dataclass
+class BatchJob:
+    info: dict  # the Batch object the API returns
+    lines: list[dict]
+    # settings, as they were when the batch was created
+    polls_to_finish: int
+    expire_after: int | None
+    fail_validation: bool
+    report_unexecuted: bool
+    polls: int = 0
+    answered: int = 0  # lines[:answered] have a line in `output` or `errors`
+    output: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+
 class FakeOpenAI:
     """An OpenAI-compatible server in a background thread; `handler` may be swapped any time."""
 
-    def __init__(self, handler: Callable[[Request], Reply] = deterministic, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, handler: Callable[[Request], Reply] = deterministic, host: str = "127.0.0.1", port: int = 0,
+                 *, batch_polls_to_finish: int = 2, batch_expire_after: int | None = None,
+                 batch_fail_validation: bool = False, batch_report_unexecuted: bool = False):
         self.handler = handler
         self.host, self.port = host, port
+        # How batches behave (see the module docstring); read when a batch is created.
+        self.batch_polls_to_finish = batch_polls_to_finish  # retrieves until a batch is finished
+        self.batch_expire_after = batch_expire_after  # answer only this many requests, then `expired`
+        self.batch_fail_validation = batch_fail_validation  # every batch ends `failed` at validation
+        # Give the requests an expired or cancelled batch never ran an error-file line (response null,
+        # error.code batch_expired / batch_cancelled), as OpenAI's API reference describes such lines.
+        self.batch_report_unexecuted = batch_report_unexecuted
         self.requests: list[Request] = []
+        self._files: dict[str, StoredFile] = {}
+        self._batches: dict[str, BatchJob] = {}
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,6 +295,20 @@ class FakeOpenAI:
     def chat_requests(self) -> list[Request]:
         with self._lock:
             return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def files(self) -> list[dict]:
+        """Copies of the stored FileObjects (uploads and batch output/error files), oldest first."""
+        with self._lock:
+            return [copy.deepcopy(f.info) for f in self._files.values()]
+
+    def file_content(self, file_id: str) -> bytes:
+        with self._lock:
+            return self._files[file_id].content
+
+    def batches(self) -> list[dict]:
+        """Copies of the Batch objects as a retrieve would return them (without advancing), oldest first."""
+        with self._lock:
+            return [copy.deepcopy(job.info) for job in self._batches.values()]
 
     # ---- lifecycle
 
@@ -186,12 +381,15 @@ class FakeOpenAI:
             if ":" in line:
                 k, v = line.split(":", 1)
                 headers[k.strip().lower()] = v.strip()
-        raw = await reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            raw = await self._read_chunked(reader)
+        else:
+            raw = await reader.readexactly(int(headers.get("content-length", "0")))
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        request = Request(method, path, headers, body, next(self._counter))
+        request = Request(method, path, headers, body, next(self._counter), raw=raw)
         with self._lock:
             self.requests.append(request)
         return request
@@ -200,6 +398,11 @@ class FakeOpenAI:
         if request.method == "GET" and request.path.rstrip("/").endswith("/models"):
             body = json.dumps({"object": "list", "data": [{"id": "test", "object": "model"}]}).encode()
             await self._send(writer, 200, {}, body, "application/json", 0.0)
+            return True
+        answer = self._files_and_batches(request)
+        if answer is not None:
+            status, body, content_type = answer
+            await self._send(writer, status, {}, body, content_type, 0.0)
             return True
         if not request.path.endswith("/chat/completions"):
             await self._send(writer, 404, {}, b'{"error": {"message": "not found"}}', "application/json", 0.0)
@@ -217,6 +420,17 @@ class FakeOpenAI:
         await self._send(writer, reply.status, reply.headers, body, reply.content_type, reply.trickle)
         return True
 
+    @staticmethod
+    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+        chunks = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                    pass
+                return b"".join(chunks)
+            chunks.append((await reader.readexactly(size + 2))[:-2])
+
     async def _send(self, writer, status: int, headers: dict, body: bytes, content_type: str, trickle: float) -> None:
         head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {content_type}",
                 f"Content-Length: {len(body)}"]
@@ -230,6 +444,237 @@ class FakeOpenAI:
         else:
             writer.write(body)
         await writer.drain()
+
+    # ---- Files and Batches
+    # Everything here runs on the server's event loop, the only writer of _files and _batches; the
+    # lock guards writes against readers on other threads and is never held while `handler` runs.
+
+    def _files_and_batches(self, request: Request) -> tuple[int, bytes, str] | None:
+        """The answer (status, body, content type) to a Files or Batches call; None for other paths."""
+        url = urlsplit(request.path)
+        parts = url.path.strip("/").split("/")
+        if parts[:1] == ["v1"]:
+            parts = parts[1:]
+        query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+        try:
+            match [request.method, *parts]:
+                case ["POST", "files"]:
+                    answer = self._upload(request)
+                case ["GET", "files"]:
+                    answer = self._list_files(query)
+                case ["GET", "files", file_id]:
+                    answer = self._stored_file(file_id).info
+                case ["GET", "files", file_id, "content"]:
+                    return 200, self._stored_file(file_id).content, "application/octet-stream"
+                case ["DELETE", "files", file_id]:
+                    self._stored_file(file_id)
+                    with self._lock:
+                        del self._files[file_id]
+                    answer = {"id": file_id, "object": "file", "deleted": True}
+                case ["POST", "batches"]:
+                    answer = self._create_batch(request.body)
+                case ["GET", "batches"]:
+                    with self._lock:
+                        newest_first = [job.info for job in reversed(self._batches.values())]
+                    answer = cursor_page(newest_first, query, default_limit=20)
+                case ["GET", "batches", batch_id]:
+                    job = self._batch_job(batch_id)
+                    self._advance(job)
+                    answer = job.info
+                case ["POST", "batches", batch_id, "cancel"]:
+                    answer = self._cancel(self._batch_job(batch_id))
+                case _:
+                    return None
+            body = json.dumps(answer).encode()
+        except ApiError as error:
+            return error.status, error.body(), "application/json"
+        except Exception as exc:  # a bug here, or in a test's handler: answer rather than drop the connection
+            return 500, ApiError(500, f"FakeOpenAI failed: {exc!r}").body(), "application/json"
+        return 200, body, "application/json"
+
+    def _stored_file(self, file_id: str) -> StoredFile:
+        if file_id not in self._files:
+            raise ApiError(404, f"No such File object: {file_id}", param="id")
+        return self._files[file_id]
+
+    def _batch_job(self, batch_id: str) -> BatchJob:
+        if batch_id not in self._batches:
+            raise ApiError(404, f"No batch found with id '{batch_id}'.", param="id")
+        return self._batches[batch_id]
+
+    def _store_file(self, filename: str, purpose: str, content: bytes) -> dict:
+        now = int(time.time())
+        info = {"id": new_id("file-"), "object": "file", "bytes": len(content), "created_at": now,
+                "filename": filename, "purpose": purpose, "status": "processed", "status_details": None,
+                "expires_at": now + 30 * DAY if purpose.startswith("batch") else None}
+        with self._lock:
+            self._files[info["id"]] = StoredFile(info, content)
+        return info
+
+    def _upload(self, request: Request) -> dict:
+        fields = parse_multipart(request.raw, request.headers.get("content-type", ""))
+        purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace")
+        filename, content = fields.get("file", (None, b""))
+        if filename is None:
+            raise ApiError(400, "Missing required parameter: 'file'.", "missing_required_parameter", "file")
+        if purpose not in FILE_PURPOSES:
+            raise ApiError(400, f"Invalid purpose {purpose!r}; expected one of {', '.join(FILE_PURPOSES)}.",
+                           "invalid_value", "purpose")
+        if purpose == "batch":
+            if not filename.endswith(".jsonl"):
+                raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", "invalid_file_format", "file")
+            parse_batch_input(content)
+        return self._store_file(filename, purpose, content)
+
+    def _list_files(self, query: dict[str, str]) -> dict:
+        with self._lock:
+            items = [f.info for f in self._files.values() if query.get("purpose") in (None, f.info["purpose"])]
+        if query.get("order", "desc") == "desc":
+            items.reverse()
+        return cursor_page(items, query, default_limit=10000)
+
+    def _create_batch(self, body: dict | None) -> dict:
+        body = body if isinstance(body, dict) else {}
+        file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+        metadata = body.get("metadata")
+        if not isinstance(file_id, str) or not file_id:
+            raise ApiError(400, "Missing required parameter: 'input_file_id'.", "missing_required_parameter",
+                           "input_file_id")
+        if endpoint not in BATCH_ENDPOINTS:
+            raise ApiError(400, f"Unsupported endpoint {endpoint!r}; this server batches only "
+                           f"{', '.join(BATCH_ENDPOINTS)}.", "invalid_value", "endpoint")
+        if body.get("completion_window") != "24h":
+            raise ApiError(400, f"Invalid completion_window {body.get('completion_window')!r}; only '24h' is supported.",
+                           "invalid_value", "completion_window")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ApiError(400, "metadata must be an object.", "invalid_type", "metadata")
+        stored = self._files.get(file_id)
+        if stored is None:
+            raise ApiError(400, f"Input file {file_id!r} not found.", "invalid_value", "input_file_id")
+        if stored.info["purpose"] != "batch":
+            raise ApiError(400, f"Input file {file_id!r} was not uploaded with purpose 'batch'.", "invalid_value",
+                           "input_file_id")
+        lines = parse_batch_input(stored.content)
+        now = int(time.time())
+        info = {
+            "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "model": lines[0]["body"].get("model"),
+            "errors": None, "input_file_id": file_id, "completion_window": "24h", "status": "validating",
+            "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
+            "expires_at": now + DAY, "finalizing_at": None, "completed_at": None, "failed_at": None,
+            "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},  # counted once validated
+            "metadata": metadata, "usage": batch_usage([]),
+        }
+        job = BatchJob(info, lines, max(1, self.batch_polls_to_finish), self.batch_expire_after,
+                       self.batch_fail_validation, self.batch_report_unexecuted)
+        with self._lock:
+            self._batches[info["id"]] = job
+        return info
+
+    def _cancel(self, job: BatchJob) -> dict:
+        status = job.info["status"]
+        if status in FINISHED:
+            raise ApiError(409, f"Cannot cancel a batch with status '{status}'.")
+        if status != "cancelling":
+            with self._lock:
+                job.info.update(status="cancelling", cancelling_at=int(time.time()))
+        return job.info
+
+    def _advance(self, job: BatchJob) -> None:
+        """One retrieve's worth of progress, as scheduled in the module docstring."""
+        status, total = job.info["status"], len(job.lines)
+        if status in FINISHED:
+            return
+        job.polls += 1
+        now = int(time.time())
+        if status == "cancelling":
+            self._finish(job, now)
+            return
+        if status == "validating":
+            problems = batch_validation_errors(job.lines, job.info["endpoint"])
+            if job.fail_validation:
+                problems.append({"code": "invalid_request", "line": None, "param": None,
+                                 "message": "Validation failed (FakeOpenAI batch_fail_validation is set)."})
+            with self._lock:
+                if problems:
+                    job.info.update(status="failed", failed_at=now, errors={"object": "list", "data": problems})
+                    return
+                job.info.update(status="in_progress", in_progress_at=now,
+                                request_counts={"total": total, "completed": 0, "failed": 0})
+            if job.polls < job.polls_to_finish:
+                self._answer_lines(job, total // 2)
+                return
+        if job.polls >= job.polls_to_finish:
+            self._answer_lines(job, total)
+            self._finish(job, now)
+        elif job.polls == job.polls_to_finish - 1:
+            self._answer_lines(job, total)
+            if job.answered == total:
+                with self._lock:
+                    job.info.update(status="finalizing", finalizing_at=now)
+
+    def _answer_lines(self, job: BatchJob, upto: int) -> None:
+        """Answers lines[answered:upto] (never past batch_expire_after) with the handler."""
+        if job.expire_after is not None:
+            upto = min(upto, job.expire_after)
+        answers = [self._answer_line(line) for line in job.lines[job.answered:upto]]
+        with self._lock:
+            for succeeded, answer in answers:
+                (job.output if succeeded else job.errors).append(answer)
+            job.answered = max(job.answered, upto)
+            self._count(job)
+
+    def _answer_line(self, line: dict) -> tuple[bool, dict]:
+        """(succeeded, output line) for one request line, in OpenAI's batch output format."""
+        request = Request("POST", line["url"], {}, line["body"], next(self._counter),
+                          raw=json.dumps(line["body"]).encode(), custom_id=line["custom_id"])
+        reply = self.handler(request)
+        if reply.body is not None:
+            try:
+                body = json.loads(reply.body)
+            except ValueError:
+                body = reply.body.decode("utf-8", "replace")
+        elif reply.status == 200:
+            body = json.loads(completion_body(request, reply))
+        else:
+            body = ApiError(reply.status, _REASONS.get(reply.status, "Error")).payload()
+        response = {"status_code": reply.status, "request_id": new_id("req_"), "body": body}
+        return reply.status == 200, {"id": new_id("batch_req_"), "custom_id": line["custom_id"],
+                                     "response": response, "error": None}
+
+    def _count(self, job: BatchJob) -> None:
+        job.info["request_counts"] = {"total": job.info["request_counts"]["total"],
+                                      "completed": len(job.output), "failed": len(job.errors)}
+        job.info["usage"] = batch_usage(job.output)
+
+    def _finish(self, job: BatchJob, now: int) -> None:
+        """Ends a batch completed, expired or cancelled, writing its output and error files."""
+        if job.info["status"] == "cancelling":
+            status, unexecuted_code = "cancelled", "batch_cancelled"
+        elif job.answered < len(job.lines):
+            status, unexecuted_code = "expired", "batch_expired"
+        else:
+            status, unexecuted_code = "completed", None
+        unexecuted = []
+        if unexecuted_code and job.report_unexecuted and job.info["in_progress_at"] is not None:
+            message = ("This request could not be executed before the completion window expired."
+                       if status == "expired" else "The batch was cancelled before this request was executed.")
+            unexecuted = [{"id": new_id("batch_req_"), "custom_id": line["custom_id"], "response": None,
+                           "error": {"code": unexecuted_code, "message": message}}
+                          for line in job.lines[job.answered:]]
+        with self._lock:
+            job.errors.extend(unexecuted)
+            self._count(job)
+        files = {}
+        for kind, lines in (("output", job.output), ("error", job.errors)):
+            if lines:
+                content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+                files[kind] = self._store_file(f"{job.info['id']}_{kind}.jsonl", "batch_output", content)["id"]
+        with self._lock:
+            job.info.update(status=status, output_file_id=files.get("output"), error_file_id=files.get("error"))
+            job.info[f"{status}_at"] = now
+            if status == "completed" and job.info["finalizing_at"] is None:
+                job.info["finalizing_at"] = now
 
 
 def main() -> None:
