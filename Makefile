@@ -17,6 +17,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
+REPORT_STAMP := $(VENV)/.report-installed
 
 data_flag   = $(if $(DATA),--input $(DATA))
 sample_flag = $(if $(MAX_SAMPLES),--max-samples $(MAX_SAMPLES))
@@ -34,7 +35,7 @@ define each_run
 	exit $$rc
 endef
 
-.PHONY: install test demo serve-local infer judge score aggregate coin-flip-data error-recovery-data chaos bench clean-venv
+.PHONY: install test demo serve-local infer judge score aggregate error-analysis report coin-flip-data error-recovery-data chaos bench clean-venv
 
 install: $(STAMP)
 
@@ -48,6 +49,11 @@ $(DEMO_STAMP): $(STAMP) requirements-demo.txt
 	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-demo.txt
 	touch $(DEMO_STAMP)
 
+# Plotting (optional for the pipeline; the tests check the plots, so `make test` installs it too).
+$(REPORT_STAMP): $(STAMP) requirements-report.txt
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-report.txt
+	touch $(REPORT_STAMP)
+
 # The whole pipeline offline on a real local model (no account needed).
 demo: $(DEMO_STAMP)
 	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d "$(BBM_DIR)" ]; then \
@@ -58,7 +64,7 @@ demo: $(DEMO_STAMP)
 serve-local: $(DEMO_STAMP)
 	$(PYTHON) -m evalpipe.localmodel serve
 
-test: $(STAMP)
+test: $(STAMP) $(REPORT_STAMP)
 	$(PYTHON) -m pytest -q
 
 infer: $(STAMP)
@@ -72,6 +78,16 @@ score: $(STAMP)
 
 aggregate: $(STAMP)
 	$(PYTHON) aggregate.py --bench $(BENCH) --outputs-dir $(OUTPUTS) --runs $(RUNS)
+
+# Why failed CL-bench solutions failed (Context Ignored / Misused / Format Error / Refusal), per run;
+# then `make score aggregate` to see the shares.
+error-analysis: $(STAMP)
+	$(call each_run,$(PYTHON) judge.py --bench clbench --error-analysis --outputs-dir $(OUTPUTS) --model $(MODEL) --judge-model $(JUDGE_MODEL) --workers $(WORKERS) $(JUDGE_ARGS),go-on)
+
+# Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
+# and OUTPUTS/report.md with all of them.
+report: $(REPORT_STAMP)
+	$(PYTHON) -m evalpipe.leaderboard --outputs-dir $(OUTPUTS)
 
 # Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
 coin-flip-data: $(STAMP)

@@ -11,9 +11,12 @@ from . import jsonl
 
 
 class StepCache:
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, record: bool = True):
+        """record=False: read what is there, keep new steps in memory only (for --dry-run)."""
         self.path = output.with_name(output.name + ".steps.jsonl")
-        jsonl.repair_tail(self.path)
+        self.record = record
+        if record:
+            jsonl.repair_tail(self.path)
         self._done: dict[tuple, dict] = {}
         if self.path.exists():
             for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):
@@ -25,6 +28,9 @@ class StepCache:
 
     def put(self, task_id, step: str, value: dict) -> dict:
         row = {"idx": task_id, "step": step, **value}
+        if not self.record:
+            self._done[(task_id, step)] = row
+            return row
         if self._out is None:
             self._out = jsonl.Appender(self.path)
         self._out.append(row)

@@ -88,6 +88,12 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="JSON object merged into the request body for provider-specific fields, "
         "e.g. '{\"top_k\": 20}' (or @file.json)",
     )
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print how many calls the pending tasks need and an estimate of their tokens and cost; send nothing",
+    )
+    g.add_argument("--prices", type=Path, help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)")
     g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
     g.add_argument("--grace", type=float, default=10.0, help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)")
     g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal (default 30)")

@@ -237,4 +237,8 @@ def usage_dict(usage: Any) -> dict[str, int]:
     reasoning = getattr(details, "reasoning_tokens", None) if details else None
     if reasoning:
         out["reasoning_tokens"] = reasoning
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(prompt_details, "cached_tokens", None) if prompt_details else None
+    if cached:
+        out["cached_tokens"] = cached
     return out

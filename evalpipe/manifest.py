@@ -1,14 +1,25 @@
-"""What made an output: written beside it as `<output>.manifest.json`."""
+"""What made an output: written beside it as `<output>.manifest.json`.
 
+A stage writes the manifest when it starts (what it runs with) and again when it ends (when,
+and how many rows). Each invocation on the same output is kept in `history`, so a run that was
+resumed five times says so.
+"""
+
+import functools
 import hashlib
 import os
+import subprocess
 import time
 from pathlib import Path
+from typing import Iterable
 
 import orjson
 
 from . import __version__, jsonl
 from .errors import BadInput
+from .paths import PROJECT
+
+_HISTORY_KEPT = 50
 
 
 def path_for(output: Path) -> Path:
@@ -23,31 +34,91 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write(output: Path, info: dict) -> None:
-    info = {"evalpipe_version": __version__, "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info}
-    jsonl.atomic_write(path_for(output), orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+def sha256_texts(texts: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The project's commit, with `-dirty` when tracked files differ from it; None outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def read(output: Path) -> dict | None:
     path = path_for(output)
     if not os.path.exists(path):
         return None
-    return orjson.loads(Path(path).read_bytes())
+    try:
+        return orjson.loads(Path(path).read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"not valid JSON ({exc}); delete it to start the record afresh", path) from None
+
+
+class Record:
+    """The manifest of one stage invocation: `Record(output, info)` at the start, `.finish(counts)` at the end."""
+
+    def __init__(self, output: Path, info: dict):
+        self.output = output
+        previous = read(output) or {}
+        self.history = previous.get("history", [])[-(_HISTORY_KEPT - 1):]
+        self.info = {
+            "evalpipe_version": __version__,
+            "git_commit": git_commit(),
+            **info,
+            "started_at": _now(),
+            "ended_at": None,
+            "counts": None,
+        }
+        self._write()
+
+    def finish(self, **counts) -> None:
+        self.info.update(ended_at=_now(), counts=counts)
+        self.history.append({k: self.info[k] for k in ("started_at", "ended_at", "git_commit", "counts")})
+        self._write()
+
+    def _write(self) -> None:
+        body = {**self.info, "history": self.history}
+        jsonl.atomic_write(path_for(self.output), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 # Flags that change how a run goes, not what its rows are: left out of the fingerprint.
 OPERATIONAL = {
     "api_key", "base_url", "workers", "timeout", "max_retries", "max_retry_seconds", "backoff", "backoff_max",
     "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
+    "dry_run", "prices",
 }
 
 
-def fingerprint(args, dataset_sha256: str) -> dict:
-    """What makes the rows what they are: the dataset's content and every flag that shapes a request
-    (model, generation parameters, benchmark options). Endpoint, concurrency and retry settings,
-    and the --max-samples prefix (resuming a longer prefix is the same run), are left out."""
-    flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in OPERATIONAL}
-    return {"dataset_sha256": dataset_sha256, **flags}
+def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
+    """What makes the rows what they are: `inputs` (content hashes of the dataset and the prompt
+    templates) and every flag that shapes a request (model, generation parameters, benchmark
+    options). Endpoint, concurrency and retry settings, and the --max-samples prefix (resuming a
+    longer prefix is the same run), are left out, as are the `ignore`d flags."""
+    skip = OPERATIONAL | set(ignore)
+    flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in skip}
+    return {**inputs, **flags}
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    return [f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def refuse_if_changed(output: Path, new: dict) -> None:
@@ -55,8 +126,7 @@ def refuse_if_changed(output: Path, new: dict) -> None:
     old = (read(output) or {}).get("fingerprint")
     if old is None or old == new:
         return
-    changed = [f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     raise BadInput(
-        f"{output} holds rows made under another configuration ({'; '.join(changed)}); "
+        f"{output} holds rows made under another configuration ({'; '.join(differences(old, new))}); "
         "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
     )

@@ -20,3 +20,25 @@ def csv_text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     writer.writerow(headers)
     writer.writerows(rows)
     return buf.getvalue()
+
+
+_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {"~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
+
+
+def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], caption: str = "") -> str:
+    """A booktabs table. Headers and each row's first cell are escaped; the other cells are LaTeX already."""
+    spec = "l" + "r" * (len(headers) - 1)
+    lines = ["\\begin{table}[ht]", "\\centering", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
+    lines.append(" & ".join(latex_escape(h) for h in headers) + " \\\\")
+    lines.append("\\midrule")
+    for row in rows:
+        lines.append(" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    if caption:
+        lines.append(f"\\caption{{{caption}}}")
+    lines.append("\\end{table}")
+    return "\n".join(lines) + "\n"

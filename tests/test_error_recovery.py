@@ -229,7 +229,10 @@ def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
         k = str(p["num_ground_truth_steps"] - int(p["mistake_index"]))
         after[k] = after.get(k, 0) + 1
     assert {k: v["problems"] for k, v in score["by_steps_after_mistake"].items()} == after
-    assert score["tokens"]["reasoning"]["prompt_tokens"] > 0 and score["tokens"]["extraction"]["completion_tokens"] > 0
+    infer_calls = score["cost"]["stages"]["infer"]
+    assert infer_calls["calls"] == 60  # 10 problems × 3 variations × (reasoning + extraction)
+    assert infer_calls["tokens"]["prompt_tokens"] > 0 and infer_calls["tokens"]["completion_tokens"] > 0
+    assert "judge" not in score["cost"]["stages"]  # exact match: no API calls
     agg = json.loads((tmp_path / "error_recovery" / "aggregate.json").read_text())
     figures = agg["models"][0]["figures"]
     assert list(figures) == ["NR", "CR", "IR", "Performance loss (1 − IR/CR)"]

@@ -48,6 +48,7 @@ class Benchmark:
     aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
     score_fields: tuple[str, ...] = ()  # what metrics() and is_provisional() read of a judge row
     has_provisional: bool = False  # whether is_provisional() can ever be true
+    error_analysis_name: str | None = None  # set when failed solutions can be classified (judge.py --error-analysis)
 
     def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Benchmark-specific infer flags."""
@@ -97,3 +98,52 @@ class Benchmark:
     def format_metrics(self, metrics: dict) -> str:
         """A human-readable table of one run's metrics."""
         raise NotImplementedError
+
+    # ---- optional: error types of failed solutions (benchmarks with an error_analysis_name)
+
+    def needs_error_analysis(self, judge_row: dict) -> bool:
+        """Whether a judge row is a failed solution to classify."""
+        raise NotImplementedError
+
+    def is_analyzed(self, row: dict) -> bool:
+        """Whether judge.py --error-analysis, with its current flags, leaves this analysis row as it is."""
+        raise NotImplementedError
+
+    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
+        """Make the error-analysis row for one failed solution."""
+        raise NotImplementedError
+
+    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
+        raise NotImplementedError
+
+    def error_analysis_prompts(self) -> list[str]:
+        return []
+
+    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
+        """Further figures aggregate reports as tables of their own, by title (e.g. CL-bench error types)."""
+        return {}
+
+    def infer_prompts(self) -> list[str]:
+        """The prompt templates infer fills in beyond the dataset's own text (for the run's fingerprint)."""
+        return []
+
+    def judge_prompts(self) -> list[str]:
+        """The prompt templates the judge fills in (for the judge's fingerprint)."""
+        return []
+
+    def api_calls(self, row: dict):
+        """(stage, model, usage, latency_s, calls) for every API call recorded in a judge row."""
+        calls = row.get("calls")
+        if isinstance(calls, dict):  # several calls per task, each recorded on its own
+            for call in calls.values():
+                yield "infer", row.get("model"), call.get("usage"), call.get("latency_s"), 1
+        elif row.get("usage") is not None or row.get("latency_s") is not None:
+            yield "infer", row.get("model"), row.get("usage"), row.get("latency_s"), 1
+        if row.get("judge_usage") is not None or row.get("judge_latency_s") is not None:
+            yield "judge", row.get("judge_model"), row.get("judge_usage"), row.get("judge_latency_s"), row.get(
+                "judge_attempts", 1
+            )
+
+
+# What score reads of every judge row for tokens, latency and cost (besides a benchmark's score_fields).
+ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "judge_model", "judge_usage", "judge_latency_s", "judge_attempts")

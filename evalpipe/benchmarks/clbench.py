@@ -8,8 +8,9 @@ requirement_status and score. Our extra keys come after those.
 import argparse
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, TYPE_CHECKING
 
 from .. import jsonl, stats
 from ..paths import PROJECT
@@ -196,6 +197,112 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
     return "; ".join(dict.fromkeys(reasons)) or "no verdict found"
 
 
+# ---------------------------------------------------------------- asking the judge
+
+
+@dataclass
+class Asked:
+    value: Any  # what `parse` made of the reply, or None when no reply could be used
+    status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH
+    usage: dict
+    latency_s: float
+    attempts: int
+    error: str | None = None
+
+
+async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any], attempts: int) -> Asked:
+    """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times."""
+    usage: dict = {}
+    latency = 0.0
+    attempts = max(1, attempts)
+    failure = None
+    for n in range(1, attempts + 1):
+        try:
+            reply = await judge.complete([{"role": "user", "content": prompt}])
+        except ContextTooLong as exc:
+            return Asked(None, JUDGE_CONTEXT_LENGTH, usage, latency, n, str(exc))
+        except CallFailed as exc:
+            return Asked(None, API_ERROR, usage, latency, n, str(exc))
+        stats.add_counts(usage, reply.usage)
+        latency += reply.latency_s
+        parsed = parse(reply.text)
+        if not isinstance(parsed, str):
+            return Asked(parsed, OK, usage, latency, n)
+        failure = f"{parsed}; reply began {reply.text[:200]!r}"
+    return Asked(None, PARSE_ERROR, usage, latency, attempts, failure)
+
+
+# ---------------------------------------------------------------- error types of failed solutions
+
+ERROR_TYPES = ("Context Ignored", "Context Misused", "Format Error", "Refusal")
+ANALYSIS_TASK_CHARS = 8000  # of the last user turn shown to the analyst; longer turns are cut, visibly
+
+ERROR_ANALYSIS_PROMPT = """\
+A model was given a task that comes with its own context (documents, rules, procedures or data
+to learn from) and its response failed the task: a strict grader marked at least one rubric as
+not met. Say why it failed.
+
+Choose every type that applies (at least one):
+- "Context Ignored": the response does not use what the context provides; it answers from
+  general knowledge or overlooks the part of the context that matters.
+- "Context Misused": the response draws on the context but misreads, misapplies or reasons
+  wrongly from it.
+- "Format Error": the response breaks a format, structure or output requirement of the task.
+- "Refusal": the response declines or says it cannot answer instead of attempting the task.
+
+The task (its last user turn):
+<<<TASK
+{task}
+TASK>>>
+
+Rubrics, each with the grader's verdict:
+{rubrics}
+
+The grader's rationale:
+{rationale}
+
+The response:
+<<<RESPONSE
+{response}
+RESPONSE>>>
+
+Answer with one JSON object and nothing else:
+{{"Error Types": ["<one or more of the four types>"], "Reason": "<one or two sentences>"}}
+"""
+
+_TYPE_BY_NAME = {t.lower(): t for t in ERROR_TYPES}
+
+
+def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
+    """(types, reason, how) from an analyst's reply, or the reason it could not be read."""
+    if not text or not text.strip():
+        return "empty reply"
+    candidates = []
+    try:
+        candidates.append((json.loads(_strip_outer_fence(text)), "json"))
+    except ValueError:
+        pass
+    candidates += [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]]
+    reasons = []
+    for obj, how in candidates:
+        if not isinstance(obj, dict):
+            continue
+        fields = {str(k).lower().replace("_", " "): v for k, v in obj.items()}
+        types = fields.get("error types")
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list):
+            reasons.append("no 'Error Types' list")
+            continue
+        known = [_TYPE_BY_NAME.get(str(t).strip().lower()) for t in types]
+        if not types or None in known:
+            reasons.append(f"'Error Types' must be one or more of {list(ERROR_TYPES)}, got {types!r}")
+            continue
+        reason = fields.get("reason", "")
+        return list(dict.fromkeys(known)), reason if isinstance(reason, str) else json.dumps(reason), how
+    return "; ".join(dict.fromkeys(reasons)) or "no JSON object in the reply"
+
+
 # ---------------------------------------------------------------- the benchmark
 
 UPSTREAM_INFER_KEYS = ("idx", "messages", "model_output", "rubrics", "metadata")
@@ -216,8 +323,9 @@ class CLBench(Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     judge_uses_llm = True
-    score_fields = ("score", "judge_status", "usage", "judge_usage")
+    score_fields = ("score", "judge_status")
     has_provisional = True
+    error_analysis_name = "error_analysis"
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
 
     def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -303,7 +411,7 @@ class CLBench(Benchmark):
     # ---- how a solution is graded
 
     def is_provisional(self, row: dict) -> bool:
-        return row.get("judge_status") == API_ERROR
+        return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
 
     def is_judged(self, row: dict) -> bool:
         if row.get("judge_status") == PARSE_ERROR and self.args.rejudge_parse_errors:
@@ -324,56 +432,118 @@ class CLBench(Benchmark):
             return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
-        messages = [{"role": "user", "content": self.judge_prompt(rubrics, output)}]
-        usage: dict = {}
-        latency = 0.0
-        failures = []
-        attempts = max(1, self.args.parse_attempts)
-        for _ in range(attempts):
-            try:
-                reply = await judge.complete(messages)
-            except ContextTooLong as exc:
-                return _graded(
-                    row, rationale="the judge prompt exceeded the judge's context: score 0",
-                    statuses=[], score=0, status=JUDGE_CONTEXT_LENGTH, judge_error=str(exc),
-                    judge_model=judge.endpoint.model,
-                )
-            except CallFailed as exc:
-                return _graded(
-                    row, rationale="judge API call failed after retries: score 0 (judged again on the next run)",
-                    statuses=[], score=0, status=API_ERROR, judge_error=str(exc),
-                    judge_model=judge.endpoint.model, judge_usage=usage or None,
-                )
-            stats.add_counts(usage, reply.usage)
-            latency += reply.latency_s
-            verdict = parse_judge_reply(reply.text, n_rubrics)
-            if isinstance(verdict, Verdict):
-                return _graded(
-                    row,
-                    rationale=verdict.rationale,
-                    statuses=verdict.statuses,
-                    score=verdict.score,
-                    status=OK if verdict.how == "json" else SALVAGED,
-                    judge_salvage=None if verdict.how == "json" else verdict.how,
-                    judge_notes=verdict.notes or None,
-                    judge_model=judge.endpoint.model,
-                    judge_usage=usage,
-                    judge_latency_s=round(latency, 3),
-                    judge_attempts=len(failures) + 1,
-                )
-            failures.append(f"{verdict}; reply began {reply.text[:200]!r}")
-        return _graded(
-            row,
-            rationale=f"judge reply unparseable after {attempts} attempts: score 0",
-            statuses=[],
-            score=0,
-            status=PARSE_ERROR,
-            judge_error=failures[-1],
-            judge_model=judge.endpoint.model,
-            judge_usage=usage,
-            judge_latency_s=round(latency, 3),
-            judge_attempts=attempts,
+        asked = await ask_judge(
+            judge, self.judge_prompt(rubrics, output), lambda text: parse_judge_reply(text, n_rubrics), self.args.parse_attempts
         )
+        accounts = dict(
+            judge_model=judge.endpoint.model,
+            judge_usage=asked.usage or None,
+            judge_latency_s=round(asked.latency_s, 3),
+            judge_attempts=asked.attempts,
+        )
+        verdict = asked.value
+        if verdict is not None:
+            return _graded(
+                row,
+                rationale=verdict.rationale,
+                statuses=verdict.statuses,
+                score=verdict.score,
+                status=OK if verdict.how == "json" else SALVAGED,
+                judge_salvage=None if verdict.how == "json" else verdict.how,
+                judge_notes=verdict.notes or None,
+                **accounts,
+            )
+        why = {
+            JUDGE_CONTEXT_LENGTH: "the judge prompt exceeded the judge's context: score 0",
+            API_ERROR: "judge API call failed after retries: score 0 (judged again on the next run)",
+            PARSE_ERROR: f"judge reply unparseable after {asked.attempts} attempts: score 0",
+        }[asked.status]
+        return _graded(row, rationale=why, statuses=[], score=0, status=asked.status, judge_error=asked.error, **accounts)
+
+    # ---- why failed solutions failed (optional: judge.py --error-analysis)
+
+    def needs_error_analysis(self, judge_row: dict) -> bool:
+        """A real failure: the judge read the response and gave 0 (not a fallback zero)."""
+        return judge_row.get("judge_status") in (OK, SALVAGED) and _normalize_score(judge_row.get("score")) == 0
+
+    def is_analyzed(self, row: dict) -> bool:
+        status = row.get("analysis_status")
+        if status == PARSE_ERROR and self.args.rejudge_parse_errors:
+            return False
+        return status != API_ERROR
+
+    def error_analysis_prompt(self, judge_row: dict) -> str:
+        messages = judge_row.get("messages") or []
+        task = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
+        task = task if isinstance(task, str) else json.dumps(task, ensure_ascii=False)
+        if len(task) > ANALYSIS_TASK_CHARS:
+            cut = len(task) - ANALYSIS_TASK_CHARS
+            task = task[:ANALYSIS_TASK_CHARS] + f"\n[... {cut} more characters not shown ...]"
+        statuses = judge_row.get("requirement_status") or []
+        rubric_rows = [
+            f"{i}. [{statuses[i - 1] if i <= len(statuses) else '?'}] {text}"
+            for i, text in enumerate(rubric_lines(judge_row.get("rubrics")), 1)
+        ]
+        return ERROR_ANALYSIS_PROMPT.format(
+            task=task,
+            rubrics="\n".join(rubric_rows) or NO_RUBRICS,
+            rationale=judge_row.get("grading_rationale") or "(none)",
+            response=judge_row.get("model_output") or "",
+        )
+
+    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
+        asked = await ask_judge(judge, self.error_analysis_prompt(judge_row), parse_error_types, self.args.parse_attempts)
+        out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
+        if asked.value is not None:
+            types, reason, how = asked.value
+            out.update(error_types=types, error_reason=reason, analysis_status=OK if how == "json" else SALVAGED)
+        else:
+            out.update(analysis_status=asked.status, analysis_error=asked.error)
+        out.update(
+            analysis_model=judge.endpoint.model,
+            analysis_usage=asked.usage or None,
+            analysis_latency_s=round(asked.latency_s, 3),
+            analysis_attempts=asked.attempts,
+        )
+        return out
+
+    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
+        counts = {t: 0 for t in ERROR_TYPES}
+        statuses: dict[str, int] = {}
+        failed = analyzed = 0
+        for task in tasks:
+            row = judged.get(task.id)
+            if row is None or not self.needs_error_analysis(row):
+                continue
+            failed += 1
+            analysis = analyses.get(task.id)
+            status = analysis.get("analysis_status") if analysis else "not_analyzed"
+            statuses[status] = statuses.get(status, 0) + 1
+            if status in (OK, SALVAGED):
+                analyzed += 1
+                for t in analysis.get("error_types", []):
+                    counts[t] = counts.get(t, 0) + 1
+        return {
+            "denominator": "failed solutions (judged 0 by a parsed verdict) that have a parsed analysis; "
+            "multi-label, so the shares may sum to more than 100%",
+            "failed": failed,
+            "analyzed": analyzed,
+            "status": dict(sorted(statuses.items())),
+            "counts": counts,
+            "share": {t: (counts[t] / analyzed if analyzed else None) for t in ERROR_TYPES},
+        }
+
+    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
+        analysis = metrics.get(self.error_analysis_name)
+        if not analysis or not analysis["analyzed"]:
+            return {}
+        return {"Error types (share of failed solutions)": dict(analysis["share"])}
+
+    def judge_prompts(self) -> list[str]:
+        return [self.judge_template]
+
+    def error_analysis_prompts(self) -> list[str]:
+        return [ERROR_ANALYSIS_PROMPT]
 
     # ---- which metrics a run has
 
@@ -382,8 +552,6 @@ class CLBench(Benchmark):
         by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
         by_sub: dict[str, _Tally] = {}
         statuses: dict[str, int] = {}
-        infer_tokens: dict = {}
-        judge_tokens: dict = {}
         missing = []
         for task in tasks:
             meta = task.row.get("metadata") or {}
@@ -395,8 +563,6 @@ class CLBench(Benchmark):
                 score = 1 if _normalize_score(row.get("score")) == 1 else 0
                 status = row.get("judge_status", OK)
                 statuses[status] = statuses.get(status, 0) + 1
-                stats.add_counts(infer_tokens, row.get("usage"))
-                stats.add_counts(judge_tokens, row.get("judge_usage"))
             for tally in (
                 overall,
                 by_cat.setdefault(str(meta.get("context_category", "(none)")), _Tally()),
@@ -419,7 +585,6 @@ class CLBench(Benchmark):
             "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},
             "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
             "judge_status": dict(sorted(statuses.items())),
-            "tokens": {"infer": infer_tokens, "judge": judge_tokens},
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:

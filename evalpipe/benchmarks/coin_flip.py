@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from .. import jsonl
-from ..stats import add_counts
 from ..errors import BadInput
 from ..paths import PROJECT
 from .base import Benchmark, Task, answer_into
@@ -116,7 +115,7 @@ class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
     judge_uses_llm = False
-    score_fields = ("prediction", "usage")
+    score_fields = ("prediction",)
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
         "selected tasks, with unparsed and missing answers counted as wrong."
@@ -170,6 +169,9 @@ class CoinFlip(Benchmark):
             raise BadInput("no 'question' string", path, line)
         raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
 
+    def infer_prompts(self) -> list[str]:
+        return [self.prompt("{question}")]
+
     def prompt(self, question: str) -> str:
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
 
@@ -190,14 +192,12 @@ class CoinFlip(Benchmark):
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tp = fp = fn = tn = unparsed = missing = yes = 0
-        usage: dict = {}
         get = judged.get
         for task in tasks:
             row = get(task.id)
             if row is None:
                 missing += 1
                 continue
-            add_counts(usage, row.get("usage"))
             pred, gold = row.get("prediction"), task.row["target"]
             if pred is None:
                 unparsed += 1
@@ -228,7 +228,6 @@ class CoinFlip(Benchmark):
             "yes_ratio": ratio(yes, total),
             "confusion": {"tp": tp, "fp": fp, "fn": fn, "tn": tn},
             "unparsed": unparsed,
-            "tokens": {"infer": usage},
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:

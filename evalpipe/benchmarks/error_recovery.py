@@ -147,6 +147,9 @@ class ErrorRecovery(Benchmark):
         """`--max-samples N`: the first N problems, each with its three variations."""
         return tasks if max_samples is None else [t for t in tasks if t.row["problem"] < max_samples]
 
+    def infer_prompts(self) -> list[str]:
+        return [TASK_DESCRIPTION, MISTAKE_NOTICE, FINAL_ANSWER_PROMPT, *FORMAT_HINTS.values()]
+
     # ---- how a task is solved
 
     async def _call(self, model: "ChatClient", steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
@@ -210,7 +213,6 @@ class ErrorRecovery(Benchmark):
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
-        usage: dict[str, dict] = {}
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
             scopes = ("all", f"task:{t.row['task']}",
@@ -223,8 +225,6 @@ class ErrorRecovery(Benchmark):
                 else:
                     cell[0] += bool(row.get("correct"))
                     cell[1] += bool(row.get("normalized_correct"))
-            for name, call in ((row or {}).get("calls") or {}).items():
-                stats.add_counts(usage.setdefault(name, {}), call.get("usage"))
 
         def rate(scope: str, var: str, which: int = 0) -> float:
             cell = tally.get((scope, var), [0, 0, 0, 0])
@@ -254,7 +254,6 @@ class ErrorRecovery(Benchmark):
         total = sum(c["total"] for c in counts.values())
         out["coverage"] = {"expected": total, "graded": total - missing, "missing": missing,
                            "extra_rows_ignored": len(judged.keys() - {t.id for t in tasks})}
-        out["tokens"] = usage
         return out
 
     def headline(self, metrics: dict) -> dict[str, float | None]:

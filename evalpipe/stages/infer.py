@@ -6,7 +6,7 @@ import gc
 import sys
 from pathlib import Path
 
-from .. import cli, jsonl, lock, manifest, paths, runner
+from .. import cli, cost, dryrun, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, row_id
 from ..checkpoint import StepCache
 from ..errors import EXIT_OK
@@ -44,14 +44,28 @@ def main(argv: list[str]) -> int:
     endpoint = cli.endpoint_from_args(args, args.model)
 
     data_sha = manifest.sha256_file(Path(data))
-    fingerprint = manifest.fingerprint(args, data_sha)
+    fingerprint = manifest.fingerprint(
+        args, {"dataset_sha256": data_sha, "prompt_sha256": manifest.sha256_texts(bench.infer_prompts())}
+    )
 
     with lock.exclusive(output):
         done = jsonl.ids_in(output, row_id)
         if done and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
         pending = [t for t in tasks if t.id not in done]
-        manifest.write(
+        print(
+            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
+            f"{len(pending)} to run → {output}",
+            file=sys.stderr,
+        )
+        if args.dry_run:
+            steps = StepCache(output, record=False)
+            dryrun.estimate(
+                "infer", pending, lambda task, client: bench.solve(task, client, steps), endpoint,
+                args.max_tokens, cost.load_prices(args.prices),
+            )
+            return EXIT_OK
+        record = manifest.Record(
             output,
             {
                 "stage": "infer",
@@ -59,7 +73,6 @@ def main(argv: list[str]) -> int:
                 "dataset": str(Path(data).resolve()),
                 "dataset_sha256": data_sha,
                 "max_samples": args.max_samples,
-                "selected": len(tasks),
                 "model": args.model,
                 "endpoint": endpoint.host,
                 "params": {**endpoint.params, **endpoint.extra_body},
@@ -67,12 +80,9 @@ def main(argv: list[str]) -> int:
                 "fingerprint": fingerprint,
             },
         )
-        print(
-            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
-            f"{len(pending)} to run → {output}",
-            file=sys.stderr,
-        )
+        counts = {"selected": len(tasks), "done_before": len(tasks) - len(pending), "pending": len(pending)}
         if not pending:
+            record.finish(**counts, written=0, failed=0)
             return EXIT_OK
         steps = StepCache(output)
 
@@ -86,5 +96,6 @@ def main(argv: list[str]) -> int:
             summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, solve))
         finally:
             steps.close()
+        record.finish(**counts, written=summary.written, failed=summary.failed, interrupted=summary.interrupted)
 
     return runner.finish("infer", summary, output)

@@ -1,4 +1,8 @@
-"""judge: grade every inference row that has no final judge row yet."""
+"""judge: grade every inference row that has no final judge row yet.
+
+With --error-analysis (CL-bench), classify instead why each failed solution failed: the judge
+rows are the input and `error_analysis.jsonl` beside them the output.
+"""
 
 import argparse
 import asyncio
@@ -6,97 +10,134 @@ import gc
 import sys
 from pathlib import Path
 
-from .. import cli, jsonl, lock, manifest, paths, runner
+from .. import cli, cost, dryrun, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, Task, row_id
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
+# Judge flags that change which rows are (re)judged, not what a judge row says.
+_NOT_IN_FINGERPRINT = ("model", "aws_region", "judge_prompt", "parse_attempts", "rejudge_parse_errors", "parse", "error_analysis")
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument("--model", help="the model whose answers are judged (for the default paths)")
-    parser.add_argument("--input", type=Path, help="inference JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)")
+    parser.add_argument(
+        "--input",
+        type=Path,
+        help="inference JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl; with --error-analysis the judge JSONL)",
+    )
     parser.add_argument(
         "--output",
         type=Path,
-        help="judge JSONL (default: judge.jsonl beside an infer.jsonl input, else outputs/<input-name>_graded.jsonl as upstream)",
+        help="judge JSONL (default: judge.jsonl beside an infer.jsonl input, else outputs/<input-name>_graded.jsonl "
+        "as upstream; with --error-analysis, error_analysis.jsonl beside the judge file)",
     )
     parser.add_argument("--judge-model", default="gpt-5.1", help="judge model (default gpt-5.1, as upstream)")
     parser.add_argument("--aws-region", help=argparse.SUPPRESS)  # accepted for upstream command lines
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="add rows to an output judged under another configuration (judge model, parameters, prompt); "
+        "without it such a rerun is refused",
+    )
+    if bench.error_analysis_name:
+        parser.add_argument(
+            "--error-analysis",
+            action="store_true",
+            help="classify each failed solution's error types with the judge model (reads the judge rows)",
+        )
     cli.add_endpoint_args(parser, upstream_max_retries=3)
     bench.add_judge_arguments(parser)
 
 
-def _paths(bench: Benchmark, args) -> tuple[Path, Path]:
+def _paths(bench: Benchmark, args, analysis: bool) -> tuple[Path, Path]:
+    first_file = "judge.jsonl" if analysis else "infer.jsonl"
     if args.input is None:
         if not args.model:
             raise BadInput("give --input, or --model (and --run) to use the default output layout")
-        infer_path = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
+        in_path = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / first_file
     else:
-        infer_path = args.input
+        in_path = args.input
     if args.output is not None:
-        return infer_path, args.output
-    if infer_path.name == "infer.jsonl":
-        return infer_path, infer_path.with_name("judge.jsonl")
-    return infer_path, Path("outputs") / f"{infer_path.stem}_graded.jsonl"
+        return in_path, args.output
+    if analysis:
+        return in_path, in_path.with_name(f"{bench.error_analysis_name}.jsonl")
+    if in_path.name == "infer.jsonl":
+        return in_path, in_path.with_name("judge.jsonl")
+    return in_path, Path("outputs") / f"{in_path.stem}_graded.jsonl"
 
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
-    infer_path, output = _paths(bench, args)
-    if not infer_path.exists():
-        raise BadInput("no such inference file (run infer first)", infer_path)
-    if bench.judge_uses_llm and "." in args.judge_model and (
-        ":" in args.judge_model or args.judge_model.startswith(_BEDROCK_PREFIXES)
-    ):
+    analysis = getattr(args, "error_analysis", False)
+    in_path, output = _paths(bench, args, analysis)
+    if not in_path.exists():
+        raise BadInput(f"no such {'judge' if analysis else 'inference'} file (run {'judge' if analysis else 'infer'} first)", in_path)
+    uses_llm = bench.judge_uses_llm or analysis
+    if uses_llm and "." in args.judge_model and (":" in args.judge_model or args.judge_model.startswith(_BEDROCK_PREFIXES)):
         raise BadInput(
             f"{args.judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
             "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
         )
-    rows = jsonl.latest_rows(infer_path, row_id)
+    rows = jsonl.latest_rows(in_path, row_id)
     gc.freeze()  # the loaded rows live to the end: keep the collector from rescanning them
-    endpoint = cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE")
+    endpoint = cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE") if uses_llm else None
+    if analysis:
+        label, prompts = "error analysis", bench.error_analysis_prompts()
+        rows = {k: row for k, row in rows.items() if bench.needs_error_analysis(row)}
+        is_done, work = bench.is_analyzed, bench.analyze_error
+    else:
+        label, prompts = "judge", bench.judge_prompts()
+        is_done, work = bench.is_judged, bench.grade
+    fingerprint = manifest.fingerprint(args, {"prompt_sha256": manifest.sha256_texts(prompts)}, _NOT_IN_FINGERPRINT)
 
     with lock.exclusive(output):
-        judged = jsonl.latest_rows(output, row_id)
-        pending = [
-            Task(id=task_id, row=row, line=0)
-            for task_id, row in rows.items()
-            if task_id not in judged or not bench.is_judged(judged[task_id])
-        ]
-        manifest.write(
-            output,
-            {
-                "stage": "judge",
-                "benchmark": bench.name,
-                "input": str(infer_path),
-                "judge_model": args.judge_model if bench.judge_uses_llm else None,
-                "endpoint": endpoint.host if bench.judge_uses_llm else None,
-                "params": {**endpoint.params, **endpoint.extra_body} if bench.judge_uses_llm else {},
-            },
-        )
+        done = jsonl.latest_rows(output, row_id)
+        if uses_llm and done and not args.allow_config_change:
+            manifest.refuse_if_changed(output, fingerprint)
+        pending = [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])]
         print(
-            f"judge: {bench.name} · {len(rows)} inference rows, {len(rows) - len(pending)} already judged, "
-            f"{len(pending)} to judge → {output}",
+            f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
+            f"{len(pending)} to do → {output}",
             file=sys.stderr,
         )
+        if args.dry_run:
+            dryrun.estimate(
+                label, pending, lambda task, client: work(task.row, client), endpoint,
+                args.max_tokens, cost.load_prices(args.prices), first_call_only=True,
+            )
+            return EXIT_OK
+        record = manifest.Record(
+            output,
+            {
+                "stage": "error_analysis" if analysis else "judge",
+                "benchmark": bench.name,
+                "input": str(in_path.resolve()),
+                "judge_model": args.judge_model if uses_llm else None,
+                "endpoint": endpoint.host if uses_llm else None,
+                "params": {**endpoint.params, **endpoint.extra_body} if uses_llm else {},
+                "fingerprint": fingerprint,
+            },
+        )
+        counts = {"rows": len(rows), "done_before": len(rows) - len(pending), "pending": len(pending)}
         if not pending:
+            record.finish(**counts, written=0, failed=0)
             return EXIT_OK
         retry_later = set()  # rows this run wrote as stand-ins (every earlier one was pending again)
 
         async def grade(task, client):
-            row = await bench.grade(task.row, client)
+            row = await work(task.row, client)
             if bench.is_provisional(row):
                 retry_later.add(task.id)
             return row
 
-        judge_endpoint = endpoint if bench.judge_uses_llm else None
-        summary = asyncio.run(runner.run_with_client("judge", judge_endpoint, pending, output, args, grade))
+        summary = asyncio.run(runner.run_with_client(label, endpoint, pending, output, args, grade))
+        record.finish(**counts, written=summary.written, failed=summary.failed, retry_later=len(retry_later))
 
-    code = runner.finish("judge", summary, output)
+    code = runner.finish(label, summary, output)
     if retry_later:
-        print(f"judge: {len(retry_later)} rows will be judged again on the next run (judge API failed)", file=sys.stderr)
+        print(f"{label}: {len(retry_later)} rows will be done again on the next run (judge API failed)", file=sys.stderr)
     if code == EXIT_OK and retry_later:
         return EXIT_INCOMPLETE
     return code

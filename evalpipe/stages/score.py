@@ -7,8 +7,9 @@ from pathlib import Path
 
 import orjson
 
-from .. import cli, jsonl, manifest, paths
+from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
+from ..benchmarks.base import ACCOUNTING_FIELDS
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
 
@@ -22,6 +23,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         help="dataset the run was selected from (default: as recorded by infer beside the run)",
     )
     parser.add_argument("--max-samples", type=int, help="the prefix size used by infer (default: as recorded)")
+    parser.add_argument("--prices", type=Path, help="price table JSON (default $EVALPIPE_PRICES, else the bundled dated table)")
 
 
 def _judge_path(bench: Benchmark, args) -> Path:
@@ -62,10 +64,28 @@ def main(argv: list[str]) -> int:
     if not judge_path.exists():
         raise BadInput("no such judge file (run judge first)", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    fields = bench.score_fields
+    prices = cost.load_prices(args.prices)
+    fields = bench.score_fields + ACCOUNTING_FIELDS
     judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = bench.metrics(tasks, judged)
+    ledger = cost.Ledger()
+    selected = {t.id for t in tasks}
+    for task_id, row in judged.items():
+        if task_id in selected:
+            for call in bench.api_calls(row):
+                ledger.add(*call)
+    analysis_path = judge_path.with_name(f"{bench.error_analysis_name}.jsonl") if bench.error_analysis_name else None
+    if analysis_path is not None and analysis_path.exists():
+        analyses = jsonl.latest_rows(analysis_path, row_id)
+        metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
+        for task_id, row in analyses.items():
+            if task_id in selected and "analysis_model" in row:
+                ledger.add(
+                    "error_analysis", row["analysis_model"], row.get("analysis_usage"),
+                    row.get("analysis_latency_s"), row.get("analysis_attempts", 1),
+                )
+    metrics["cost"] = ledger.summary(prices)
     provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []
     metrics["coverage"]["to_rejudge"] = len(set(provisional) & {t.id for t in tasks})
     metrics["selection"] = selection
@@ -75,6 +95,7 @@ def main(argv: list[str]) -> int:
         output = judge_path.with_name("score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json")
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))
+    print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
     print(f"score: wrote {output}", file=sys.stderr)
     missing = metrics["coverage"]["missing"]
     if missing:

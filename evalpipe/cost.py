@@ -1,0 +1,153 @@
+"""Tokens, latency and cost per stage, from the rows; prices from a table the user can replace.
+
+Costs are list prices per million tokens. Cached prompt tokens, when the endpoint reports
+them, are priced as cached input; reasoning tokens are already part of completion_tokens (as
+OpenAI reports them) and are shown separately for information only.
+"""
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from .errors import BadInput
+
+DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"
+TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+
+
+@dataclass
+class Prices:
+    models: dict[str, dict]
+    as_of: str = "?"
+    status: str = ""
+    source: str = ""
+    batch_discount: float = 1.0
+
+    def price_for(self, model: str | None) -> dict | None:
+        """The exact model, else the longest listed name it extends (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`)."""
+        if not model:
+            return None
+        name = model.rsplit("/", 1)[-1]  # "openai/gpt-4o" → "gpt-4o"
+        if name in self.models:
+            return self.models[name]
+        stems = [k for k in self.models if name.startswith(k) and name[len(k)] in "-:@."]
+        return self.models[max(stems, key=len)] if stems else None
+
+    def cost(self, model: str | None, usage: dict) -> float | None:
+        price = self.price_for(model)
+        if price is None:
+            return None
+        cached = usage.get("cached_tokens", 0)
+        uncached = usage.get("prompt_tokens", 0) - cached
+        return (
+            uncached * price["input"]
+            + cached * price.get("cached_input", price["input"])
+            + usage.get("completion_tokens", 0) * price["output"]
+        ) / 1e6
+
+
+def load_prices(path: Path | None = None) -> Prices:
+    """--prices FILE, else $EVALPIPE_PRICES, else the bundled dated table."""
+    path = Path(path or os.environ.get("EVALPIPE_PRICES") or DEFAULT_PRICES)
+    try:
+        table = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise BadInput(f"cannot read the price table: {exc.strerror}", path) from None
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"the price table is not valid JSON ({exc})", path) from None
+    models = table.get("models") if isinstance(table, dict) else None
+    if not isinstance(models, dict):
+        raise BadInput("the price table needs a 'models' object: {name: {input, output[, cached_input]}}", path)
+    for name, price in models.items():
+        ok = isinstance(price, dict) and all(
+            isinstance(price.get(k), (int, float)) and price[k] >= 0 for k in ("input", "output")
+        )
+        if not ok:
+            raise BadInput(f"model {name!r} needs non-negative 'input' and 'output' prices per million tokens", path)
+    return Prices(
+        models=models,
+        as_of=str(table.get("as_of", "?")),
+        status=str(table.get("status", "")),
+        source=str(path),
+        batch_discount=float(table.get("batch_discount", 1.0)),
+    )
+
+
+def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
+    """Nearest-rank percentiles (each one an observed value)."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    out = {f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}
+    out["max"] = ordered[-1]
+    return out
+
+
+@dataclass
+class _StageTally:
+    calls: int = 0
+    tokens: dict = field(default_factory=dict)
+    latencies: list = field(default_factory=list)
+    by_model: dict = field(default_factory=dict)  # model -> token counts, for pricing
+
+
+class Ledger:
+    """Calls, tokens and latencies per stage (infer, judge, error_analysis) of one run."""
+
+    def __init__(self):
+        self.stages: dict[str, _StageTally] = {}
+
+    def add(self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls: int = 1) -> None:
+        tally = self.stages.get(stage) or self.stages.setdefault(stage, _StageTally())
+        tally.calls += calls
+        if usage:
+            counts = tally.by_model.setdefault(model, {})
+            for key, value in usage.items():
+                tally.tokens[key] = tally.tokens.get(key, 0) + value
+                counts[key] = counts.get(key, 0) + value
+        if latency_s is not None:
+            tally.latencies.append(latency_s)
+
+    def summary(self, prices: Prices) -> dict:
+        out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
+        total, unpriced = 0.0, set()
+        for stage, tally in self.stages.items():
+            cost = 0.0
+            for model, counts in tally.by_model.items():
+                c = prices.cost(model, counts)
+                if c is None:
+                    unpriced.add(str(model))
+                else:
+                    cost += c
+            priced = not any(prices.price_for(m) is None for m in tally.by_model)
+            out["stages"][stage] = {
+                "calls": tally.calls,
+                "tokens": {k: tally.tokens.get(k, 0) for k in TOKEN_KEYS if k in tally.tokens},
+                "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
+                "models": sorted(str(m) for m in tally.by_model),
+                "cost_usd": round(cost, 6) if priced else None,
+            }
+            total += cost
+        out["cost_usd"] = None if unpriced else round(total, 6)
+        out["unpriced_models"] = sorted(unpriced)
+        return out
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    for stage, s in summary["stages"].items():
+        t = s["tokens"]
+        lat = s["latency_s"]
+        cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
+        lines.append(
+            f"  {stage:15} {s['calls']:7d} calls  prompt {t.get('prompt_tokens', 0):>10,}  completion "
+            f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  "
+            f"latency p50 {lat.get('p50', 0):.2f}s p90 {lat.get('p90', 0):.2f}s p99 {lat.get('p99', 0):.2f}s  {cost}"
+        )
+    if summary["unpriced_models"]:
+        lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")
+    lines.append(f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)")
+    return "\n".join(lines)

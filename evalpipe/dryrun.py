@@ -1,0 +1,94 @@
+"""--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing.
+
+The benchmark's own solve/grade code runs against a stand-in client that records each request
+instead of sending it, so the count follows the same logic as a real run (the same prompts,
+the same multi-call tasks, the same skipped rows). Prompt tokens are estimated as characters / 4;
+every reply is assumed to be `completion_tokens` long (and, for chained calls, is fed into the
+next prompt at that length).
+"""
+
+import asyncio
+import sys
+from typing import Awaitable, Callable
+
+from . import cost
+from .llm import Completion, Endpoint
+
+CHARS_PER_TOKEN = 4
+DEFAULT_COMPLETION_TOKENS = 1000
+
+
+class _FirstCallOnly(Exception):
+    """Ends a task after its first request: a judge asks again only when a reply cannot be parsed."""
+
+
+class RecordingClient:
+    """Stands in for llm.ChatClient: records what would be sent and answers with filler."""
+
+    def __init__(self, endpoint: Endpoint, completion_tokens: int, first_call_only: bool = False):
+        self.endpoint = endpoint
+        self.completion_tokens = completion_tokens
+        self.first_call_only = first_call_only
+        self.calls = 0
+        self.prompt_chars = 0
+
+    async def complete(self, messages: list[dict]) -> Completion:
+        self.calls += 1
+        self.prompt_chars += sum(len(str(m.get("content") or "")) for m in messages)
+        if self.first_call_only:
+            raise _FirstCallOnly("dry run")
+        return Completion(
+            text="x" * (CHARS_PER_TOKEN * self.completion_tokens),
+            finish_reason="stop",
+            usage={},
+            latency_s=0.0,
+            attempts=1,
+        )
+
+
+def estimate(
+    label: str,
+    pending: list,
+    work: Callable[[object, RecordingClient], Awaitable[object]],
+    endpoint: Endpoint | None,
+    max_tokens: int | None,
+    prices: cost.Prices,
+    *,
+    first_call_only: bool = False,
+) -> dict:
+    """Run `work(task, client)` for every pending task against a recording client; print and return the totals."""
+    completion_tokens = max_tokens or DEFAULT_COMPLETION_TOKENS
+    calls = prompt_chars = 0
+    if endpoint is not None:
+
+        async def count() -> None:
+            nonlocal calls, prompt_chars
+            for task in pending:
+                client = RecordingClient(endpoint, completion_tokens, first_call_only)
+                try:
+                    await work(task, client)
+                except _FirstCallOnly:
+                    pass
+                calls += client.calls
+                prompt_chars += client.prompt_chars
+
+        asyncio.run(count())
+    usage = {"prompt_tokens": prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
+    price = prices.cost(endpoint.model, usage) if endpoint is not None else 0.0
+    result = {"tasks": len(pending), "calls": calls, **usage, "cost_usd": price}
+    assumed = f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
+    if endpoint is None:
+        priced = "no API calls (a rule-based judge)"
+    elif price is None:
+        priced = f"no price for {endpoint.model!r} in {prices.source} (add it to a --prices file)"
+    else:
+        priced = f"≈ ${price:,.4f} at {prices.source} prices as of {prices.as_of} (review them)"
+    print(
+        f"{label} --dry-run: {len(pending):,} tasks pending → {calls:,} calls\n"
+        f"  prompt tokens     ≈ {usage['prompt_tokens']:,} (characters / {CHARS_PER_TOKEN})\n"
+        f"  completion tokens ≈ {usage['completion_tokens']:,} ({completion_tokens:,} per call: {assumed})\n"
+        f"  cost: {priced}\n"
+        f"  nothing was sent",
+        file=sys.stderr,
+    )
+    return result

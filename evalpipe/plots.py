@@ -1,0 +1,75 @@
+"""PNG bar charts of the leaderboard: models × figures, mean with ± std error bars.
+
+matplotlib is optional (requirements-report.txt, installed by `make report` and `make test`);
+without it aggregate writes its tables and says how to get the plots.
+"""
+
+import re
+from pathlib import Path
+
+MISSING = "matplotlib is not installed; `make report` installs it (requirements-report.txt)"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: str) -> Path:
+    """Grouped bars: one group per figure, one bar per model, in percent, with ± std error bars."""
+    plt = _pyplot()
+    names: list[str] = []
+    for m in models:
+        names += [n for n in figures_of(m) if n not in names]
+    width = 0.8 / max(1, len(models))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(1, len(models)) ** 0.5 + 2), 4.5), dpi=110)
+    for i, m in enumerate(models):
+        figures = figures_of(m)
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(names))]
+        means = [100 * figures[n]["mean"] if n in figures else 0.0 for n in names]
+        errors = [100 * figures[n][std_key] if n in figures else 0.0 for n in names]
+        ax.bar(xs, means, width, yerr=errors, capsize=3, label=f"{m['model']} ({len(m['runs'])} runs)")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([_wrap(n) for n in names], fontsize=8)
+    ax.set_ylabel("percent (mean ± std over runs)")
+    ax.set_title(title, fontsize=10)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def _wrap(name: str, width: int = 16) -> str:
+    words, lines, line = name.split(), [], ""
+    for w in words:
+        if line and len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    return "\n".join(lines + [line])
+
+
+def write_all(bench, models: list[dict], out_dir: Path, std_kind: str) -> list[Path] | None:
+    """The headline chart and one per extra table; None when matplotlib is missing."""
+    if _pyplot() is None:
+        return None
+    std_key = f"std_{std_kind}"
+    written = [bar_chart(out_dir / "aggregate.png", f"{bench.name}", models, lambda m: m["figures"], std_key)]
+    titles = list(dict.fromkeys(t for m in models for t in m["extra_tables"]))
+    for title in titles:
+        slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+        written.append(
+            bar_chart(out_dir / f"aggregate-{slug}.png", f"{bench.name}: {title}", models,
+                      lambda m, t=title: m["extra_tables"].get(t, {}), std_key)
+        )
+    return written
