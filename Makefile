@@ -25,12 +25,14 @@ score_flags = $(if $(DATA),--data $(DATA)) $(sample_flag)
 
 # Run a stage once per run 1..RUNS. Exit 3 means incomplete (some tasks failed; the next
 # invocation retries them): the other runs go on, and infer/judge let the next stage go on too
-# (score then exits 3 because coverage is incomplete). Any other failure stops at once.
+# (score then exits 3 because coverage is incomplete). Exit 75 (--backend batch: submitted, still
+# waiting) lets the other runs go on but stops before the next stage. Any other failure stops at once.
 define each_run
-	@rc=0; for k in $$(seq 1 $(RUNS)); do \
+	@rc=0; waiting=0; for k in $$(seq 1 $(RUNS)); do \
 	  $(1) --run $$k; c=$$?; \
-	  if [ $$c -eq 3 ]; then rc=3; elif [ $$c -ne 0 ]; then exit $$c; fi; \
+	  if [ $$c -eq 3 ]; then rc=3; elif [ $$c -eq 75 ]; then waiting=1; elif [ $$c -ne 0 ]; then exit $$c; fi; \
 	done; \
+	if [ $$waiting -eq 1 ]; then echo "make: $@ submitted batches, still waiting (exit 75); run again later"; exit 75; fi; \
 	if [ $$rc -eq 3 ] && [ "$(2)" = "go-on" ]; then echo "make: $@ incomplete (exit 3); going on, rerun later to finish"; rc=0; fi; \
 	exit $$rc
 endef

@@ -94,6 +94,18 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="print how many calls the pending tasks need and an estimate of their tokens and cost; send nothing",
     )
     g.add_argument("--prices", type=Path, help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)")
+    b = parser.add_argument_group("batch engines (see README: online, export/import, Batch API)")
+    b.add_argument("--export-batch", type=Path, metavar="FILE",
+                   help="write the next call of every pending task as OpenAI batch request lines and exit")
+    b.add_argument("--import-batch", type=Path, nargs="+", metavar="FILE",
+                   help="write the rows that batch output/error files complete (any order, any subset; idempotent)")
+    b.add_argument("--backend", choices=("online", "batch"), default="online",
+                   help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
+                   "(exit 75 while waiting)")
+    b.add_argument("--batch-wait", type=float, default=0.0, help="with --backend batch, keep polling up to S seconds (default 0)")
+    b.add_argument("--batch-poll", type=float, default=30.0, help="first wait between polls in seconds, doubled up to 300 (default 30)")
+    b.add_argument("--batch-max-requests", type=int, default=50_000, help="requests per batch file (default 50,000)")
+    b.add_argument("--batch-max-bytes", type=int, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)")
     g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
     g.add_argument("--grace", type=float, default=10.0, help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)")
     g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal (default 30)")

@@ -91,7 +91,8 @@ class _StageTally:
     calls: int = 0
     tokens: dict = field(default_factory=dict)
     latencies: list = field(default_factory=list)
-    by_model: dict = field(default_factory=dict)  # model -> token counts, for pricing
+    by_model: dict = field(default_factory=dict)  # (model, via batch) -> token counts, for pricing
+    batch_calls: int = 0
 
 
 class Ledger:
@@ -100,11 +101,14 @@ class Ledger:
     def __init__(self):
         self.stages: dict[str, _StageTally] = {}
 
-    def add(self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls: int = 1) -> None:
+    def add(
+        self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls: int = 1, batch: bool = False
+    ) -> None:
         tally = self.stages.get(stage) or self.stages.setdefault(stage, _StageTally())
         tally.calls += calls
+        tally.batch_calls += calls if batch else 0
         if usage:
-            counts = tally.by_model.setdefault(model, {})
+            counts = tally.by_model.setdefault((model, batch), {})
             for key, value in usage.items():
                 tally.tokens[key] = tally.tokens.get(key, 0) + value
                 counts[key] = counts.get(key, 0) + value
@@ -116,18 +120,20 @@ class Ledger:
         total, unpriced = 0.0, set()
         for stage, tally in self.stages.items():
             cost = 0.0
-            for model, counts in tally.by_model.items():
+            for (model, batch), counts in tally.by_model.items():
                 c = prices.cost(model, counts)
                 if c is None:
                     unpriced.add(str(model))
                 else:
-                    cost += c
-            priced = not any(prices.price_for(m) is None for m in tally.by_model)
+                    cost += c * (prices.batch_discount if batch else 1.0)
+            models = sorted({str(m) for m, _ in tally.by_model})
+            priced = not any(prices.price_for(m) is None for m, _ in tally.by_model)
             out["stages"][stage] = {
                 "calls": tally.calls,
+                "batch_calls": tally.batch_calls,
                 "tokens": {k: tally.tokens.get(k, 0) for k in TOKEN_KEYS if k in tally.tokens},
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
-                "models": sorted(str(m) for m in tally.by_model),
+                "models": models,
                 "cost_usd": round(cost, 6) if priced else None,
             }
             total += cost

@@ -5,6 +5,7 @@ EXIT_INCOMPLETE = 3  # some selected tasks are not done yet: rerun the same comm
 EXIT_BAD_INPUT = 2  # bad flags or bad input file (argparse also exits 2)
 EXIT_ENDPOINT_REFUSED = 4  # 401/403/404/quota: rerunning will not help until fixed
 EXIT_LOCKED = 5  # another run is writing the same output
+EXIT_WAITING = 75  # --backend batch: batches submitted, still waiting (EX_TEMPFAIL: run again later)
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM
 
 

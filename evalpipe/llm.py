@@ -66,7 +66,7 @@ class Completion:
     text: str
     finish_reason: str | None
     usage: dict[str, int]
-    latency_s: float
+    latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
 
 
@@ -84,10 +84,12 @@ def _error_code(exc: BaseException) -> str:
 
 
 def is_context_length(exc: BaseException) -> bool:
-    if _status(exc) not in (400, 413, 422):
-        return False
-    text = f"{_error_code(exc)} {exc}".lower()
-    return any(hint in text for hint in _CONTEXT_LENGTH_HINTS)
+    return context_length_error(_status(exc), f"{_error_code(exc)} {exc}")
+
+
+def context_length_error(status: int | None, text: str) -> bool:
+    """Whether an error (its HTTP status and code/message text) says the prompt is too long."""
+    return status in (400, 413, 422) and any(hint in text.lower() for hint in _CONTEXT_LENGTH_HINTS)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -212,18 +214,23 @@ class ChatClient:
                 tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
                 raise CallFailed(f"{describe(exc)} ({tries})") from None
             raise
-        choice = response.choices[0]
-        message = choice.message
-        return Completion(
-            text=(message.content if message is not None and message.content else ""),
-            finish_reason=choice.finish_reason,
-            usage=usage_dict(response.usage),
-            latency_s=round(time.monotonic() - started, 3),
-            attempts=attempts,
-        )
+        return completion_from(response, round(time.monotonic() - started, 3), attempts)
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def completion_from(response: Any, latency_s: float | None, attempts: int) -> Completion:
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body)."""
+    choice = response.choices[0]
+    message = choice.message
+    return Completion(
+        text=(message.content if message is not None and message.content else ""),
+        finish_reason=choice.finish_reason,
+        usage=usage_dict(response.usage),
+        latency_s=latency_s,
+        attempts=attempts,
+    )
 
 
 def usage_dict(usage: Any) -> dict[str, int]:

@@ -103,7 +103,8 @@ class Record:
 OPERATIONAL = {
     "api_key", "base_url", "workers", "timeout", "max_retries", "max_retry_seconds", "backoff", "backoff_max",
     "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
-    "dry_run", "prices",
+    "dry_run", "prices", "export_batch", "import_batch", "backend", "batch_wait", "batch_poll", "batch_max_requests",
+    "batch_max_bytes",
 }
 
 

@@ -27,6 +27,7 @@ class RunSummary:
     pending: int
     written: int = 0
     failed: int = 0
+    skipped: int = 0
     interrupted: bool = False
     refused: EndpointRefused | None = None
     elapsed_s: float = 0.0
@@ -120,8 +121,11 @@ async def run(
                     stop.set()
                     return
                 else:
-                    out.append(row)
-                    summary.written += 1
+                    if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
+                        summary.skipped += 1
+                    else:
+                        out.append(row)
+                        summary.written += 1
                     progress.update()
                 if stop.is_set():
                     return
@@ -201,7 +205,8 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     rate = summary.written / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
     print(
         f"{stage}: wrote {summary.written} rows, {summary.failed} failed, "
-        f"{summary.pending - summary.written - summary.failed} not attempted, "
+        + (f"{summary.skipped} not in the batch files, " if summary.skipped else "")
+        + f"{summary.pending - summary.written - summary.failed - summary.skipped} not attempted, "
         f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)",
         file=sys.stderr,
     )

@@ -132,18 +132,20 @@ class Benchmark:
         return []
 
     def api_calls(self, row: dict):
-        """(stage, model, usage, latency_s, calls) for every API call recorded in a judge row."""
+        """(stage, model, usage, latency_s, calls, via_batch) for every API call recorded in a judge row."""
         calls = row.get("calls")
+        batch = bool(row.get("batch"))
         if isinstance(calls, dict):  # several calls per task, each recorded on its own
             for call in calls.values():
-                yield "infer", row.get("model"), call.get("usage"), call.get("latency_s"), 1
+                yield "infer", row.get("model"), call.get("usage"), call.get("latency_s"), 1, batch
         elif row.get("usage") is not None or row.get("latency_s") is not None:
-            yield "infer", row.get("model"), row.get("usage"), row.get("latency_s"), 1
+            yield "infer", row.get("model"), row.get("usage"), row.get("latency_s"), 1, batch
         if row.get("judge_usage") is not None or row.get("judge_latency_s") is not None:
             yield "judge", row.get("judge_model"), row.get("judge_usage"), row.get("judge_latency_s"), row.get(
                 "judge_attempts", 1
-            )
+            ), bool(row.get("judge_batch"))
 
 
 # What score reads of every judge row for tokens, latency and cost (besides a benchmark's score_fields).
-ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "judge_model", "judge_usage", "judge_latency_s", "judge_attempts")
+ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "batch", "judge_model", "judge_usage", "judge_latency_s",
+                     "judge_attempts", "judge_batch")

@@ -205,15 +205,19 @@ class Asked:
     value: Any  # what `parse` made of the reply, or None when no reply could be used
     status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH
     usage: dict
-    latency_s: float
+    latency_s: float | None  # None when a reply came from a batch (no latency to measure)
     attempts: int
     error: str | None = None
+
+    @property
+    def latency_rounded(self) -> float | None:
+        return None if self.latency_s is None else round(self.latency_s, 3)
 
 
 async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any], attempts: int) -> Asked:
     """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times."""
     usage: dict = {}
-    latency = 0.0
+    latency: float | None = 0.0
     attempts = max(1, attempts)
     failure = None
     for n in range(1, attempts + 1):
@@ -224,7 +228,7 @@ async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any
         except CallFailed as exc:
             return Asked(None, API_ERROR, usage, latency, n, str(exc))
         stats.add_counts(usage, reply.usage)
-        latency += reply.latency_s
+        latency = None if latency is None or reply.latency_s is None else latency + reply.latency_s
         parsed = parse(reply.text)
         if not isinstance(parsed, str):
             return Asked(parsed, OK, usage, latency, n)
@@ -438,7 +442,7 @@ class CLBench(Benchmark):
         accounts = dict(
             judge_model=judge.endpoint.model,
             judge_usage=asked.usage or None,
-            judge_latency_s=round(asked.latency_s, 3),
+            judge_latency_s=asked.latency_rounded,
             judge_attempts=asked.attempts,
         )
         verdict = asked.value
@@ -502,7 +506,7 @@ class CLBench(Benchmark):
         out.update(
             analysis_model=judge.endpoint.model,
             analysis_usage=asked.usage or None,
-            analysis_latency_s=round(asked.latency_s, 3),
+            analysis_latency_s=asked.latency_rounded,
             analysis_attempts=asked.attempts,
         )
         return out

@@ -6,7 +6,7 @@ import gc
 import sys
 from pathlib import Path
 
-from .. import cli, cost, dryrun, jsonl, lock, manifest, paths, runner
+from .. import batch, batch_backend, cli, cost, dryrun, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, row_id
 from ..checkpoint import StepCache
 from ..errors import EXIT_OK
@@ -58,13 +58,22 @@ def main(argv: list[str]) -> int:
             f"{len(pending)} to run → {output}",
             file=sys.stderr,
         )
+        def solver(steps: StepCache):
+            async def solve(task, client):
+                row = await bench.solve(task, client, steps)
+                if args.slim:
+                    row.pop("messages", None)
+                return row
+
+            return solve
+
         if args.dry_run:
-            steps = StepCache(output, record=False)
             dryrun.estimate(
-                "infer", pending, lambda task, client: bench.solve(task, client, steps), endpoint,
-                args.max_tokens, cost.load_prices(args.prices),
+                "infer", pending, solver(StepCache(output, record=False)), endpoint, args.max_tokens, cost.load_prices(args.prices)
             )
             return EXIT_OK
+        if args.export_batch:
+            return batch.export("infer", pending, solver(StepCache(output, record=False)), endpoint, args.export_batch, args)
         record = manifest.Record(
             output,
             {
@@ -85,15 +94,16 @@ def main(argv: list[str]) -> int:
             record.finish(**counts, written=0, failed=0)
             return EXIT_OK
         steps = StepCache(output)
-
-        async def solve(task, client):
-            row = await bench.solve(task, client, steps)
-            if args.slim:
-                row.pop("messages", None)
-            return row
-
         try:
-            summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, solve))
+            if args.backend == "batch":
+                still_pending = lambda: [t for t in tasks if t.id not in jsonl.ids_in(output, row_id)]  # noqa: E731
+                code = batch_backend.advance("infer", still_pending, solver(steps), endpoint, output, args)
+                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+                return code
+            if args.import_batch:
+                summary = batch.import_files("infer", pending, solver(steps), endpoint, args.import_batch, output, args)
+            else:
+                summary = asyncio.run(runner.run_with_client("infer", endpoint, pending, output, args, solver(steps)))
         finally:
             steps.close()
         record.finish(**counts, written=summary.written, failed=summary.failed, interrupted=summary.interrupted)

@@ -10,7 +10,7 @@ import gc
 import sys
 from pathlib import Path
 
-from .. import cli, cost, dryrun, jsonl, lock, manifest, paths, runner
+from .. import batch, batch_backend, cli, cost, dryrun, jsonl, lock, manifest, paths, runner
 from ..benchmarks import Benchmark, Task, row_id
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
@@ -102,12 +102,16 @@ def main(argv: list[str]) -> int:
             f"{len(pending)} to do → {output}",
             file=sys.stderr,
         )
+        if uses_llm and (args.export_batch or args.import_batch or args.backend == "batch") and hasattr(args, "parse_attempts"):
+            args.parse_attempts = 1  # one judge call per task and batch; --rejudge-parse-errors sends them again
         if args.dry_run:
             dryrun.estimate(
                 label, pending, lambda task, client: work(task.row, client), endpoint,
                 args.max_tokens, cost.load_prices(args.prices), first_call_only=True,
             )
             return EXIT_OK
+        if args.export_batch:
+            return batch.export(label, pending, lambda task, client: work(task.row, client), endpoint, args.export_batch, args)
         record = manifest.Record(
             output,
             {
@@ -132,7 +136,19 @@ def main(argv: list[str]) -> int:
                 retry_later.add(task.id)
             return row
 
-        summary = asyncio.run(runner.run_with_client(label, endpoint, pending, output, args, grade))
+        if args.backend == "batch":
+
+            def still_pending() -> list:
+                now = jsonl.latest_rows(output, row_id)
+                return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in now or not is_done(now[k])]
+
+            code = batch_backend.advance(label, still_pending, grade, endpoint, output, args)
+            record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+            return code
+        if args.import_batch:
+            summary = batch.import_files(label, pending, grade, endpoint, args.import_batch, output, args, current=done)
+        else:
+            summary = asyncio.run(runner.run_with_client(label, endpoint, pending, output, args, grade))
         record.finish(**counts, written=summary.written, failed=summary.failed, retry_later=len(retry_later))
 
     code = runner.finish(label, summary, output)

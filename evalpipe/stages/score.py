@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
             if task_id in selected and "analysis_model" in row:
                 ledger.add(
                     "error_analysis", row["analysis_model"], row.get("analysis_usage"),
-                    row.get("analysis_latency_s"), row.get("analysis_attempts", 1),
+                    row.get("analysis_latency_s"), row.get("analysis_attempts", 1), bool(row.get("analysis_batch")),
                 )
     metrics["cost"] = ledger.summary(prices)
     provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []

@@ -1,0 +1,207 @@
+"""Batch engines: pending calls out as OpenAI batch request files, batch output files back in.
+
+Export runs the benchmark's own solve/grade code against a client that captures the next call a
+task needs, so a request line is exactly what an online run would send. Import runs the same
+code against a client that answers from the batch output and error files, so the rows are
+exactly what an online run would write (same schema, usage, statuses, side file). A task that
+needs several chained calls (Error Recovery) keeps each imported call in its step cache and
+needs one batch per call: the next export holds the calls that follow.
+
+A request's custom_id is `<task id>~<16 hex of the request body's sha256>`: an answer can only
+ever be matched to the very request it answers, so importing a file twice, an old file, or files
+in any order changes nothing it should not.
+"""
+
+import asyncio
+import hashlib
+import sys
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import orjson
+
+from . import jsonl, runner
+from .errors import BadInput, CallFailed, ContextTooLong
+from .llm import Completion, Endpoint, completion_from, context_length_error
+
+URL = "/v1/chat/completions"
+MAX_REQUESTS = 50_000  # OpenAI Batch API limits per input file
+MAX_BYTES = 200 * 1024 * 1024
+
+Work = Callable[[object, object], Awaitable[dict | None]]
+
+
+def request_body(endpoint: Endpoint, messages: list[dict]) -> dict:
+    """The chat request body an online call sends: model, messages, parameters, provider fields."""
+    return {"model": endpoint.model, "messages": messages, **endpoint.params, **endpoint.extra_body}
+
+
+def custom_id(task_id, body: dict) -> str:
+    digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return f"{task_id}~{digest}"
+
+
+class _Captured(Exception):
+    def __init__(self, line: dict):
+        self.line = line
+
+
+class CapturingClient:
+    """Stands in for llm.ChatClient: the first call a task makes becomes a request line."""
+
+    def __init__(self, endpoint: Endpoint, task_id):
+        self.endpoint, self.task_id = endpoint, task_id
+
+    async def complete(self, messages: list[dict]) -> Completion:
+        body = request_body(self.endpoint, messages)
+        raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+
+
+def request_lines(pending: list, work: Work, endpoint: Endpoint) -> list[dict]:
+    """The next call of every pending task that needs one (tasks done without a call need none)."""
+    lines = []
+
+    async def capture() -> None:
+        for task in pending:
+            try:
+                await work(task, CapturingClient(endpoint, task.id))
+            except _Captured as captured:
+                lines.append(captured.line)
+
+    asyncio.run(capture())
+    return lines
+
+
+def write_request_files(lines: list[dict], path: Path, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_BYTES) -> list[Path]:
+    """Write `lines` to `path`, or to `<stem>-001<suffix>`, `-002`, ... when they exceed a file's limits."""
+    parts: list[list[bytes]] = [[]]
+    size = 0
+    for line in lines:
+        data = orjson.dumps(line) + b"\n"
+        if len(data) > max_bytes:
+            raise BadInput(f"request {line['custom_id']} alone is {len(data):,} bytes, over the {max_bytes:,}-byte file limit")
+        if parts[-1] and (len(parts[-1]) >= max_requests or size + len(data) > max_bytes):
+            parts.append([])
+            size = 0
+        parts[-1].append(data)
+        size += len(data)
+    if len(parts) == 1:
+        targets = [path]
+    else:
+        targets = [path.with_name(f"{path.stem}-{i:03d}{path.suffix}") for i in range(1, len(parts) + 1)]
+    for target, part in zip(targets, parts):
+        jsonl.atomic_write(target, b"".join(part))
+    return targets
+
+
+def export(label: str, pending: list, work: Work, endpoint: Endpoint | None, path: Path, args) -> int:
+    if endpoint is None:
+        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --export-batch")
+    lines = request_lines(pending, work, endpoint)
+    if not lines:
+        print(f"{label}: no pending task needs a call; nothing exported", file=sys.stderr)
+        return 0
+    files = write_request_files(lines, path, args.batch_max_requests, args.batch_max_bytes)
+    print(
+        f"{label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
+        f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------- import
+
+
+def read_results(paths: list[Path]) -> dict[str, dict]:
+    """custom_id → the result line, from output and error files in any order.
+    A successful answer is never replaced by an error line for the same request."""
+    results: dict[str, dict] = {}
+    for path in paths:
+        if not Path(path).exists():
+            raise BadInput("no such batch file", path)
+        for line_no, row in jsonl.iter_rows(path):
+            cid = row.get("custom_id")
+            if not isinstance(cid, str) or ("response" not in row and "error" not in row):
+                raise BadInput("not a batch output or error line (needs custom_id and response or error)", path, line_no)
+            if _ok(results.get(cid)) and not _ok(row):
+                continue
+            results[cid] = row
+    return results
+
+
+def _ok(row: dict | None) -> bool:
+    response = (row or {}).get("response")
+    return isinstance(response, dict) and response.get("status_code") == 200
+
+
+class NotInBatch(Exception):
+    """The call a task needs next has no answer in the imported files."""
+
+
+class ReplayClient:
+    """Stands in for llm.ChatClient: answers from imported batch results, sends nothing."""
+
+    def __init__(self, endpoint: Endpoint, results: dict[str, dict], task_id):
+        self.endpoint, self.results, self.task_id = endpoint, results, task_id
+
+    async def complete(self, messages: list[dict]) -> Completion:
+        from openai.types.chat import ChatCompletion
+
+        row = self.results.get(custom_id(self.task_id, request_body(self.endpoint, messages)))
+        if row is None:
+            raise NotInBatch()
+        response = row.get("response") or {}
+        if _ok(row):
+            try:
+                reply = ChatCompletion.model_validate(response.get("body"))
+            except ValueError as exc:
+                raise CallFailed(f"batch output line for {row['custom_id']} is not a chat completion ({exc})") from None
+            if not reply.choices:
+                raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
+            return completion_from(reply, None, 1)
+        status = response.get("status_code")
+        error = (response.get("body") or {}).get("error") if isinstance(response.get("body"), dict) else None
+        error = error or row.get("error") or {}
+        text = f"{error.get('code') or ''} {error.get('message') or ''}".strip() or "no error message"
+        if context_length_error(status, text):
+            raise ContextTooLong(f"HTTP {status}: {text}")
+        raise CallFailed(f"batch: {'HTTP ' + str(status) if status else 'not run'}: {text}"[:500])
+
+
+# The key that marks a row's call as served by a batch engine (priced with the table's batch_discount).
+BATCH_FLAG = {"infer": "batch", "judge": "judge_batch", "error analysis": "analysis_batch"}
+
+
+def import_files(
+    label: str, pending: list, work: Work, endpoint: Endpoint | None, paths: list[Path], output: Path, args,
+    current: dict | None = None,
+):
+    """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
+    `current`: the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
+    if endpoint is None:
+        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
+    results = read_results(paths)
+    side = runner.failures_path(output)
+    recorded = {(r.get("idx"), r.get("error")) for _, r in jsonl.iter_rows(side, torn_tail_ok=True)} if side.exists() else set()
+
+    async def replay(task):
+        try:
+            row = await work(task, ReplayClient(endpoint, results, task.id))
+            if row is not None:
+                row[BATCH_FLAG[label]] = True
+            if current is not None and row == current.get(task.id):
+                return None  # the same row from the same batch line is there already
+            return row
+        except NotInBatch:
+            return None
+        except CallFailed as exc:
+            if (task.id, str(exc)) in recorded:
+                return None  # this failure is in the side file already: importing again changes nothing
+            raise
+
+    print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
+    return asyncio.run(
+        runner.run(pending, len(pending), replay, output, workers=1, label=label,
+                   grace_s=args.grace, log_every_s=args.log_every, progress=args.progress)
+    )
