@@ -57,7 +57,7 @@ $(REPORT_STAMP): $(STAMP) requirements-report.txt
 	touch $(REPORT_STAMP)
 
 # The whole pipeline offline on a real local model (no account needed).
-demo: $(DEMO_STAMP)
+demo: $(DEMO_STAMP) $(REPORT_STAMP)
 	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d "$(BBM_DIR)" ]; then \
 	  $(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(BBM_DIR) --out data/error_recovery --variants small; fi
 	$(PYTHON) -m evalpipe.demo

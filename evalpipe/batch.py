@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 
 import orjson
 
-from . import jsonl, runner
+from . import jsonl, redact, runner
 from .errors import BadInput, CallFailed, ContextTooLong
 from .llm import Completion, Endpoint, completion_from, context_length_error
 
@@ -161,12 +161,22 @@ class ReplayClient:
                 raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
             return completion_from(reply, None, 1)
         status = response.get("status_code")
-        error = (response.get("body") or {}).get("error") if isinstance(response.get("body"), dict) else None
-        error = error or row.get("error") or {}
-        text = f"{error.get('code') or ''} {error.get('message') or ''}".strip() or "no error message"
+        text = redact.redact(_error_text(response.get("body"), row.get("error")))
         if context_length_error(status, text):
-            raise ContextTooLong(f"HTTP {status}: {text}")
+            raise ContextTooLong(f"HTTP {status}: {text}"[:500])
         raise CallFailed(f"batch: {'HTTP ' + str(status) if status else 'not run'}: {text}"[:500])
+
+
+def _error_text(body, error) -> str:
+    """The reason of an error line: OpenAI's {"error": {code, message}} in the body or beside it,
+    or vLLM's plain strings."""
+    parts = []
+    for value in ((body or {}).get("error") if isinstance(body, dict) else body, error):
+        if isinstance(value, dict):
+            parts.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
+        elif value:
+            parts.append(str(value))
+    return " · ".join(p for p in parts if p) or "no error message"
 
 
 # The key that marks a row's call as served by a batch engine (priced with the table's batch_discount).
@@ -181,6 +191,7 @@ def import_files(
     `current`: the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
+    redact.register(endpoint.api_key)
     results = read_results(paths)
     side = runner.failures_path(output)
     recorded = {(r.get("idx"), r.get("error")) for _, r in jsonl.iter_rows(side, torn_tail_ok=True)} if side.exists() else set()
@@ -200,7 +211,8 @@ def import_files(
                 return None  # this failure is in the side file already: importing again changes nothing
             raise
 
-    print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
+    if paths:
+        print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
     return asyncio.run(
         runner.run(pending, len(pending), replay, output, workers=1, label=label,
                    grace_s=args.grace, log_every_s=args.log_every, progress=args.progress)

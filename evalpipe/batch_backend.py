@@ -2,16 +2,20 @@
 
 Each invocation (from cron, or by hand) advances a state file beside the output,
 `<output>.batch.json`:
-  1. every batch not yet imported is retrieved; a finished one (completed, expired, cancelled,
-     failed) has its output and error files downloaded next to the state file and imported;
-  2. the calls still missing (including the next call of chained tasks, and whatever an expired
+  1. every batch not yet imported is retrieved; a finished one (completed, expired, cancelled)
+     has its output and error files downloaded next to the state file and imported; a batch
+     that failed validation stops the stage (exit 2) with the provider's reasons;
+  2. rows that need no call (e.g. an empty answer the judge scores 0) are written;
+  3. the calls still missing (including the next call of chained tasks, and whatever an expired
      or cancelled batch left undone) are uploaded as new batches — the state file records each
      upload before the batch is created and each batch id right after, so a crash at any point
-     never submits the same calls twice;
-  3. the stage exits EXIT_WAITING (75) while any batch is still running, else as an online run.
+     never submits the same calls twice; a request already submitted MAX_SUBMISSIONS times is not
+     submitted again (it stays in the side file, exit 3);
+  4. the stage exits EXIT_WAITING (75) while any batch is still running, else as an online run.
 With --batch-wait S it keeps polling (with backoff from --batch-poll) for up to S seconds.
 """
 
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -19,11 +23,12 @@ from typing import Callable
 
 import orjson
 
-from . import batch, jsonl, redact
+from . import batch, cli, jsonl, redact
 from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused
-from .llm import Endpoint
+from .llm import Endpoint, describe
 
 FINISHED = {"completed", "expired", "cancelled", "failed"}
+MAX_SUBMISSIONS = 3  # a request that failed this many batches is left to the user (side file)
 
 
 def state_path(output: Path) -> Path:
@@ -38,18 +43,36 @@ class State:
     def __init__(self, output: Path):
         self.path = state_path(output)
         self.batches: list[dict] = []
+        self.submissions: dict[str, int] = {}  # custom_id -> batches it was sent in
         if self.path.exists():
             try:
-                self.batches = orjson.loads(self.path.read_bytes())["batches"]
+                body = orjson.loads(self.path.read_bytes())
+                self.batches, self.submissions = body["batches"], body.get("submissions", {})
             except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
                 raise BadInput(f"unreadable batch state ({exc}); it lists batches you may have paid for: "
                                "repair it rather than deleting it", self.path) from None
 
     def save(self) -> None:
-        jsonl.atomic_write(self.path, orjson.dumps({"batches": self.batches}, option=orjson.OPT_INDENT_2) + b"\n")
+        body = {"batches": self.batches, "submissions": self.submissions}
+        jsonl.atomic_write(self.path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
     def open_batches(self) -> list[dict]:
         return [b for b in self.batches if not b.get("imported")]
+
+
+def open_batches(output: Path) -> list[dict]:
+    """Batches submitted for this output and not yet imported (none without a state file)."""
+    return State(output).open_batches() if state_path(output).exists() else []
+
+
+def refuse_other_engines(output: Path, in_batches: list[dict], args) -> None:
+    """Open Batch API batches hold calls already paid for: no other engine may run them again."""
+    if in_batches and args.backend != "batch" and not args.dry_run:
+        ids = ", ".join(b.get("id", "(being created)") for b in in_batches)
+        raise BadInput(
+            f"{len(in_batches)} Batch API batches for {output} are still open ({ids}; see {state_path(output)}): "
+            "continue with --backend batch, or cancel them and delete that file to run otherwise"
+        )
 
 
 def _client(endpoint: Endpoint, args):
@@ -64,10 +87,6 @@ def _client(endpoint: Endpoint, args):
     return openai.OpenAI(api_key=key, base_url=endpoint.base_url, timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
 
 
-def _refused(exc) -> EndpointRefused:
-    return EndpointRefused(redact.redact(f"the Batch API refused us: {type(exc).__name__}: {exc}")[:500])
-
-
 def advance(
     label: str,
     pending_now: Callable[[], list],
@@ -75,20 +94,22 @@ def advance(
     endpoint: Endpoint | None,
     output: Path,
     args,
+    current: Callable[[], dict] | None = None,
 ) -> int:
     """One or more steps (see the module docstring); returns the stage's exit code."""
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --backend batch")
     import openai
 
+    cli.sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
     client = _client(endpoint, args)
     state = State(output)
     deadline = time.monotonic() + args.batch_wait
     wait = args.batch_poll
-    incomplete = False
     try:
         while True:
-            incomplete |= _collect(label, client, state, pending_now, work, endpoint, output, args)
+            _collect(label, client, state, pending_now, work, endpoint, output, args, current)
+            batch.import_files(label, pending_now(), work, endpoint, [], output, args, current() if current else None)
             _submit(label, client, state, pending_now(), work, endpoint, output, args)
             running = state.open_batches()
             if not running or time.monotonic() + wait > deadline:
@@ -96,21 +117,28 @@ def advance(
             time.sleep(wait)
             wait = min(wait * 2, 300.0)
     except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
-        raise _refused(exc) from None
+        raise EndpointRefused(f"the Batch API refused us: {describe(exc)}") from None
+    except (openai.APIConnectionError, openai.APIStatusError) as exc:
+        status = getattr(exc, "status_code", None)
+        if status is not None and status < 500 and status not in (408, 409, 429):
+            raise BadInput(f"the Batch API rejected a request: {describe(exc)}") from None
+        print(f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later",
+              file=sys.stderr)
+        return EXIT_INCOMPLETE
     if running:
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
         print(f"{label}: submitted, waiting: {counts}; run the same command again to continue", file=sys.stderr)
         return EXIT_WAITING
     left = pending_now()
     if left:
-        print(f"{label}: {len(left)} tasks still without a row (see {output.name}.failed.jsonl)", file=sys.stderr)
+        print(f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
+              f"(see {output.name}.failed.jsonl)", file=sys.stderr)
         return EXIT_INCOMPLETE
-    return EXIT_INCOMPLETE if incomplete else EXIT_OK
+    return EXIT_OK
 
 
-def _collect(label, client, state: State, pending_now, work, endpoint, output, args) -> bool:
-    """Retrieve open batches; download and import finished ones. True if an import left failures."""
-    incomplete = False
+def _collect(label, client, state: State, pending_now, work, endpoint, output, args, current) -> None:
+    """Retrieve open batches; download and import finished ones."""
     for entry in state.open_batches():
         if "id" not in entry and not _adopt(client, entry):
             state.batches.remove(entry)  # uploaded, but no batch was ever created: nothing to wait for
@@ -122,6 +150,11 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
         state.save()
         if info.status not in FINISHED:
             continue
+        if info.status == "failed":
+            entry.update(imported=True, errors=info.errors.model_dump() if info.errors else None)
+            state.save()
+            reasons = "; ".join(f"{e.code}: {e.message}" for e in (info.errors.data or [])) if info.errors else "no reason given"
+            raise BadInput(f"batch {entry['id']} failed validation ({reasons}); fix the cause and run again")
         downloaded = []
         for kind, file_id in (("output", info.output_file_id), ("errors", info.error_file_id)):
             if file_id:
@@ -130,18 +163,16 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
                     jsonl.atomic_write(target, client.files.content(file_id).read())
                 downloaded.append(target)
         entry["files"] = [str(p) for p in downloaded]
-        if info.status == "failed":
-            errors = info.errors.model_dump() if info.errors else {}
-            entry["errors"] = errors
-            print(f"{label}: batch {entry['id']} failed: {errors}", file=sys.stderr)
         if downloaded:
-            summary = batch.import_files(label, pending_now(), work, endpoint, downloaded, output, args)
-            incomplete |= summary.failed > 0
+            summary = batch.import_files(label, pending_now(), work, endpoint, downloaded, output, args,
+                                         current() if current else None)
+            if summary.interrupted or summary.refused:
+                state.save()  # not marked imported: the next run imports this batch again, paying nothing
+                raise KeyboardInterrupt
             print(f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
                   f"{summary.failed} failed", file=sys.stderr)
         entry["imported"] = True
         state.save()
-    return incomplete
 
 
 def _adopt(client, entry: dict) -> bool:
@@ -158,22 +189,33 @@ def _submit(label, client, state: State, pending: list, work, endpoint, output, 
     for entry in state.open_batches():
         for _, line in jsonl.iter_rows(entry["input"]):
             in_flight.add(line["custom_id"])
-    lines = [line for line in batch.request_lines(pending, work, endpoint) if line["custom_id"] not in in_flight]
+    lines = [
+        line for line in batch.request_lines(pending, work, endpoint)
+        if line["custom_id"] not in in_flight and state.submissions.get(line["custom_id"], 0) < MAX_SUBMISSIONS
+    ]
     if not lines:
         return
-    folder = files_dir(output)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    paths = batch.write_request_files(lines, folder / f"input-{stamp}.jsonl", args.batch_max_requests, args.batch_max_bytes)
+    name = f"input-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}.jsonl"
+    paths = batch.write_request_files(lines, files_dir(output) / name, args.batch_max_requests, args.batch_max_bytes)
     for path in paths:
+        ids = [line["custom_id"] for _, line in jsonl.iter_rows(path)]
         uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
-        entry = {"input": str(path), "input_file_id": uploaded.id, "requests": sum(1 for _ in jsonl.iter_rows(path)),
+        entry = {"input": str(path), "input_file_id": uploaded.id, "requests": len(ids),
                  "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         state.batches.append(entry)
+        for cid in ids:
+            state.submissions[cid] = state.submissions.get(cid, 0) + 1
         state.save()  # before create: a crash now is found again by its upload, never submitted twice
-        created = client.batches.create(
-            input_file_id=uploaded.id, endpoint=batch.URL, completion_window="24h",
-            metadata={"evalpipe_output": str(output)[-500:]},
-        )
+        try:
+            # no SDK retries: a retried create whose first response was lost would make a second batch
+            created = client.with_options(max_retries=0).batches.create(
+                input_file_id=uploaded.id, endpoint=batch.URL, completion_window="24h",
+                metadata={"evalpipe_output": str(output)[-500:]},
+            )
+        except Exception:
+            if not _adopt(client, entry):
+                raise  # the entry stays without an id: the next run looks for its batch again, or drops it
+            created = client.batches.retrieve(entry["id"])
         entry.update(id=created.id, status=created.status)
         state.save()
         print(f"{label}: submitted batch {created.id} with {entry['requests']} requests", file=sys.stderr)

@@ -11,9 +11,13 @@ from . import jsonl
 
 
 class StepCache:
+    @staticmethod
+    def path_for(output: Path) -> Path:
+        return output.with_name(output.name + ".steps.jsonl")
+
     def __init__(self, output: Path, record: bool = True):
         """record=False: read what is there, keep new steps in memory only (for --dry-run)."""
-        self.path = output.with_name(output.name + ".steps.jsonl")
+        self.path = self.path_for(output)
         self.record = record
         if record:
             jsonl.repair_tail(self.path)

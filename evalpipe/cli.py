@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -27,6 +28,15 @@ def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | Non
     except Exception:
         print(redact.redact(traceback.format_exc()), file=sys.stderr, end="")
         return 1
+
+
+def sigterm_as_interrupt() -> None:
+    """Make SIGTERM end a process as Ctrl-C does (cleanup in `finally`, exit 130)."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def parser_for(

@@ -7,6 +7,7 @@ OpenAI reports them) and are shown separately for information only.
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import orjson
 
 from .errors import BadInput
 
+_SNAPSHOT = re.compile(r"(.+?)(?:-\d{4}-\d{2}-\d{2}|-\d{4}|-latest|@[\w.-]+)$")
 DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"
 TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
 
@@ -27,14 +29,15 @@ class Prices:
     batch_discount: float = 1.0
 
     def price_for(self, model: str | None) -> dict | None:
-        """The exact model, else the longest listed name it extends (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`)."""
+        """The exact model, else a dated snapshot of a listed one (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`).
+        Other extensions (`o3-pro`, `o3-mini`) are other models with other prices: no match."""
         if not model:
             return None
         name = model.rsplit("/", 1)[-1]  # "openai/gpt-4o" → "gpt-4o"
         if name in self.models:
             return self.models[name]
-        stems = [k for k in self.models if name.startswith(k) and name[len(k)] in "-:@."]
-        return self.models[max(stems, key=len)] if stems else None
+        snapshot = _SNAPSHOT.match(name)
+        return self.models.get(snapshot.group(1)) if snapshot else None
 
     def cost(self, model: str | None, usage: dict) -> float | None:
         price = self.price_for(model)

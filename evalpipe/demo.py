@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import localmodel
+from . import cli, localmodel
 from .paths import PROJECT
 
 ROOT = Path("outputs") / "demo"
@@ -55,7 +55,7 @@ def run_child(cmd: list[str], env: dict) -> int:
 
 
 def main() -> int:
-    localmodel.sigterm_as_interrupt()
+    cli.sigterm_as_interrupt()
     started = time.monotonic()
     print(
         f"demo: {localmodel.MODEL_NAME} on llama.cpp, {RUNS} runs per benchmark, capped sample sizes and "
@@ -84,9 +84,8 @@ def main() -> int:
                         if code not in (0, 3):
                             return code
                         worst = max(worst, code)
-        for bench in PLAN:
-            print(f"\ndemo: {bench}: aggregate", flush=True)
-            run_child([sys.executable, "aggregate.py", "--bench", bench, "--outputs-dir", str(ROOT), "--runs", str(RUNS)], env)
+        print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
+        run_child([sys.executable, "-m", "evalpipe.leaderboard", "--outputs-dir", str(ROOT)], env)
     except KeyboardInterrupt:
         print("\ndemo: interrupted; `make demo` again resumes where it stopped", flush=True)
         return 130

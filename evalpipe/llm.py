@@ -15,6 +15,7 @@ in total time (max_retry_seconds).
 
 import email.utils
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,10 @@ class Endpoint:
 
     @property
     def host(self) -> str:
-        return self.base_url or "https://api.openai.com/v1"
+        """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
+        parts = urllib.parse.urlsplit(self.base_url or "https://api.openai.com/v1")
+        return urllib.parse.urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else "")
+                                        if parts.hostname else parts.netloc, parts.path, "", ""))
 
 
 @dataclass

@@ -5,13 +5,14 @@
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from .cli import sigterm_as_interrupt
 
 MODEL_NAME = "gemma-3-270m"
 
@@ -75,13 +76,6 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
                 proc.kill()
                 proc.wait()
         print("local model: server stopped", flush=True)
-
-
-def sigterm_as_interrupt() -> None:
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def main() -> None:

@@ -105,6 +105,8 @@ OPERATIONAL = {
     "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
     "dry_run", "prices", "export_batch", "import_batch", "backend", "batch_wait", "batch_poll", "batch_max_requests",
     "batch_max_bytes",
+    "extra_body",  # fingerprinted as the parsed object the stage sends, not as the flag's text
+    "fewshot_data",  # the demos picked from it are in prompt_sha256
 }
 
 
@@ -115,6 +117,8 @@ def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
     longer prefix is the same run), are left out, as are the `ignore`d flags."""
     skip = OPERATIONAL | set(ignore)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in skip}
+    if flags.get("max_tokens") is None:
+        flags.pop("max_tokens_param", None)  # which field would carry a cap that is not set
     return {**inputs, **flags}
 
 

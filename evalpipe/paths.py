@@ -17,5 +17,12 @@ def run_dir(root: Path, bench: str, model: str, run: int) -> Path:
     return root / bench / slug(model) / f"run-{run}"
 
 
+def error_analysis_path(judge_path: Path, name: str) -> Path:
+    """error_analysis.jsonl beside judge.jsonl; <stem>_error_analysis.jsonl beside any other judge file."""
+    if judge_path.name == "judge.jsonl":
+        return judge_path.with_name(f"{name}.jsonl")
+    return judge_path.with_name(f"{judge_path.stem}_{name}.jsonl")
+
+
 def bench_dir(root: Path, bench: str) -> Path:
     return root / bench

@@ -73,7 +73,8 @@ def test_clbench_export_import_gives_the_rows_of_an_online_run(server, stage, tm
     round_trip(stage, server, tmp_path, "infer", "infer.jsonl", "--model", "m", "--temperature", "0.5")
     lines = read_jsonl(tmp_path / "infer.jsonl.req0.jsonl")
     assert len(lines) == 12 and lines[0]["body"]["temperature"] == 0.5 and lines[0]["body"]["model"] == "m"
-    assert lines[0]["custom_id"].startswith(str(lines[0]["custom_id"].split("~")[0]))
+    ids = [t["metadata"]["task_id"] for t in read_jsonl(ROOT / "data" / "clbench" / "sample.jsonl")]
+    assert [line["custom_id"].split("~")[0] for line in lines] == ids
     assert rows_by_id(tmp_path / "infer.jsonl") == rows_by_id(tmp_path / "online.jsonl")
     assert all(r["batch"] is True and r["latency_s"] is None for r in read_jsonl(tmp_path / "infer.jsonl"))
     round_trip(stage, server, tmp_path, "judge", "judge.jsonl", "--input", "infer.jsonl", "--judge-model", "j")
@@ -248,3 +249,47 @@ def test_backend_batch_without_a_batch_api_is_exit_4(server, stage, tmp_path):
     proc = backend(stage)
     assert proc.returncode == 4 and "Batch API refused" in proc.stderr and API_KEY not in proc.stderr
     assert not (tmp_path / "infer.jsonl.batch.json").exists()
+
+
+def test_vllm_style_error_lines_are_read(server, stage, tmp_path):
+    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--export-batch", "req.jsonl", check=0)
+    lines = read_jsonl(tmp_path / "req.jsonl")
+    errors = [{"id": "vllm-1", "custom_id": lines[0]["custom_id"], "response": {"status_code": 400, "request_id": "r"},
+               "error": "This model's maximum context length is 2048 tokens"},
+              {"id": "vllm-2", "custom_id": lines[1]["custom_id"], "response": {"status_code": 500, "request_id": "r",
+               "body": {"error": "engine crashed"}}, "error": None}]
+    (tmp_path / "err.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
+    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--import-batch", "err.jsonl")
+    assert proc.returncode == 3, proc.stderr
+    [row] = read_jsonl(tmp_path / "infer.jsonl")
+    assert row["status"] == "context_length"  # final, as online
+    assert "engine crashed" in read_jsonl(tmp_path / "infer.jsonl.failed.jsonl")[0]["error"]
+
+
+def test_open_batches_keep_other_engines_and_other_configurations_out(server, stage, tmp_path):
+    server.batch_polls_to_finish = 5
+    assert backend(stage, "--temperature", "0.2").returncode == 75
+    proc = backend(stage, "--temperature", "0.9")  # no rows yet, but paid-for calls in flight
+    assert proc.returncode == 2 and "temperature: 0.2 → 0.9" in proc.stderr
+    for flags in ([], ["--export-batch", "x.jsonl"]):
+        proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.2", *flags)
+        assert proc.returncode == 2 and "still open" in proc.stderr and "--backend batch" in proc.stderr
+    assert server.chat_requests() == [] and len(server.batches()) == 1
+
+
+def test_a_batch_that_fails_validation_stops_with_its_reasons(server, stage, tmp_path):
+    server.batch_fail_validation = True
+    proc = backend(stage, "--batch-wait", "10", "--batch-poll", "0.05")
+    assert proc.returncode == 2 and "failed validation" in proc.stderr and "batch_fail_validation" in proc.stderr
+    assert len(server.batches()) == 1  # not resubmitted in a loop
+
+
+def test_a_request_that_keeps_failing_is_given_up_after_three_batches(server, stage, tmp_path):
+    failing = read_jsonl(ROOT / "data" / "clbench" / "sample.jsonl")[0]["messages"][-1]["content"]
+    server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content == failing else scripted(r)
+    server.batch_polls_to_finish = 1
+    proc = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    assert proc.returncode == 3 and "failed in 3 batches" in proc.stderr
+    assert [b["request_counts"]["total"] for b in server.batches()] == [12, 1, 1]
+    assert len(read_jsonl(tmp_path / "infer.jsonl")) == 11
+    assert backend(stage).returncode == 3 and len(server.batches()) == 3  # and not again on the next run

@@ -60,6 +60,9 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
     judge = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())
     assert judge["judge_model"] == "j" and judge["counts"]["written"] == 6
     assert judge["fingerprint"]["judge_model"] == "j"
+    from evalpipe.llm import Endpoint
+
+    assert Endpoint("m", base_url="http://user:pw@10.0.0.1:8000/v1?key=k").host == "http://10.0.0.1:8000/v1"
     for name in ("infer.jsonl.manifest.json", "judge.jsonl.manifest.json"):
         assert API_KEY not in (tmp_path / name).read_text()
 
@@ -91,6 +94,7 @@ def test_cost_arithmetic_and_price_lookup():
     assert prices.price_for("gpt-x-mini-2026-01-01") == prices.models["gpt-x-mini"]  # longest listed stem
     assert prices.price_for("openai/gpt-x") == prices.models["gpt-x"]
     assert prices.price_for("gpt-xl") is None and prices.cost("unknown", usage) is None
+    assert prices.price_for("gpt-x-pro") is None  # another model, not a snapshot of gpt-x
     assert math.isclose(prices.cost("gpt-x-mini", {"prompt_tokens": 500, "completion_tokens": 500}), (100 + 400) / 1e6)
     assert cost.percentiles([0.4, 0.1, 0.3, 0.2, 5.0]) == {"p50": 0.3, "p90": 5.0, "p99": 5.0, "max": 5.0}
     assert cost.percentiles(list(range(1, 101))) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}

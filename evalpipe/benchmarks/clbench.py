@@ -217,23 +217,28 @@ class Asked:
 async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any], attempts: int) -> Asked:
     """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times."""
     usage: dict = {}
-    latency: float | None = 0.0
+    latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
+
+    def asked(value, status, n, error=None) -> Asked:
+        latency = None if not latencies or None in latencies else sum(latencies)
+        return Asked(value, status, usage, latency, n, error)
+
     attempts = max(1, attempts)
     failure = None
     for n in range(1, attempts + 1):
         try:
             reply = await judge.complete([{"role": "user", "content": prompt}])
         except ContextTooLong as exc:
-            return Asked(None, JUDGE_CONTEXT_LENGTH, usage, latency, n, str(exc))
+            return asked(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
         except CallFailed as exc:
-            return Asked(None, API_ERROR, usage, latency, n, str(exc))
+            return asked(None, API_ERROR, n, str(exc))
         stats.add_counts(usage, reply.usage)
-        latency = None if latency is None or reply.latency_s is None else latency + reply.latency_s
+        latencies.append(reply.latency_s)
         parsed = parse(reply.text)
         if not isinstance(parsed, str):
-            return Asked(parsed, OK, usage, latency, n)
+            return asked(parsed, OK, n)
         failure = f"{parsed}; reply began {reply.text[:200]!r}"
-    return Asked(None, PARSE_ERROR, usage, latency, attempts, failure)
+    return asked(None, PARSE_ERROR, attempts, failure)
 
 
 # ---------------------------------------------------------------- error types of failed solutions
@@ -477,7 +482,10 @@ class CLBench(Benchmark):
         return status != API_ERROR
 
     def error_analysis_prompt(self, judge_row: dict) -> str:
-        messages = judge_row.get("messages") or []
+        messages = judge_row.get("messages") or [
+            {"role": "user", "content": "(not available: the inference rows were written with --slim; "
+             "`python -m evalpipe.expand` joins the messages back)"}
+        ]
         task = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
         task = task if isinstance(task, str) else json.dumps(task, ensure_ascii=False)
         if len(task) > ANALYSIS_TASK_CHARS:

@@ -45,13 +45,19 @@ def main(argv: list[str]) -> int:
 
     data_sha = manifest.sha256_file(Path(data))
     fingerprint = manifest.fingerprint(
-        args, {"dataset_sha256": data_sha, "prompt_sha256": manifest.sha256_texts(bench.infer_prompts())}
+        args,
+        {"dataset_sha256": data_sha, "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
+         "extra_body": endpoint.extra_body},
     )
 
     with lock.exclusive(output):
         done = jsonl.ids_in(output, row_id)
-        if done and not args.allow_config_change:
+        in_batches = batch_backend.open_batches(output)
+        steps_path = StepCache.path_for(output)
+        paid_for = done or in_batches or (steps_path.exists() and steps_path.stat().st_size > 0)
+        if paid_for and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
+        batch_backend.refuse_other_engines(output, in_batches, args)
         pending = [t for t in tasks if t.id not in done]
         print(
             f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
@@ -90,13 +96,17 @@ def main(argv: list[str]) -> int:
             },
         )
         counts = {"selected": len(tasks), "done_before": len(tasks) - len(pending), "pending": len(pending)}
-        if not pending:
+        if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
             return EXIT_OK
         steps = StepCache(output)
+
+        def still_pending() -> list:
+            now = jsonl.ids_in(output, row_id)
+            return [t for t in tasks if t.id not in now]
+
         try:
             if args.backend == "batch":
-                still_pending = lambda: [t for t in tasks if t.id not in jsonl.ids_in(output, row_id)]  # noqa: E731
                 code = batch_backend.advance("infer", still_pending, solver(steps), endpoint, output, args)
                 record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
                 return code

@@ -62,7 +62,7 @@ def _paths(bench: Benchmark, args, analysis: bool) -> tuple[Path, Path]:
     if args.output is not None:
         return in_path, args.output
     if analysis:
-        return in_path, in_path.with_name(f"{bench.error_analysis_name}.jsonl")
+        return in_path, paths.error_analysis_path(in_path, bench.error_analysis_name)
     if in_path.name == "infer.jsonl":
         return in_path, in_path.with_name("judge.jsonl")
     return in_path, Path("outputs") / f"{in_path.stem}_graded.jsonl"
@@ -90,12 +90,18 @@ def main(argv: list[str]) -> int:
     else:
         label, prompts = "judge", bench.judge_prompts()
         is_done, work = bench.is_judged, bench.grade
-    fingerprint = manifest.fingerprint(args, {"prompt_sha256": manifest.sha256_texts(prompts)}, _NOT_IN_FINGERPRINT)
+    fingerprint = None  # a rule judge: nothing about the judge to keep apart
+    if uses_llm:
+        fingerprint = manifest.fingerprint(
+            args, {"prompt_sha256": manifest.sha256_texts(prompts), "extra_body": endpoint.extra_body}, _NOT_IN_FINGERPRINT
+        )
 
     with lock.exclusive(output):
         done = jsonl.latest_rows(output, row_id)
-        if uses_llm and done and not args.allow_config_change:
+        in_batches = batch_backend.open_batches(output)
+        if uses_llm and (done or in_batches) and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
+        batch_backend.refuse_other_engines(output, in_batches, args)
         pending = [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])]
         print(
             f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
@@ -125,7 +131,7 @@ def main(argv: list[str]) -> int:
             },
         )
         counts = {"rows": len(rows), "done_before": len(rows) - len(pending), "pending": len(pending)}
-        if not pending:
+        if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
             return EXIT_OK
         retry_later = set()  # rows this run wrote as stand-ins (every earlier one was pending again)
@@ -142,7 +148,9 @@ def main(argv: list[str]) -> int:
                 now = jsonl.latest_rows(output, row_id)
                 return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in now or not is_done(now[k])]
 
-            code = batch_backend.advance(label, still_pending, grade, endpoint, output, args)
+            code = batch_backend.advance(
+                label, still_pending, grade, endpoint, output, args, current=lambda: jsonl.latest_rows(output, row_id)
+            )
             record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
             return code
         if args.import_batch:

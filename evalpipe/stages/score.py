@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         if task_id in selected:
             for call in bench.api_calls(row):
                 ledger.add(*call)
-    analysis_path = judge_path.with_name(f"{bench.error_analysis_name}.jsonl") if bench.error_analysis_name else None
+    analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name) if bench.error_analysis_name else None
     if analysis_path is not None and analysis_path.exists():
         analyses = jsonl.latest_rows(analysis_path, row_id)
         metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
