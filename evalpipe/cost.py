@@ -92,9 +92,8 @@ def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
 @dataclass
 class _StageTally:
     calls: int = 0
-    tokens: dict = field(default_factory=dict)
     latencies: list = field(default_factory=list)
-    by_model: dict = field(default_factory=dict)  # (model, via batch) -> token counts, for pricing
+    usages: dict = field(default_factory=dict)  # (model, via batch) -> the calls' usage dicts, summed at the end
     batch_calls: int = 0
 
 
@@ -107,14 +106,18 @@ class Ledger:
     def add(
         self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls: int = 1, batch: bool = False
     ) -> None:
-        tally = self.stages.get(stage) or self.stages.setdefault(stage, _StageTally())
+        # called once per call of a run (millions): kept to plain dict operations
+        tally = self.stages.get(stage)
+        if tally is None:
+            tally = self.stages[stage] = _StageTally()
         tally.calls += calls
-        tally.batch_calls += calls if batch else 0
+        if batch:
+            tally.batch_calls += calls
         if usage:
-            counts = tally.by_model.setdefault((model, batch), {})
-            for key, value in usage.items():
-                tally.tokens[key] = tally.tokens.get(key, 0) + value
-                counts[key] = counts.get(key, 0) + value
+            group = tally.usages.get((model, batch))
+            if group is None:
+                group = tally.usages[(model, batch)] = []
+            group.append(usage)
         if latency_s is not None:
             tally.latencies.append(latency_s)
 
@@ -122,19 +125,23 @@ class Ledger:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
         total, unpriced = 0.0, set()
         for stage, tally in self.stages.items():
-            cost = 0.0
-            for (model, batch), counts in tally.by_model.items():
+            cost, tokens = 0.0, {}
+            for (model, batch), usages in tally.usages.items():
+                counts = {key: sum(u.get(key, 0) for u in usages) for key in TOKEN_KEYS}
+                for key, value in counts.items():
+                    tokens[key] = tokens.get(key, 0) + value
                 c = prices.cost(model, counts)
                 if c is None:
                     unpriced.add(str(model))
                 else:
                     cost += c * (prices.batch_discount if batch else 1.0)
-            models = sorted({str(m) for m, _ in tally.by_model})
-            priced = not any(prices.price_for(m) is None for m, _ in tally.by_model)
+            tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
+            models = sorted({str(m) for m, _ in tally.usages})
+            priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
             out["stages"][stage] = {
                 "calls": tally.calls,
                 "batch_calls": tally.batch_calls,
-                "tokens": {k: tally.tokens.get(k, 0) for k in TOKEN_KEYS if k in tally.tokens},
+                "tokens": tokens,
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
                 "models": models,
                 "cost_usd": round(cost, 6) if priced else None,

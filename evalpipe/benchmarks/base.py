@@ -133,17 +133,18 @@ class Benchmark:
 
     def api_calls(self, row: dict):
         """(stage, model, usage, latency_s, calls, via_batch) for every API call recorded in a judge row."""
-        calls = row.get("calls")
-        batch = bool(row.get("batch"))
+        get = row.get  # called once per row of a run (millions): plain lookups, a list, no generator
+        out = []
+        calls, batch = get("calls"), bool(get("batch"))
         if isinstance(calls, dict):  # several calls per task, each recorded on its own
             for call in calls.values():
-                yield "infer", row.get("model"), call.get("usage"), call.get("latency_s"), 1, batch
-        elif row.get("usage") is not None or row.get("latency_s") is not None:
-            yield "infer", row.get("model"), row.get("usage"), row.get("latency_s"), 1, batch
-        if row.get("judge_usage") is not None or row.get("judge_latency_s") is not None:
-            yield "judge", row.get("judge_model"), row.get("judge_usage"), row.get("judge_latency_s"), row.get(
-                "judge_attempts", 1
-            ), bool(row.get("judge_batch"))
+                out.append(("infer", get("model"), call.get("usage"), call.get("latency_s"), 1, batch))
+        elif "usage" in row or "latency_s" in row:
+            out.append(("infer", get("model"), get("usage"), get("latency_s"), 1, batch))
+        if "judge_usage" in row or "judge_latency_s" in row:
+            out.append(("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"), get("judge_attempts", 1),
+                        bool(get("judge_batch"))))
+        return out
 
 
 # What score reads of every judge row for tokens, latency and cost (besides a benchmark's score_fields).

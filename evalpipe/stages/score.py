@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
                 )
     metrics["cost"] = ledger.summary(prices)
     provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []
-    metrics["coverage"]["to_rejudge"] = len(set(provisional) & {t.id for t in tasks})
+    metrics["coverage"]["to_rejudge"] = len(set(provisional) & selected)
     metrics["selection"] = selection
     metrics["judge_file"] = str(judge_path)
     output = args.output
