@@ -15,6 +15,7 @@ Each invocation (from cron, or by hand) advances a state file beside the output,
 With --batch-wait S it keeps polling (with backoff from --batch-poll) for up to S seconds.
 """
 
+import os
 import secrets
 import sys
 import time
@@ -24,6 +25,7 @@ from typing import Callable
 import orjson
 
 from . import batch, cli, jsonl, redact
+from .checkpoint import StepCache
 from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused
 from .llm import Endpoint, describe
 
@@ -171,8 +173,15 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
                 raise KeyboardInterrupt
             print(f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
                   f"{summary.failed} failed", file=sys.stderr)
+            _sync(StepCache.path_for(output))  # imported steps reach the disk before the batch counts as imported
         entry["imported"] = True
         state.save()
+
+
+def _sync(path: Path) -> None:
+    if path.exists():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def _adopt(client, entry: dict) -> bool:

@@ -158,10 +158,11 @@ def format_summary(summary: dict) -> str:
         t = s["tokens"]
         lat = s["latency_s"]
         cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
+        timing = f"latency p50 {lat['p50']:.2f}s p90 {lat['p90']:.2f}s p99 {lat['p99']:.2f}s" if lat else "latency n/a"
+        via = f" ({s['batch_calls']:,} by batch)" if s.get("batch_calls") else ""
         lines.append(
-            f"  {stage:15} {s['calls']:7d} calls  prompt {t.get('prompt_tokens', 0):>10,}  completion "
-            f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  "
-            f"latency p50 {lat.get('p50', 0):.2f}s p90 {lat.get('p90', 0):.2f}s p99 {lat.get('p99', 0):.2f}s  {cost}"
+            f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}  completion "
+            f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  {timing}  {cost}"
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")

@@ -100,6 +100,9 @@ def test_coin_flip_export_import_and_a_rule_judge_has_nothing_to_export(server, 
     assert rows_by_id(tmp_path / "infer.jsonl") == rows_by_id(tmp_path / "online.jsonl")
     proc = stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", "--export-batch", "x.jsonl")
     assert proc.returncode == 2 and "no API calls" in proc.stderr
+    # in cron with --backend batch everywhere, a rule judge simply runs
+    proc = stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", "--backend", "batch", check=0)
+    assert "graded by a rule" in proc.stderr and len(read_jsonl(tmp_path / "judge.jsonl")) == 20
 
 
 def test_error_recovery_chains_reasoning_then_extraction_batches(server, stage, tmp_path):

@@ -290,6 +290,7 @@ def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     assert "Error types" in md and "Student's t" in md
     tex = (root / "clbench" / "aggregate.tex").read_text()
     assert "\\begin{tabular}" in tex and "Empirical Discovery \\& Simulation" in tex and "$60.0 \\pm 10.0$" in tex
+    assert "\\caption{clbench: mean $\\pm$ sample std ($n-1$) over runs, in percent}" in tex and "−" not in tex
     header = (root / "clbench" / "aggregate.csv").read_text().splitlines()[0].split(",")
     assert header[:7] == ["model", "runs", "Overall mean %", "Overall std % (sample)", "Overall stderr %",
                           "Overall ci95 low %", "Overall ci95 high %"]

@@ -205,7 +205,9 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
         else:
             md_headers = ["Model", "Runs", *names]
         md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + report.markdown_table(md_headers, md_rows))
-        tex_parts.append(report.latex_table(["Model", "Runs", *names], tex_rows, caption=f"{heading}: mean $\\pm$ {std_note} over runs, in percent"))
+        tex_std = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
+        caption = f"{report.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
+        tex_parts.append(report.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
         prefix = "" if title == MAIN else f"{title}: "
         csv_headers += [f"{prefix}{n} {part}" for n in names for part in
                         ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")]

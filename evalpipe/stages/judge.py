@@ -75,6 +75,9 @@ def main(argv: list[str]) -> int:
     if not in_path.exists():
         raise BadInput(f"no such {'judge' if analysis else 'inference'} file (run {'judge' if analysis else 'infer'} first)", in_path)
     uses_llm = bench.judge_uses_llm or analysis
+    if not uses_llm and args.backend == "batch":
+        print(f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do", file=sys.stderr)
+        args.backend = "online"
     if uses_llm and "." in args.judge_model and (":" in args.judge_model or args.judge_model.startswith(_BEDROCK_PREFIXES)):
         raise BadInput(
             f"{args.judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
