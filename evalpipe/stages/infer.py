@@ -58,12 +58,17 @@ def main(argv: list[str]) -> int:
         if paid_for and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
         batch_backend.refuse_other_engines(output, in_batches, args)
-        pending = [t for t in tasks if t.id not in done]
+
+        def pending_given(written: set) -> list:
+            return [t for t in tasks if t.id not in written]
+
+        pending = pending_given(done)
         print(
             f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
             f"{len(pending)} to run → {output}",
             file=sys.stderr,
         )
+
         def solver(steps: StepCache):
             async def solve(task, client):
                 row = await bench.solve(task, client, steps)
@@ -102,8 +107,7 @@ def main(argv: list[str]) -> int:
         steps = StepCache(output)
 
         def still_pending() -> list:
-            now = jsonl.ids_in(output, row_id)
-            return [t for t in tasks if t.id not in now]
+            return pending_given(jsonl.ids_in(output, row_id))
 
         try:
             if args.backend == "batch":

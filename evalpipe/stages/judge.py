@@ -105,7 +105,11 @@ def main(argv: list[str]) -> int:
         if uses_llm and (done or in_batches) and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
         batch_backend.refuse_other_engines(output, in_batches, args)
-        pending = [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])]
+
+        def pending_given(written: dict) -> list:
+            return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in written or not is_done(written[k])]
+
+        pending = pending_given(done)
         print(
             f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
             f"{len(pending)} to do → {output}",
@@ -148,8 +152,7 @@ def main(argv: list[str]) -> int:
         if args.backend == "batch":
 
             def still_pending() -> list:
-                now = jsonl.latest_rows(output, row_id)
-                return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in now or not is_done(now[k])]
+                return pending_given(jsonl.latest_rows(output, row_id))
 
             code = batch_backend.advance(
                 label, still_pending, grade, endpoint, output, args, current=lambda: jsonl.latest_rows(output, row_id)
