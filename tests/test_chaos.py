@@ -93,10 +93,13 @@ def test_sigint_mid_run_keeps_finished_rows(server, stage, tmp_path):
 
 
 def test_two_overlapping_runs_one_proceeds_one_exits_locked(server, stage, tmp_path):
-    server.handler = lambda r: Reply(content="a", delay=0.1)
-    procs = [stage.popen("infer", "--model", "m", "--output", "o.jsonl") for _ in range(2)]
-    codes = sorted(p.wait(60) for p in procs)
-    assert codes == [0, 5]
+    server.handler = lambda r: Reply(content="a", delay=1.5)  # the first run lasts ~3 s: long past the second's start
+    first = stage.popen("infer", "--model", "m", "--output", "o.jsonl")
+    deadline = time.monotonic() + 30
+    while not server.chat_requests() and time.monotonic() < deadline:  # the first run holds the lock
+        time.sleep(0.02)
+    second = stage.popen("infer", "--model", "m", "--output", "o.jsonl")
+    assert (first.wait(60), second.wait(60)) == (0, 5)
     ids = [r["idx"] for r in read_jsonl(tmp_path / "o.jsonl")]
     assert len(ids) == len(set(ids)) == 12
 
