@@ -105,7 +105,7 @@ OPERATIONAL = {
     "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
     "dry_run", "prices", "export_batch", "import_batch", "backend", "batch_wait", "batch_poll", "batch_max_requests",
     "batch_max_bytes",
-    "extra_body",  # fingerprinted as the parsed object the stage sends, not as the flag's text
+    "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text
     "fewshot_data",  # the demos picked from it are in prompt_sha256
 }
 
@@ -123,13 +123,15 @@ def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    return [f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    """What two fingerprints set differently. A key only one of them has comes from another
+    evalpipe version's fingerprint format (every flag is always recorded), not from a change."""
+    return [f"{k}: {old[k]!r} → {new[k]!r}" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
 
 
 def refuse_if_changed(output: Path, new: dict) -> None:
     """Refuse to add rows made under another configuration to an output that has rows."""
     old = (read(output) or {}).get("fingerprint")
-    if old is None or old == new:
+    if old is None or not differences(old, new):
         return
     raise BadInput(
         f"{output} holds rows made under another configuration ({'; '.join(differences(old, new))}); "

@@ -355,3 +355,11 @@ def test_t_quantiles():
     assert stats.t975(2) == 4.303 and stats.t975(30) == 2.042
     assert abs(stats.t975(60) - 2.000) < 0.002 and abs(stats.t975(1000) - 1.962) < 0.002
     assert stats.ci95([0.5]) is None
+
+
+def test_fingerprints_of_another_format_are_compared_on_shared_keys():
+    from evalpipe import manifest
+
+    # an older evalpipe recorded keys this one does not, and the other way round: not a change
+    assert manifest.differences({"model": "m", "extra_body": None}, {"model": "m", "request_extra_body": {}}) == []
+    assert manifest.differences({"model": "m", "top_p": None}, {"model": "m", "top_p": 0.9}) == ["top_p: None → 0.9"]

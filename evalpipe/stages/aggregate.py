@@ -97,9 +97,9 @@ def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str
             continue
         (first_run, first), *rest = seen.items()
         for k, fp in rest:
-            if fp != first:
-                changes = "; ".join(manifest.differences(first, fp))
-                out.append(f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({changes})")
+            changes = manifest.differences(first, fp)
+            if changes:
+                out.append(f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})")
     return out
 
 

@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     fingerprint = manifest.fingerprint(
         args,
         {"dataset_sha256": data_sha, "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
-         "extra_body": endpoint.extra_body},
+         "request_extra_body": endpoint.extra_body},
     )
 
     with lock.exclusive(output):

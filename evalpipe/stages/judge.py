@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     fingerprint = None  # a rule judge: nothing about the judge to keep apart
     if uses_llm:
         fingerprint = manifest.fingerprint(
-            args, {"prompt_sha256": manifest.sha256_texts(prompts), "extra_body": endpoint.extra_body}, _NOT_IN_FINGERPRINT
+            args, {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}, _NOT_IN_FINGERPRINT
         )
 
     with lock.exclusive(output):
