@@ -31,11 +31,6 @@ MAX_BYTES = 200 * 1024 * 1024
 Work = Callable[[object, object], Awaitable[dict | None]]
 
 
-def request_body(endpoint: Endpoint, messages: list[dict]) -> dict:
-    """The chat request body an online call sends: model, messages, parameters, provider fields."""
-    return {"model": endpoint.model, "messages": messages, **endpoint.params, **endpoint.extra_body}
-
-
 def custom_id(task_id, body: dict) -> str:
     digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     return f"{task_id}~{digest}"
@@ -53,7 +48,7 @@ class CapturingClient:
         self.endpoint, self.task_id = endpoint, task_id
 
     async def complete(self, messages: list[dict]) -> Completion:
-        body = request_body(self.endpoint, messages)
+        body = self.endpoint.request_body(messages)
         raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
 
 
@@ -148,7 +143,7 @@ class ReplayClient:
     async def complete(self, messages: list[dict]) -> Completion:
         from openai.types.chat import ChatCompletion
 
-        row = self.results.get(custom_id(self.task_id, request_body(self.endpoint, messages)))
+        row = self.results.get(custom_id(self.task_id, self.endpoint.request_body(messages)))
         if row is None:
             raise NotInBatch()
         response = row.get("response") or {}

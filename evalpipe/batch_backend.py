@@ -24,7 +24,7 @@ from typing import Callable
 
 import orjson
 
-from . import batch, cli, jsonl, redact
+from . import batch, cli, jsonl
 from .checkpoint import StepCache
 from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused
 from .llm import Endpoint, describe
@@ -80,13 +80,7 @@ def refuse_other_engines(output: Path, in_batches: list[dict], args) -> None:
 def _client(endpoint: Endpoint, args):
     import openai
 
-    key = endpoint.api_key
-    if not key:
-        if endpoint.base_url is None:
-            raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-        key = "no-key"
-    redact.register(key)
-    return openai.OpenAI(api_key=key, base_url=endpoint.base_url, timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
+    return openai.OpenAI(api_key=endpoint.key(), base_url=endpoint.base_url, timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
 
 
 def advance(

@@ -57,6 +57,21 @@ class Endpoint:
     params: dict[str, Any] = field(default_factory=dict)  # request body fields
     extra_body: dict[str, Any] = field(default_factory=dict)  # provider-specific fields
 
+    def key(self) -> str:
+        """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
+        key = self.api_key
+        if not key:
+            if self.base_url is None:
+                raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
+            key = "no-key"
+        redact.register(key)
+        return key
+
+    def request_body(self, messages: list[dict]) -> dict:
+        """The chat request body a call sends (ChatClient hands the same fields to the SDK): model,
+        messages, generation parameters and provider-specific fields."""
+        return {"model": self.model, "messages": messages, **self.params, **self.extra_body}
+
     @property
     def host(self) -> str:
         """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
@@ -141,14 +156,8 @@ class ChatClient:
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None):
         self.endpoint = endpoint
         self.limit = limit
-        key = endpoint.api_key
-        if not key:
-            if endpoint.base_url is None:
-                raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-            key = "no-key"  # local servers (vLLM, llama.cpp) accept any key
-        redact.register(key)
         self._client = openai.AsyncOpenAI(
-            api_key=key,
+            api_key=endpoint.key(),
             base_url=endpoint.base_url,
             timeout=endpoint.timeout,
             max_retries=0,
