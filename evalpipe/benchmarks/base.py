@@ -132,7 +132,8 @@ class Benchmark:
         return []
 
     def api_calls(self, row: dict):
-        """(stage, model, usage, latency_s, calls, via_batch) for every API call recorded in a judge row."""
+        """(stage, model, usage, latency_s, calls, via_batch) for every API call recorded in a judge row
+        (or an error-analysis row)."""
         get = row.get  # called once per row of a run (millions): plain lookups, a list, no generator
         out = []
         calls, batch = get("calls"), bool(get("batch"))
@@ -144,6 +145,9 @@ class Benchmark:
         if "judge_usage" in row or "judge_latency_s" in row:
             out.append(("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"), get("judge_attempts", 1),
                         bool(get("judge_batch"))))
+        if "analysis_model" in row:
+            out.append(("error_analysis", get("analysis_model"), get("analysis_usage"), get("analysis_latency_s"),
+                        get("analysis_attempts", 1), bool(get("analysis_batch"))))
         return out
 
 

@@ -69,22 +69,19 @@ def main(argv: list[str]) -> int:
     judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = bench.metrics(tasks, judged)
-    ledger = cost.Ledger()
     selected = {t.id for t in tasks}
-    for task_id, row in judged.items():
-        if task_id in selected:
-            for call in bench.api_calls(row):
-                ledger.add(*call)
+    accounted = [judged]
     analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name) if bench.error_analysis_name else None
     if analysis_path is not None and analysis_path.exists():
         analyses = jsonl.latest_rows(analysis_path, row_id)
         metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
-        for task_id, row in analyses.items():
-            if task_id in selected and "analysis_model" in row:
-                ledger.add(
-                    "error_analysis", row["analysis_model"], row.get("analysis_usage"),
-                    row.get("analysis_latency_s"), row.get("analysis_attempts", 1), bool(row.get("analysis_batch")),
-                )
+        accounted.append(analyses)
+    ledger = cost.Ledger()
+    for rows in accounted:
+        for task_id, row in rows.items():
+            if task_id in selected:
+                for call in bench.api_calls(row):
+                    ledger.add(*call)
     metrics["cost"] = ledger.summary(prices)
     provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []
     metrics["coverage"]["to_rejudge"] = len(set(provisional) & selected)
