@@ -102,11 +102,14 @@ def advance(
     state = State(output)
     deadline = time.monotonic() + args.batch_wait
     wait = args.batch_poll
+    changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     try:
         while True:
-            _collect(label, client, state, pending_now, work, endpoint, output, args, current)
-            batch.import_files(label, pending_now(), work, endpoint, [], output, args, current() if current else None)
-            _submit(label, client, state, pending_now(), work, endpoint, output, args)
+            changed |= _collect(label, client, state, pending_now, work, endpoint, output, args, current)
+            if changed:
+                batch.import_files(label, pending_now(), work, endpoint, [], output, args, current() if current else None)
+                _submit(label, client, state, pending_now(), work, endpoint, output, args)
+                changed = False
             running = state.open_batches()
             if not running or time.monotonic() + wait > deadline:
                 break
@@ -133,12 +136,14 @@ def advance(
     return EXIT_OK
 
 
-def _collect(label, client, state: State, pending_now, work, endpoint, output, args, current) -> None:
-    """Retrieve open batches; download and import finished ones."""
+def _collect(label, client, state: State, pending_now, work, endpoint, output, args, current) -> bool:
+    """Retrieve open batches; download and import finished ones. True if one finished."""
+    finished = False
     for entry in state.open_batches():
         if "id" not in entry and not _adopt(client, entry):
             state.batches.remove(entry)  # uploaded, but no batch was ever created: nothing to wait for
             state.save()
+            finished = True  # its requests are free to be submitted again
             continue
         info = client.batches.retrieve(entry["id"])
         entry["status"] = info.status
@@ -170,6 +175,8 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
             _sync(StepCache.path_for(output))  # imported steps reach the disk before the batch counts as imported
         entry["imported"] = True
         state.save()
+        finished = True
+    return finished
 
 
 def _sync(path: Path) -> None:
