@@ -1,6 +1,12 @@
-"""`make report`: aggregate every benchmark found under outputs/ and index them in outputs/report.md."""
+"""`make report`: aggregate every benchmark found under outputs/ and index them in outputs/report.md.
+
+A results root is the outputs folder itself or any folder below it (up to MAX_DEPTH levels down,
+e.g. outputs/demo/ of `make demo`) that holds <bench>/<model>/run-<K>/score.json for a registered
+benchmark. Each (root, benchmark) is aggregated in place and gets a section of report.md.
+"""
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -9,28 +15,73 @@ from .errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from .paths import DEFAULT_ROOT
 from .stages import aggregate
 
+MAX_DEPTH = 3  # outputs/a/b/c is the deepest root looked at
+_RUN_DIR = re.compile(r"run-\d+$")
+
+
+def benches_in(root: Path) -> list[str]:
+    """The registered benchmarks with a score.json under root/<bench>/<model>/run-<K>/."""
+    return [name for name in benchmarks.REGISTRY
+            if any(_RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))]
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """Folders that may hold results roots: no symlinks, hidden folders or run folders."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "run-"))]
+
+
+def find_results(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
+    """(root, its benchmarks) for every results root at or below outputs_dir: the top first, then by path."""
+    found, pending = [], [(outputs_dir, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        present = benches_in(folder)
+        if present:
+            found.append((folder, present))
+        if depth < MAX_DEPTH:
+            # a root's benchmark folders hold model folders, not further roots
+            pending += [(sub, depth + 1) for sub in _subfolders(folder) if sub.name not in present]
+    return sorted(found, key=lambda item: item[0].relative_to(outputs_dir).parts)
+
+
+def section(outputs_dir: Path, root: Path, bench: str) -> str:
+    """report.md's section for one benchmark of one root: its aggregate.md (headings one level down) and links."""
+    where = root.relative_to(outputs_dir)
+    title = " / ".join((*where.parts, bench))
+    link = (where / bench).as_posix()  # relative to report.md, which sits in outputs_dir
+    bench_dir = root / bench
+    table = (bench_dir / "aggregate.md").read_text(encoding="utf-8")
+    table = re.sub(r"^## ", "### ", table, flags=re.MULTILINE)
+    images = sorted(p.name for p in bench_dir.glob("aggregate*.png"))
+    text = f"## {title}\n\n{table}"
+    text += "".join(f"\n![{title} {image}]({link}/{image})\n" for image in images)
+    text += f"\nAlso: [CSV]({link}/aggregate.csv) · [JSON]({link}/aggregate.json) · [LaTeX]({link}/aggregate.tex)\n"
+    return text
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m evalpipe.leaderboard", description=__doc__)
     parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--std", choices=("sample", "population"), default="sample")
     args = parser.parse_args(argv)
-    present = [name for name in benchmarks.REGISTRY if any((args.outputs_dir / name).glob("*/run-*/score.json"))]
-    if not present:
-        raise BadInput(f"no score.json under {args.outputs_dir}/<bench>/*/run-*/ (run make infer judge score first)")
+    results = find_results(args.outputs_dir)
+    if not results:
+        raise BadInput(f"no <bench>/<model>/run-<K>/score.json in {args.outputs_dir} or up to {MAX_DEPTH} folder levels "
+                       "below it (run make infer judge score first)")
     sections, code = [], EXIT_OK
-    for name in present:
-        print(f"report: {name}", file=sys.stderr)
-        rc = cli.run_stage("aggregate", aggregate.main, ["--bench", name, "--outputs-dir", str(args.outputs_dir), "--std", args.std])
-        if rc not in (EXIT_OK, EXIT_INCOMPLETE):
-            return rc
-        code = max(code, rc)
-        bench_dir = args.outputs_dir / name
-        section = (bench_dir / "aggregate.md").read_text(encoding="utf-8")
-        images = sorted(p.name for p in bench_dir.glob("aggregate*.png"))
-        section += "".join(f"\n![{name} {image}]({name}/{image})\n" for image in images)
-        section += f"\nAlso: [CSV]({name}/aggregate.csv) · [JSON]({name}/aggregate.json) · [LaTeX]({name}/aggregate.tex)\n"
-        sections.append(section)
+    for root, present in results:
+        for name in present:
+            print(f"report: {root / name}", file=sys.stderr)
+            rc = cli.run_stage("aggregate", aggregate.main,
+                               ["--bench", name, "--outputs-dir", str(root), "--std", args.std])
+            if rc not in (EXIT_OK, EXIT_INCOMPLETE):
+                return rc
+            code = max(code, rc)
+            sections.append(section(args.outputs_dir, root, name))
     out = args.outputs_dir / "report.md"
     jsonl.atomic_write(out, ("# Results\n\n" + "\n".join(sections)).encode())
     print(f"report: wrote {out}", file=sys.stderr)
