@@ -46,6 +46,7 @@ class Benchmark:
     default_data: Path | None = None
     judge_uses_llm: bool = False
     aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
+    flag_note: str = ""  # printed under the aggregate table when flagged() marked a model: what the † means
     score_fields: tuple[str, ...] = ()  # what metrics() and is_provisional() read of a judge row
     has_provisional: bool = False  # whether is_provisional() can ever be true
     error_analysis_name: str | None = None  # set when failed solutions can be classified (judge.py --error-analysis)
@@ -98,6 +99,10 @@ class Benchmark:
     def format_metrics(self, metrics: dict) -> str:
         """A human-readable table of one run's metrics."""
         raise NotImplementedError
+
+    def flagged(self, runs: list[dict]) -> bool:
+        """Whether aggregate marks a model's headline figure with a † (flag_note says why), from its runs' metrics."""
+        return False
 
     # ---- optional: error types of failed solutions (benchmarks with an error_analysis_name)
 

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .. import jsonl
+from .. import jsonl, stats
 from ..errors import BadInput
 from ..paths import PROJECT
 from .base import Benchmark, Task, answer_into
@@ -111,6 +111,12 @@ def load_rows(path: Path) -> list[tuple[int, dict]]:
     return list(jsonl.iter_rows(path))
 
 
+def answered_share(metrics: dict) -> float | None:
+    """Parsed answers / selected tasks (None when a score.json does not tell)."""
+    confusion, expected = metrics.get("confusion"), metrics.get("coverage", {}).get("expected")
+    return sum(confusion.values()) / expected if confusion and expected else None
+
+
 class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
@@ -118,7 +124,12 @@ class CoinFlip(Benchmark):
     score_fields = ("prediction",)
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
-        "selected tasks, with unparsed and missing answers counted as wrong."
+        "selected tasks, with unparsed and missing answers counted as wrong. Answered is the share of selected tasks "
+        "with a parsed YES or NO."
+    )
+    flag_note = (
+        "† Most answers unparsed (Answered below 50% on average over runs): F1 covers only the parsed answers, "
+        "so it can be high while the model mostly fails to answer; read it with Answered and Accuracy."
     )
 
     def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -231,13 +242,19 @@ class CoinFlip(Benchmark):
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:
-        return {"F1": metrics["f1"], "Accuracy": metrics["accuracy"], "Precision": metrics["precision"],
-                "Recall": metrics["recall"], "YES ratio": metrics["yes_ratio"]}
+        return {"F1": metrics["f1"], "Answered": answered_share(metrics), "Accuracy": metrics["accuracy"],
+                "Precision": metrics["precision"], "Recall": metrics["recall"], "YES ratio": metrics["yes_ratio"]}
+
+    def flagged(self, runs: list[dict]) -> bool:
+        shares = [s for s in map(answered_share, runs) if s is not None]
+        return bool(shares) and sum(shares) / len(shares) < 0.5
 
     def format_metrics(self, metrics: dict) -> str:
         cov, c = metrics["coverage"], metrics["confusion"]
         lines = [f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
                  f"{metrics['unparsed']} unparsed (both count as wrong)"]
-        lines += [f"  {name:10} {100 * value:6.1f}" for name, value in self.headline(metrics).items()]
+        lines += [f"  {name:10} {stats.pct(value):>6}" for name, value in self.headline(metrics).items()]
+        if self.flagged([metrics]):
+            lines.append("  most answers unparsed: F1 covers only the parsed ones")
         lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")
         return "\n".join(lines)

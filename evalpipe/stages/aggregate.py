@@ -18,6 +18,7 @@ from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 MAIN = "main"  # the key of the headline table among a model's tables
+FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
 CI_NOTE = (
     "95% interval: mean ± t(n − 1) · s/√n over the runs (Student's t, sample std s; run-to-run variation only, "
     "not the choice of tasks; not clipped)."
@@ -145,6 +146,7 @@ def summarize(bench: Benchmark, found: list[dict]) -> list[dict]:
                 "model": entry["model"],
                 "runs": list(entry["runs"]),
                 "figures": _figures([bench.headline(m) for m in runs]),
+                "flagged": bench.flagged(runs),
                 "extra_tables": {title: _figures(values) for title, values in extra.items()},
                 "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
                 "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
@@ -183,6 +185,15 @@ def _table(models: list[dict], get_figures, std_kind: str) -> tuple[list[str], l
     return names, md_rows, csv_rows, tex_rows
 
 
+def _mark_flagged(bench: Benchmark, models: list[dict], md_rows: list[list], tex_rows: list[list]) -> str:
+    """Put a † beside the headline figure of the models the benchmark flags; the note under the table, or ""."""
+    flagged = [i for i, m in enumerate(models) if m["flagged"]]
+    for i in flagged:
+        md_rows[i][2] += f" {FLAG}"
+        tex_rows[i][2] += FLAG_TEX
+    return bench.flag_note if flagged else ""
+
+
 def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, str, str]:
     """The leaderboard as Markdown, CSV and LaTeX: the headline table, then any extra tables."""
     std_note = "sample std (n − 1)" if std_kind == "sample" else "population std (n)"
@@ -195,7 +206,9 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
         if not names:
             continue
         heading = bench.name if title == MAIN else f"{bench.name}: {title}"
+        flag_note = ""
         if title == MAIN:
+            flag_note = _mark_flagged(bench, models, md_rows, tex_rows)
             first = names[0]
             md_headers = ["Model", "Runs", *names, f"{first} 95% CI", "Cost/run (USD)"]
             for m, row in zip(models, md_rows):
@@ -204,9 +217,12 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
                 row.append("-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}")
         else:
             md_headers = ["Model", "Runs", *names]
-        md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + report.markdown_table(md_headers, md_rows))
+        md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + report.markdown_table(md_headers, md_rows)
+                        + (f"\n{flag_note}\n" if flag_note else ""))
         tex_std = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
         caption = f"{report.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
+        if flag_note:
+            caption += ". " + report.latex_escape(flag_note).replace("†", FLAG_TEX)
         tex_parts.append(report.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
         prefix = "" if title == MAIN else f"{title}: "
         csv_headers += [f"{prefix}{n} {part}" for n in names for part in
