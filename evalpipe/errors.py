@@ -1,10 +1,16 @@
 """Errors a stage can end with, each carrying the exit code a cron job can act on."""
 
+import errno
+from contextlib import contextmanager
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_INCOMPLETE = 3  # some selected tasks are not done yet: rerun the same command
 EXIT_BAD_INPUT = 2  # bad flags or bad input file (argparse also exits 2)
 EXIT_ENDPOINT_REFUSED = 4  # 401/403/404/quota: rerunning will not help until fixed
 EXIT_LOCKED = 5  # another run is writing the same output
+EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: the endpoint never answered (nothing listening, DNS, TLS, no API at that path)
+EXIT_UNWRITABLE = 74  # EX_IOERR: an output cannot be written (disk full, read-only, permission denied)
 EXIT_WAITING = 75  # --backend batch: batches submitted, still waiting (EX_TEMPFAIL: run again later)
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM
 
@@ -35,6 +41,76 @@ class EndpointRefused(StageError):
     """The endpoint refused us for a reason no retry can fix (auth, permission, model, quota)."""
 
     exit_code = EXIT_ENDPOINT_REFUSED
+
+
+class EndpointUnreachable(EndpointRefused):
+    """The endpoint has never answered this run: nothing listens there, the host is unknown, TLS
+    fails, or no OpenAI-compatible API is at that path. Retrying every task would only waste time."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+# OS errors that mean an output cannot be written: no space, then no permission.
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+UNWRITABLE_ERRNOS = NO_SPACE_ERRNOS | {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+class OutputUnwritable(StageError):
+    """An output file or folder cannot be written (disk full, quota, read-only, permission denied).
+
+    `note` is said after the hint (e.g. where the answers that could not be written were kept).
+    """
+
+    exit_code = EXIT_UNWRITABLE
+
+    def __init__(self, path, error: OSError, note: str = ""):
+        super().__init__(path, error)
+        self.path, self.error, self.note = path, error, note
+        self.folder = _nearest_folder(path)
+
+    @property
+    def no_space(self) -> bool:
+        return self.error.errno in NO_SPACE_ERRNOS
+
+    def __str__(self) -> str:
+        if self.no_space:
+            hint = (
+                f"free space on the file system holding {self.folder} (e.g. df -h {self.folder}), "
+                "then rerun the same command: rows already written are kept"
+            )
+        else:
+            hint = (
+                f"the folder {self.folder} is read-only or not writable by this user: fix its permissions "
+                "or choose another output folder (--outputs-dir, make's OUTPUTS=)"
+            )
+        note = f"; {self.note}" if self.note else ""
+        return f"cannot write {self.path}: {self.error.strerror or self.error}; {hint}{note}"
+
+
+def _nearest_folder(path) -> Path:
+    """The closest existing folder above `path`: the one to point df or chmod at."""
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def as_unwritable(exc: OSError, path) -> Exception:
+    """OutputUnwritable naming `path` when `exc` means it cannot be written; else `exc`, naming `path`."""
+    if exc.errno in UNWRITABLE_ERRNOS:
+        return OutputUnwritable(path, exc)
+    if exc.filename is None:
+        exc.filename = str(path)
+    return exc
+
+
+@contextmanager
+def writing(path):
+    """Raise OutputUnwritable naming `path` if the writes in the block fail for want of space or permission."""
+    try:
+        yield
+    except OSError as exc:
+        raise as_unwritable(exc, path) from None
 
 
 class CallFailed(Exception):

@@ -1,10 +1,14 @@
 """JSONL files: tolerant reading of our own outputs, strict reading of inputs, safe writing.
 
-Rows are appended with one write() each and flushed at once, so a process killed at any
-instant leaves at most one torn last line. Readers of our own outputs ignore that line and
-writers cut it off before appending, so the file stays valid JSONL.
+Rows are appended with one write() each, unbuffered, so a process killed at any instant leaves
+at most one torn last line. Readers of our own outputs ignore that line and writers cut it off
+before appending, so the file stays valid JSONL. A write that fails part-way (a full disk) is
+cut back at once, so a row is never left torn in the middle of a file.
+
+Writes that fail for want of space or permission raise OutputUnwritable (errors.py).
 """
 
+import hashlib
 import itertools
 import os
 import sys
@@ -14,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import orjson
 
-from .errors import BadInput
+from .errors import BadInput, OutputUnwritable, as_unwritable, writing
 
 BOM = b"\xef\xbb\xbf"
 
@@ -123,7 +127,7 @@ def repair_tail(path: str | os.PathLike) -> str | None:
     """
     if not os.path.exists(path):
         return None
-    with open(path, "rb+") as f:
+    with writing(path), open(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return None
@@ -156,25 +160,55 @@ def repair_tail(path: str | os.PathLike) -> str | None:
 
 
 class Appender:
-    """Appends rows to one JSONL file, one write and one flush per row."""
+    """Appends rows to one JSONL file (its one writer: see lock.py), one unbuffered write per row.
+
+    A failed append leaves the file as it was before it and raises OutputUnwritable (no space or
+    no permission) or the OSError.
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        note = repair_tail(self.path)
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            note = repair_tail(self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         if note:
             print(f"{self.path}: {note}", file=sys.stderr)
-        self._f = open(self.path, "ab")
+        self._size = os.fstat(self._fd).st_size  # where the last whole row ends
+        self._error: Exception | None = None
 
     def append(self, row: dict) -> None:
-        self._f.write(dumps(row) + b"\n")
-        self._f.flush()
+        data = dumps(row) + b"\n"
+        try:
+            written = os.write(self._fd, data)
+            while written < len(data):  # a short write: the disk filled up within this row
+                written += os.write(self._fd, data[written:])
+        except OSError as exc:
+            raise self._failed(exc) from None
+        self._size += len(data)
+
+    def _failed(self, exc: OSError) -> Exception:
+        """Cut off what a failed append wrote of its row; return the error to raise."""
+        if self._fd < 0:
+            return self._error  # an earlier failure could not be undone: nothing is written any more
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            # appending after the torn row would bury it mid-file; the next run's repair_tail cuts it
+            os.close(self._fd)
+            self._fd = -1
+        self._error = as_unwritable(exc, self.path)
+        return self._error
 
     def close(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            with writing(self.path):
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def __enter__(self):
         return self
@@ -186,7 +220,12 @@ class Appender:
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write a whole file so that readers see the old or the new content, never a mix."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_via_temp_file(path, data)
+
+
+def _write_via_temp_file(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -202,3 +241,43 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def rescue_path(output: str | os.PathLike) -> Path:
+    """Where a run keeps the rows it could not append to `output`: outside the output's folder
+    (often on the full disk), one file per output."""
+    key = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "evalpipe-rescue" / f"{key}.jsonl"
+
+
+def open_rescue(output: str | os.PathLike) -> Appender:
+    folder = rescue_path(output).parent
+    try:
+        folder.mkdir()
+        os.chmod(folder, 0o1777)  # shared like /tmp itself: every user's runs keep rows here
+    except FileExistsError:
+        pass
+    return Appender(rescue_path(output))
+
+
+def recover_rescued(output: str | os.PathLike) -> int:
+    """Append the rows an earlier run kept in the rescue file to `output`, then delete that file.
+
+    Returns how many rows were recovered. Call it holding the output's lock, before reading the output.
+    """
+    rescue = rescue_path(output)
+    if not rescue.exists():
+        return 0
+    if rescue.stat().st_uid != os.geteuid():
+        print(f"{output}: ignoring {rescue}: it belongs to another user", file=sys.stderr)
+        return 0
+    rows = [row for _, row in iter_rows(rescue, torn_tail_ok=True)]
+    with Appender(output) as out:
+        for i, row in enumerate(rows):
+            try:
+                out.append(row)
+            except OutputUnwritable:
+                atomic_write(rescue, b"".join(dumps(r) + b"\n" for r in rows[i:]))  # no row twice next time
+                raise
+    os.unlink(rescue)
+    return len(rows)

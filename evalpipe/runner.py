@@ -3,7 +3,8 @@
 pending = selected − done is computed by the stage; this loop calls `work` on each pending
 task with at most `workers` calls in flight, appends each finished row at once (one writer:
 the event loop), records failures in a side file, shows progress, and stops cleanly on
-SIGINT/SIGTERM or when the endpoint refuses us.
+SIGINT/SIGTERM, when the endpoint refuses us, or when the output cannot be written (disk full,
+read-only): then the rows still finishing are kept in a rescue file for the next run.
 """
 
 import asyncio
@@ -17,7 +18,7 @@ from typing import Awaitable, Callable, Iterable
 from tqdm import tqdm
 
 from . import jsonl
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
 from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 
@@ -30,6 +31,9 @@ class RunSummary:
     skipped: int = 0
     interrupted: bool = False
     refused: EndpointRefused | None = None
+    unwritable: OutputUnwritable | None = None  # the first write that failed for want of space or permission
+    rescued: int = 0  # finished rows the output could not take, kept in the rescue file
+    lost: int = 0  # finished rows neither the output nor the rescue file could take
     elapsed_s: float = 0.0
     first_errors: list[str] = field(default_factory=list)
 
@@ -75,6 +79,39 @@ class _Progress:
             self.bar.close()
 
 
+class _Rescue:
+    """Finished rows the output could not take, kept in jsonl.rescue_path(output) for the next run."""
+
+    def __init__(self, output: Path, summary: RunSummary):
+        self.output, self.summary = output, summary
+        self._file: jsonl.Appender | None = None
+
+    def keep(self, row: dict) -> None:
+        try:
+            if self._file is None:
+                self._file = jsonl.open_rescue(self.output)
+            self._file.append(row)
+        except (OutputUnwritable, OSError):
+            self.summary.lost += 1
+        else:
+            self.summary.rescued += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except (OutputUnwritable, OSError):
+                pass  # the rows are in the file; only their fsync failed
+
+    def note(self) -> str:
+        path, parts = jsonl.rescue_path(self.output), []
+        if self.summary.rescued:
+            parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
+        if self.summary.lost:
+            parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
+        return "; ".join(parts)
+
+
 async def run(
     tasks: Iterable,
     total: int,
@@ -87,7 +124,11 @@ async def run(
     log_every_s: float = 30.0,
     progress: str = "auto",
 ) -> RunSummary:
-    """Run `work(task)` for every task; each task has `.id`. Returns what happened."""
+    """Run `work(task)` for every task; each task has `.id`. Returns what happened.
+
+    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file
+    could not be written.
+    """
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
     if total == 0:
@@ -96,18 +137,43 @@ async def run(
     stop = asyncio.Event()
     progress = _Progress(label, total, log_every_s, progress)
     failures = None
+    rescue = _Rescue(output, summary)
     started = time.monotonic()
+
+    def stop_writing(exc: OutputUnwritable) -> None:
+        """As on SIGINT: no new calls; the calls in flight get the grace period."""
+        if summary.unwritable is None:
+            summary.unwritable = exc
+            print(
+                f"{label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
+                f"waiting up to {grace_s:g}s for calls in flight",
+                file=sys.stderr,
+                flush=True,
+            )
+        stop.set()
 
     def record_failure(task, error: str) -> None:
         nonlocal failures
-        if failures is None:
-            failures = jsonl.Appender(failures_path(output))
-        failures.append({"idx": task.id, "stage": label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         summary.failed += 1
         if len(summary.first_errors) < 3:
             summary.first_errors.append(f"{task.id}: {error}")
+        try:
+            if failures is None:
+                failures = jsonl.Appender(failures_path(output))
+            failures.append({"idx": task.id, "stage": label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        except OutputUnwritable as exc:
+            stop_writing(exc)  # the task stays pending all the same: the next run retries it
 
     with jsonl.Appender(output) as out:
+
+        def write(row: dict) -> None:
+            try:
+                out.append(row)
+            except OutputUnwritable as exc:
+                stop_writing(exc)
+                rescue.keep(row)
+            else:
+                summary.written += 1
 
         async def worker() -> None:
             for task in queue:
@@ -120,12 +186,14 @@ async def run(
                     summary.refused = summary.refused or exc
                     stop.set()
                     return
+                except OutputUnwritable as exc:  # a side file of the work, such as the step cache
+                    stop_writing(exc)
+                    return
                 else:
                     if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
                         summary.skipped += 1
                     else:
-                        out.append(row)
-                        summary.written += 1
+                        write(row)
                     progress.update()
                 if stop.is_set():
                     return
@@ -164,9 +232,14 @@ async def run(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             progress.close()
+            rescue.close()
             if failures is not None:
                 failures.close()
     summary.elapsed_s = time.monotonic() - started
+    if summary.unwritable is not None:
+        _print_counts(label, summary)
+        summary.unwritable.note = rescue.note()
+        raise summary.unwritable
     return summary
 
 
@@ -200,16 +273,23 @@ async def run_with_client(
             await client.aclose()
 
 
-def finish(stage: str, summary: RunSummary, output: Path) -> int:
-    """Print what a run did and return its exit code (raise EndpointRefused if refused)."""
+def _print_counts(stage: str, summary: RunSummary) -> None:
     rate = summary.written / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
+    unwritten = summary.rescued + summary.lost
     print(
-        f"{stage}: wrote {summary.written} rows, {summary.failed} failed, "
+        f"{stage}: wrote {summary.written} rows, "
+        + (f"{unwritten} finished but not written, " if unwritten else "")
+        + f"{summary.failed} failed, "
         + (f"{summary.skipped} not in the batch files, " if summary.skipped else "")
-        + f"{summary.pending - summary.written - summary.failed - summary.skipped} not attempted, "
+        + f"{summary.pending - summary.written - unwritten - summary.failed - summary.skipped} not attempted, "
         f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)",
         file=sys.stderr,
     )
+
+
+def finish(stage: str, summary: RunSummary, output: Path) -> int:
+    """Print what a run did and return its exit code (raise EndpointRefused if refused)."""
+    _print_counts(stage, summary)
     for line in summary.first_errors:
         print(f"{stage}: failed: {line}", file=sys.stderr)
     if summary.failed:
