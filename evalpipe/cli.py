@@ -6,11 +6,12 @@ import os
 import signal
 import sys
 import traceback
+import urllib.parse
 from pathlib import Path
 from typing import Callable
 
 from . import benchmarks, redact
-from .errors import EXIT_INTERRUPTED, BadInput, StageError
+from .errors import EXIT_INTERRUPTED, UNWRITABLE_ERRNOS, BadInput, OutputUnwritable, StageError
 from .paths import DEFAULT_ROOT
 
 
@@ -20,14 +21,21 @@ def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | Non
     try:
         return main(sys.argv[1:] if argv is None else argv)
     except StageError as exc:
-        print(f"{name}: error: {redact.redact(str(exc))}", file=sys.stderr)
-        return exc.exit_code
+        return _error_line(name, exc)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None:
+            # a write no library code wrapped (e.g. a plot): the same line as the wrapped ones
+            return _error_line(name, OutputUnwritable(exc.filename, exc))
         print(redact.redact(traceback.format_exc()), file=sys.stderr, end="")
         return 1
+
+
+def _error_line(stage: str, exc: StageError) -> int:
+    print(f"{stage}: error: {redact.redact(str(exc))}", file=sys.stderr)
+    return exc.exit_code
 
 
 def sigterm_as_interrupt() -> None:
@@ -47,26 +55,65 @@ def parser_for(
     *,
     per_run: bool = True,
 ):
-    """Parse argv in two passes: --bench first, then the full flag set including the benchmark's own."""
+    """Parse argv in two passes: --bench first, then the full flag set including the benchmark's own.
+    Without --bench, --help also lists every other benchmark's own flags (they still parse only with it)."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--bench", default="clbench")
+    pre.add_argument("--bench")
     known, _ = pre.parse_known_args(argv)
-    if known.bench not in benchmarks.REGISTRY:
-        raise BadInput(f"unknown benchmark {known.bench!r}; choose from {', '.join(benchmarks.REGISTRY)}")
-    bench = benchmarks.get(known.bench)
+    name = "clbench" if known.bench is None else known.bench
+    if name not in benchmarks.REGISTRY:
+        raise BadInput(f"unknown benchmark {name!r}; choose from {', '.join(benchmarks.REGISTRY)}")
+    bench = benchmarks.get(name)
+
+    def build(for_bench: benchmarks.Benchmark) -> argparse.ArgumentParser:
+        return _stage_parser(stage, description, add_args, for_bench, per_run)
+
+    parser = build(bench)
+    if known.bench is None:
+        parser.format_help = lambda: _help_with_other_benchmarks(build, bench)  # what -h prints; parsing is unchanged
+    args = parser.parse_args(argv)
+    if per_run and args.run < 1:
+        parser.error("--run must be 1 or more")
+    bench.configure(args)
+    return bench, args
+
+
+def _stage_parser(
+    stage: str,
+    description: str,
+    add_args: Callable[[argparse.ArgumentParser, benchmarks.Benchmark], None],
+    bench: benchmarks.Benchmark,
+    per_run: bool,
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{stage}.py", description=description)
     parser.add_argument(
         "--bench", default="clbench", choices=list(benchmarks.REGISTRY), help="benchmark (default: clbench)"
     )
     if per_run:
         parser.add_argument("--run", type=int, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)")
+        parser.add_argument(
+            "--label",
+            help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
+            "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
+        )
     parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)")
     add_args(parser, bench)
-    args = parser.parse_args(argv)
-    if per_run and args.run < 1:
-        parser.error("--run must be 1 or more")
-    bench.configure(args)
-    return bench, args
+    return parser
+
+
+def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse.ArgumentParser], bench) -> str:
+    """The --help text of `bench`'s parser plus, in a group each, the flags only another benchmark adds."""
+    shown = build(bench)
+    common = set(build(benchmarks.Benchmark())._option_string_actions)  # the flags every benchmark has
+    for name, other in benchmarks.REGISTRY.items():
+        if name == bench.name:
+            continue
+        own = [a for a in build(other())._actions if a.option_strings and common.isdisjoint(a.option_strings)]
+        if own:
+            group = shown.add_argument_group(f"{name} options (with --bench {name})")
+            # listed only (this parser never parses): add_argument would clash on a flag two benchmarks share
+            group._group_actions.extend(own)
+    return shown.format_help()
 
 
 def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: int | None = None) -> None:
@@ -104,7 +151,7 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="print how many calls the pending tasks need and an estimate of their tokens and cost; send nothing",
     )
     g.add_argument("--prices", type=Path, help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)")
-    b = parser.add_argument_group("batch engines (see README: online, export/import, Batch API)")
+    b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
     b.add_argument("--export-batch", type=Path, metavar="FILE",
                    help="write the next call of every pending task as OpenAI batch request lines and exit")
     b.add_argument("--import-batch", type=Path, nargs="+", metavar="FILE",
@@ -143,12 +190,12 @@ def _extra_body(text: str | None) -> dict:
 
 
 def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "OPENAI"):
-    """An llm.Endpoint: flags first, then <PREFIX>_API_KEY / <PREFIX>_BASE_URL, then OPENAI_*."""
+    """An llm.Endpoint: flags first, then <PREFIX>_API_KEY / <PREFIX>_BASE_URL, then OPENAI_* (each on its own).
+
+    A key from <P>_API_KEY belongs to <P>_BASE_URL's origin (OpenAI's when unset) and is never sent
+    elsewhere: an endpoint on another origin is refused (BadInput) before any request. A key given
+    with --api-key goes where the user points it."""
     from .llm import Endpoint  # here, so that score and aggregate never load the openai SDK
-
-
-    def env(name: str) -> str | None:
-        return os.environ.get(f"{env_prefix}_{name}") or os.environ.get(f"OPENAI_{name}") or None
 
     params = {}
     for flag, field in (("temperature", "temperature"), ("top_p", "top_p"), ("reasoning_effort", "reasoning_effort")):
@@ -158,10 +205,13 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
         params[args.max_tokens_param] = args.max_tokens
     if args.workers < 1:
         raise BadInput("--workers must be 1 or more")
+    prefixes = list(dict.fromkeys((env_prefix, "OPENAI")))
+    base_url, base_url_source = _base_url(args, prefixes)
+    url = base_url or Endpoint.OPENAI_URL
     return Endpoint(
         model=model,
-        base_url=args.base_url or env("BASE_URL"),
-        api_key=args.api_key or env("API_KEY"),
+        base_url=base_url,
+        api_key=_api_key(args, prefixes, url, base_url_source),
         timeout=args.timeout,
         max_retries=max(0, args.max_retries),
         max_retry_seconds=args.max_retry_seconds,
@@ -169,4 +219,91 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
         backoff_max=args.backoff_max,
         params=params,
         extra_body=_extra_body(args.extra_body),
+        base_url_source=base_url_source,
+        headers=_sdk_environment_headers(url, base_url_source),
     )
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def _base_url(args: argparse.Namespace, prefixes: list[str]) -> tuple[str | None, str]:
+    """The endpoint URL (None: OpenAI's) and where it came from."""
+    if args.base_url:
+        return args.base_url, "--base-url"
+    for prefix in prefixes:
+        if url := _env(f"{prefix}_BASE_URL"):
+            return url, f"{prefix}_BASE_URL"
+    return None, "the default (OpenAI)"
+
+
+def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source: str) -> str | None:
+    """--api-key as given; else the first <P>_API_KEY set, if `url` is on the origin that key belongs to."""
+    if args.api_key:
+        return args.api_key
+    for prefix in prefixes:
+        key = _env(f"{prefix}_API_KEY")
+        if key:
+            home = _key_home(prefix)
+            if _origin(url, url_source) != _origin(home, f"{prefix}_BASE_URL"):
+                raise BadInput(_foreign_key_refusal(url, url_source, prefix, home, prefixes))
+            return key
+    return None  # no key anywhere: Endpoint.key() decides (any key for a local server)
+
+
+def _key_home(prefix: str) -> str:
+    """Where a key from <prefix>_API_KEY belongs: <prefix>_BASE_URL, or OpenAI when that is unset."""
+    from .llm import Endpoint
+
+    return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
+
+
+def _shown(url: str) -> str:
+    """A URL fit for a message: without user:password@ or ?query."""
+    from .llm import Endpoint
+
+    return Endpoint(model="", base_url=url).host
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str, source: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port: what a key is bound to (another path on the same server is the same place)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadInput(f"{source} is not a valid URL (bad port)") from None
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+
+
+def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, prefixes: list[str]) -> str:
+    """One line saying which setting to change; names variables and hosts, never the key."""
+    key_var = f"{key_prefix}_API_KEY"
+    if url_source == "--base-url":
+        missing, fix = "", "pass its key with --api-key (any value for a server that needs no key)"
+    elif prefixes.index(url_source.removesuffix("_BASE_URL")) < prefixes.index(key_prefix):
+        wanted = url_source.replace("_BASE_URL", "_API_KEY")  # e.g. JUDGE_BASE_URL set, JUDGE_API_KEY not
+        missing, fix = f" but {wanted} is not set", f"set {wanted} (any value for a server that needs no key) or pass --api-key"
+    else:
+        wanted = f"{key_prefix}_BASE_URL"  # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
+        missing, fix = f" but {wanted} is not set", f"set {wanted} to the endpoint {key_var} is for, or pass --api-key"
+    return (f"{url_source} points to {_shown(url)}{missing}; the key in {key_var} belongs to {_shown(home)} "
+            f"and is not sent to another host: {fix}")
+
+
+def _sdk_environment_headers(url: str, url_source: str) -> dict[str, str | None]:
+    """The headers the openai SDK adds by itself from OPENAI_ORG_ID, OPENAI_PROJECT_ID and
+    OPENAI_CUSTOM_HEADERS: kept where OPENAI_API_KEY belongs, removed (None) anywhere else.
+    An Authorization header there is never sent: the key is the one chosen above."""
+    found = {"OpenAI-Organization": _env("OPENAI_ORG_ID"), "OpenAI-Project": _env("OPENAI_PROJECT_ID")}
+    for line in os.environ.get("OPENAI_CUSTOM_HEADERS", "").split("\n"):
+        name, colon, value = line.partition(":")
+        if colon:
+            found[name.strip()] = value.strip()
+    at_home = _origin(url, url_source) == _origin(_key_home("OPENAI"), "OPENAI_BASE_URL")
+    return {name: value if at_home and value and name.lower() != "authorization" else None
+            for name, value in found.items()}
