@@ -26,8 +26,8 @@ import orjson
 
 from . import batch, cli, jsonl
 from .checkpoint import StepCache
-from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused
-from .llm import Endpoint, describe
+from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
+from .llm import Endpoint, connect_failure, describe
 
 FINISHED = {"completed", "expired", "cancelled", "failed"}
 MAX_SUBMISSIONS = 3  # a request that failed this many batches is left to the user (side file)
@@ -80,7 +80,7 @@ def refuse_other_engines(output: Path, in_batches: list[dict], args) -> None:
 def _client(endpoint: Endpoint, args):
     import openai
 
-    return openai.OpenAI(api_key=endpoint.key(), base_url=endpoint.base_url, timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
+    return openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
 
 
 def advance(
@@ -103,8 +103,10 @@ def advance(
     deadline = time.monotonic() + args.batch_wait
     wait = args.batch_poll
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
+    passes = 0
     try:
         while True:
+            passes += 1
             changed |= _collect(label, client, state, pending_now, work, endpoint, output, args, current)
             if changed:
                 batch.import_files(label, pending_now(), work, endpoint, [], output, args, current() if current else None)
@@ -118,6 +120,11 @@ def advance(
     except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
         raise EndpointRefused(f"the Batch API refused us: {describe(exc)}") from None
     except (openai.APIConnectionError, openai.APIStatusError) as exc:
+        if passes == 1 and connect_failure(exc):
+            raise EndpointUnreachable(
+                f"cannot reach the Batch API at {endpoint.host}: {connect_failure(exc)}; "
+                f"is {endpoint.base_url_source} right? (the batch state is saved)"
+            ) from None
         status = getattr(exc, "status_code", None)
         if status is not None and status < 500 and status not in (408, 409, 429):
             raise BadInput(f"the Batch API rejected a request: {describe(exc)}") from None

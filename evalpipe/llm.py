@@ -9,11 +9,16 @@ The SDK's own retries are turned off; this module decides what is retried:
   other 400/422  CallFailed at once (not retried in this run, retried next run)
   401/403/404, 429 insufficient_quota
                  EndpointRefused: the whole run stops
+  no connection, while the endpoint has not answered once in this run (refused, unknown host,
+  TLS failure, connect timeout), or 404 with no mention of a model (no API at that path)
+                 EndpointUnreachable after a few quick tries: the whole run stops in seconds
 Retries are capped in count (max_retries; 429s do not count, the server asked us to wait) and
 in total time (max_retry_seconds).
 """
 
 import email.utils
+import socket
+import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -23,7 +28,7 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from . import redact
-from .errors import BadInput, CallFailed, ContextTooLong, EndpointRefused
+from .errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
 from .limiter import AdaptiveLimit
 
 _CONTEXT_LENGTH_HINTS = (
@@ -38,6 +43,8 @@ _CONTEXT_LENGTH_HINTS = (
 )
 _RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
+UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
 
 
 class MalformedReply(Exception):
@@ -56,6 +63,23 @@ class Endpoint:
     backoff_max: float = 60.0
     params: dict[str, Any] = field(default_factory=dict)  # request body fields
     extra_body: dict[str, Any] = field(default_factory=dict)  # provider-specific fields
+    base_url_source: str = "--base-url"  # where base_url came from (a flag or an environment variable), for messages
+    # HTTP headers by name, None: never sent (the SDK would otherwise add OPENAI_ORG_ID etc. by itself)
+    headers: dict[str, str | None] = field(default_factory=dict, repr=False)
+
+    OPENAI_URL = "https://api.openai.com/v1"  # not a field: where calls go without a base URL
+
+    @property
+    def url(self) -> str:
+        """The URL calls go to, always given to the SDK (left None, it would read OPENAI_BASE_URL itself)."""
+        return self.base_url or self.OPENAI_URL
+
+    def sdk_options(self) -> dict[str, Any]:
+        """Keyword arguments for openai.OpenAI / AsyncOpenAI that leave it nothing to take from the
+        environment: the URL, the key and the headers are ours, Authorization always the key's."""
+        key = self.key()
+        headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
+        return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
 
     def key(self) -> str:
         """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
@@ -75,7 +99,7 @@ class Endpoint:
     @property
     def host(self) -> str:
         """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
-        parts = urllib.parse.urlsplit(self.base_url or "https://api.openai.com/v1")
+        parts = urllib.parse.urlsplit(self.url)
         return urllib.parse.urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else "")
                                         if parts.hostname else parts.netloc, parts.path, "", ""))
 
@@ -142,6 +166,31 @@ def retry_after_seconds(exc: BaseException) -> float | None:
         return None
 
 
+def connect_failure(exc: BaseException) -> str | None:
+    """Why a call never reached a server (refused, unknown host, TLS, connect timeout), or None
+    when it did (a reset, a read timeout or an HTTP error all mean something answered)."""
+    reason = None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, socket.gaierror):
+            return "unknown host"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS failed ({seen.reason or seen})"
+        name = type(seen).__name__  # the SDK's httpx, whatever its module is called
+        if name == "ConnectTimeout":
+            return f"no connection within {CONNECT_TIMEOUT:g}s"
+        if name == "ConnectError" and reason is None:
+            reason = " ".join(str(seen).split()) or "connection failed"
+        seen = seen.__cause__ or seen.__context__
+    return reason
+
+
+def _mentions_model(exc: BaseException) -> bool:
+    return "model" in f"{_error_code(exc)} {exc}".lower()
+
+
 def describe(exc: BaseException) -> str:
     """A one-line, key-free description of a failed call."""
     status = _status(exc)
@@ -157,17 +206,22 @@ class ChatClient:
         self.endpoint = endpoint
         self.limit = limit
         self._client = openai.AsyncOpenAI(
-            api_key=endpoint.key(),
-            base_url=endpoint.base_url,
-            timeout=endpoint.timeout,
+            **endpoint.sdk_options(),
+            timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
             max_retries=0,
         )
         self._fallback_wait = wait_exponential_jitter(
             multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
         )
+        self.answered = False  # whether the endpoint has sent any HTTP response in this run
+
+    def _unreachable_so_far(self, exc: BaseException | None) -> bool:
+        return not self.answered and exc is not None and connect_failure(exc) is not None
 
     def _wait(self, state) -> float:
         exc = state.outcome.exception()
+        if self._unreachable_so_far(exc):
+            return 0.5 * state.attempt_number  # a server still starting gets a moment, a dead one costs seconds
         hinted = retry_after_seconds(exc) if exc is not None else None
         if hinted is not None:
             return min(hinted, MAX_RETRY_AFTER)
@@ -187,12 +241,17 @@ class ChatClient:
             return response
 
     async def _request(self, messages: list[dict]) -> Any:
-        response = await self._client.chat.completions.create(
-            model=self.endpoint.model,
-            messages=messages,
-            extra_body=self.endpoint.extra_body or None,
-            **self.endpoint.params,
-        )
+        try:
+            response = await self._client.chat.completions.create(
+                model=self.endpoint.model,
+                messages=messages,
+                extra_body=self.endpoint.extra_body or None,
+                **self.endpoint.params,
+            )
+        except openai.APIStatusError as exc:
+            self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
+            raise
+        self.answered = True
         if isinstance(response, str) or not getattr(response, "choices", None):
             raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
         return response
@@ -205,8 +264,12 @@ class ChatClient:
         def give_up(state) -> bool:
             # A 429 is the server asking us to wait, not a failure: only the time cap ends those.
             nonlocal failures
-            if not isinstance(state.outcome.exception(), openai.RateLimitError):
+            exc = state.outcome.exception()
+            if not isinstance(exc, openai.RateLimitError):
                 failures += 1
+            if self._unreachable_so_far(exc) and (attempts >= UNREACHABLE_TRIES
+                                                 or time.monotonic() - started >= CONNECT_TIMEOUT):
+                return True
             return failures > self.endpoint.max_retries or time.monotonic() - started >= self.endpoint.max_retry_seconds
 
         retrying = AsyncRetrying(retry=retry_if_exception(is_retryable), wait=self._wait, stop=give_up, reraise=True)
@@ -219,6 +282,9 @@ class ChatClient:
             status = _status(exc)
             if is_context_length(exc):
                 raise ContextTooLong(describe(exc)) from None
+            unreachable = self._unreachable_error(exc)
+            if unreachable is not None:
+                raise unreachable from None
             if status in (401, 403, 404) or (status == 429 and _error_code(exc) == "insufficient_quota"):
                 raise EndpointRefused(
                     f"{self.endpoint.host} refused model {self.endpoint.model!r}: {describe(exc)}"
@@ -228,6 +294,21 @@ class ChatClient:
                 raise CallFailed(f"{describe(exc)} ({tries})") from None
             raise
         return completion_from(response, round(time.monotonic() - started, 3), attempts)
+
+    def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
+        """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
+        url, source = self.endpoint.host, self.endpoint.base_url_source
+        if self._unreachable_so_far(exc):
+            return EndpointUnreachable(
+                f"cannot reach {url}: {connect_failure(exc)}; "
+                f"is the server running, and is {source} right?"
+            )
+        if _status(exc) == 404 and not _mentions_model(exc):
+            path = urllib.parse.urlsplit(url).path.rstrip("/")
+            hint = (f"the URL may be missing /v1: try {url.rstrip('/')}/v1" if not path.endswith("/v1")
+                    else f"check the path in {source}")
+            return EndpointUnreachable(f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}")
+        return None
 
     async def aclose(self) -> None:
         await self._client.close()

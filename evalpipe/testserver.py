@@ -395,6 +395,9 @@ class FakeOpenAI:
         return request
 
     async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        if not request.path.startswith("/v1/"):  # the API lives under /v1, as on OpenAI and vLLM
+            await self._send(writer, 404, {}, b'{"detail": "Not Found"}', "application/json", 0.0)
+            return True
         if request.method == "GET" and request.path.rstrip("/").endswith("/models"):
             body = json.dumps({"object": "list", "data": [{"id": "test", "object": "model"}]}).encode()
             await self._send(writer, 200, {}, body, "application/json", 0.0)

@@ -31,7 +31,7 @@ def _judge_path(bench: Benchmark, args) -> Path:
         return args.input
     if not args.model:
         raise BadInput("give --input, or --model (and --run) to use the default output layout")
-    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "judge.jsonl"
+    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / "judge.jsonl"
 
 
 def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tuple[list[Task], str]:
@@ -62,7 +62,9 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
     judge_path = _judge_path(bench, args)
     if not judge_path.exists():
-        raise BadInput("no such judge file (run judge first)", judge_path)
+        answered = judge_path.with_name("infer.jsonl").exists()
+        raise BadInput("no such judge file (" + ("run judge first" if answered else "no answers either: run infer, then judge")
+                       + ")", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     prices = cost.load_prices(args.prices)
     fields = bench.score_fields + ACCOUNTING_FIELDS
