@@ -1,57 +1,52 @@
 """`make demo`: the whole pipeline, offline, on a real local model and the bundled samples.
 
-Every stage is the same script a user points at OpenAI or vLLM later; only the endpoint differs.
-To stay within a few minutes on 2 cores the demo caps the answer length, the sample size and the
-number of runs, and gives the judge one attempt per task. (llama.cpp's JSON mode,
+Every stage is the same script a user points at OpenAI or vLLM later, run by the same runner as
+`make infer judge score`; only the endpoint differs. To stay within a few minutes on 2 cores the
+demo caps the answer length, the sample size and the number of runs, and gives the judge one
+attempt per task. (llama.cpp's JSON mode,
 `--extra-body '{"response_format": {"type": "json_object"}}'`, makes the tiny judge parseable
 more often but is about three times slower here.)
 """
 
 import os
-import subprocess
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from . import cli, localmodel
+from . import benchmarks, cli, localmodel, pipeline
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
 from .paths import PROJECT
 
 ROOT = Path("outputs") / "demo"
 RUNS = 2
 
-# What each benchmark runs in the demo: infer flags, judge flags.
+# What each benchmark runs in the demo, as make / pipeline settings.
 PLAN = {
-    "clbench": {
-        "infer": ["--max-samples", "6", "--max-tokens", "64", "--temperature", "0.8"],
-        "judge": ["--max-tokens", "128", "--parse-attempts", "1"],
-    },
-    "coin_flip": {
-        # three worked demos teach even the tiny model the ANSWER line
-        "infer": ["--max-samples", "8", "--fewshot", "3", "--max-tokens", "96", "--temperature", "0.8"],
-        "judge": [],
-    },
+    "clbench": {"MAX_SAMPLES": "6", "ARGS": "--max-tokens 64 --temperature 0.8",
+                "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1"},
+    # three worked demos teach even the tiny model the ANSWER line
+    "coin_flip": {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"},
     # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
-    "error_recovery": {
-        "infer": ["--max-tokens", "32", "--temperature", "0.8"],
-        "judge": [],
-    },
+    "error_recovery": {"ARGS": "--max-tokens 32 --temperature 0.8"},
 }
 ER_SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"
 
 
-def run_child(cmd: list[str], env: dict) -> int:
-    """Run a stage; on Ctrl-C let it stop gracefully (it got the signal too), then stop the demo."""
-    proc = subprocess.Popen(cmd, env=env, cwd=PROJECT)
-    interrupted = False
-    while True:
-        try:
-            code = proc.wait()
-            break
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted or code == 130:
-        raise KeyboardInterrupt
-    return code
+def settings(bench: str) -> dict[str, str]:
+    """The pipeline settings of one benchmark on the local model: one call at a time, short answers."""
+    out = {"BENCH": bench, "MODEL": localmodel.MODEL_NAME, "WORKERS": "1", **PLAN[bench]}
+    if benchmarks.get(bench).judge_uses_llm:
+        out["JUDGE_MODEL"] = localmodel.MODEL_NAME
+    if bench == "error_recovery" and ER_SMALL.exists():
+        out["DATA"] = str(ER_SMALL.relative_to(PROJECT))
+    return out
+
+
+def make_line(bench: str, runs: int = 1) -> str:
+    """The `make` command that runs one benchmark as the demo does, for a user to paste."""
+    words = {**settings(bench), "RUNS": str(runs)}
+    return "make infer judge score " + " ".join(f"{k}={shlex.quote(v)}" for k, v in words.items())
 
 
 def main() -> int:
@@ -62,34 +57,27 @@ def main() -> int:
         "answer lengths so it ends in minutes; a tiny model, so expect poor answers and many judge fallbacks.",
         flush=True,
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_"))}
-    model = localmodel.MODEL_NAME
-    worst = 0
+    for name in [k for k in os.environ if k.startswith(("OPENAI_", "JUDGE_"))]:
+        del os.environ[name]  # the demo talks to its own server only, with no key
+    worst = EXIT_OK
     try:
         with localmodel.server(ROOT / "llama-server.log") as base_url:
-            env["OPENAI_BASE_URL"] = base_url
-            for bench, flags in PLAN.items():
-                common = ["--bench", bench, "--outputs-dir", str(ROOT)]
-                if bench == "error_recovery" and ER_SMALL.exists():
-                    flags = {**flags, "infer": [*flags["infer"], "--input", str(ER_SMALL)]}
-                for run in range(1, RUNS + 1):
-                    steps = [
-                        ("infer", ["--model", model, "--workers", "1", *flags["infer"]]),
-                        ("judge", ["--model", model, "--judge-model", model, "--workers", "1", *flags["judge"]]),
-                        ("score", ["--model", model]),
-                    ]
-                    for script, args in steps:
-                        print(f"\ndemo: {bench} run {run}/{RUNS}: {script}", flush=True)
-                        code = run_child([sys.executable, f"{script}.py", *common, "--run", str(run), *args], env)
-                        if code not in (0, 3):
-                            return code
-                        worst = max(worst, code)
+            os.environ["OPENAI_BASE_URL"] = base_url
+            for bench in PLAN:
+                print(f"\ndemo: {bench}: {make_line(bench, RUNS)}", flush=True)
+                plan = pipeline.Plan(["infer", "judge", "score"], {**settings(bench), "RUNS": str(RUNS), "OUTPUTS": str(ROOT)})
+                code = pipeline.run(plan)
+                if code not in (EXIT_OK, EXIT_INCOMPLETE):
+                    return code
+                worst = max(worst, code)
         print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
-        run_child([sys.executable, "-m", "evalpipe.leaderboard", "--outputs-dir", str(ROOT)], env)
+        code = pipeline.run_command([sys.executable, "-m", "evalpipe.leaderboard", "--outputs-dir", str(ROOT)])
     except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
         print("\ndemo: interrupted; `make demo` again resumes where it stopped", flush=True)
-        return 130
-    print(f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/", flush=True)
+        return code
+    print(f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/ (report: {ROOT}/report.md)", flush=True)
     return worst
 
 

@@ -1,9 +1,13 @@
 """A real model on loopback: Gemma 3 270M behind llama.cpp's OpenAI-compatible server.
 
-`python -m evalpipe.localmodel serve` starts it and prints the OPENAI_BASE_URL to export.
+`python -m evalpipe.localmodel serve [--port N]` (`make serve-local [LOCAL_PORT=N]`) starts it on a
+stable port, 8765 unless told otherwise, so an exported OPENAI_BASE_URL stays valid across restarts,
+and prints the lines to paste.
 """
 
+import argparse
 import contextlib
+import errno
 import os
 import socket
 import subprocess
@@ -15,6 +19,7 @@ from pathlib import Path
 from .cli import sigterm_as_interrupt
 
 MODEL_NAME = "gemma-3-270m"
+SERVE_PORT = 8765
 
 
 def cache_dir() -> Path:
@@ -33,17 +38,24 @@ def model_file() -> Path:
     return gemma.assemble(target)
 
 
-def free_port() -> int:
+def free_port(port: int = 0) -> int:
+    """`port` if nothing listens there yet (0: any free port); SystemExit with one line if taken."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            sys.exit(f"local model: port {port} is in use (another `make serve-local`?); "
+                     "stop it, or pick another port: make serve-local LOCAL_PORT=8766")
         return s.getsockname()[1]
 
 
 @contextlib.contextmanager
-def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
-    """Start the server on a free loopback port, yield its base URL, always stop it."""
+def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port: int = 0):
+    """Start the server on a loopback port (0: a free one), yield its base URL, always stop it."""
     model = model_file()
-    port = free_port()
+    port = free_port(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--chat_format", "gemma", "--n_ctx", str(n_ctx),
@@ -79,11 +91,22 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0):
 
 
 def main() -> None:
-    if sys.argv[1:] != ["serve"]:
-        sys.exit("usage: python -m evalpipe.localmodel serve")
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.localmodel", description=__doc__)
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("--port", type=int, default=SERVE_PORT, help=f"loopback port (default {SERVE_PORT})")
+    args = parser.parse_args()
+    from .demo import PLAN, make_line  # the same settings the demo runs with
+
     sigterm_as_interrupt()
-    with server(Path("outputs") / "local-server.log") as base_url:
-        print(f"\n  export OPENAI_BASE_URL={base_url}\n  model name: {MODEL_NAME} (any name works)\n\nCtrl-C stops it.", flush=True)
+    with server(Path("outputs") / "local-server.log", port=args.port) as base_url:
+        lines = "\n".join(f"  {make_line(bench)}" for bench in PLAN)
+        print(
+            f"\nlocal model: {MODEL_NAME} answers at {base_url} (any model name works, no key needed).\n"
+            f"In another terminal, in this folder:\n\n  export OPENAI_BASE_URL={base_url}\n{lines}\n\n"
+            "The tiny model on 2 cores is fastest with one call at a time and short answers: keep WORKERS=1 and "
+            "the --max-tokens caps.\nCtrl-C stops the server.",
+            flush=True,
+        )
         try:
             while True:
                 time.sleep(3600)

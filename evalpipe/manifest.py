@@ -73,7 +73,12 @@ def read(output: Path) -> dict | None:
 
 
 class Record:
-    """The manifest of one stage invocation: `Record(output, info)` at the start, `.finish(counts)` at the end."""
+    """The manifest of one stage invocation: `Record(output, info)` at the start, `.finish(counts)` at the end.
+
+    A fingerprint that differs from the recorded one (a change let through by --allow-config-change)
+    is recorded only once the invocation has added rows under it: a run that added none changed
+    nothing, and the next run with the old configuration must not be refused for it.
+    """
 
     def __init__(self, output: Path, info: dict):
         self.output = output
@@ -87,9 +92,17 @@ class Record:
             "ended_at": None,
             "counts": None,
         }
+        old, new = previous.get("fingerprint"), info.get("fingerprint")
+        self.new_fingerprint = None
+        if old is not None and new is not None and differences(old, new):
+            self.new_fingerprint, self.info["fingerprint"] = new, old
         self._write()
 
     def finish(self, **counts) -> None:
+        pending = counts.get("pending", 0)
+        added = counts.get("written", 0) or pending - counts.get("still_pending", pending)
+        if self.new_fingerprint is not None and added:
+            self.info["fingerprint"] = self.new_fingerprint
         self.info.update(ended_at=_now(), counts=counts)
         self.history.append({k: self.info[k] for k in ("started_at", "ended_at", "git_commit", "counts")})
         self._write()
@@ -102,7 +115,7 @@ class Record:
 # Flags that change how a run goes, not what its rows are: left out of the fingerprint.
 OPERATIONAL = {
     "api_key", "base_url", "workers", "timeout", "max_retries", "max_retry_seconds", "backoff", "backoff_max",
-    "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "max_samples", "allow_config_change",
+    "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "label", "max_samples", "allow_config_change",
     "dry_run", "prices", "export_batch", "import_batch", "backend", "batch_wait", "batch_poll", "batch_max_requests",
     "batch_max_bytes",
     "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text

@@ -13,8 +13,13 @@ def slug(model: str) -> str:
     return s or "model"
 
 
-def run_dir(root: Path, bench: str, model: str, run: int) -> Path:
-    return root / bench / slug(model) / f"run-{run}"
+def model_dir_name(model: str, label: str | None = None) -> str:
+    """The folder (and leaderboard row) of a model, or of a labelled variant of it: `<model>@<label>`."""
+    return slug(model) + (f"@{slug(label)}" if label else "")
+
+
+def run_dir(root: Path, bench: str, model: str, run: int, label: str | None = None) -> Path:
+    return root / bench / model_dir_name(model, label) / f"run-{run}"
 
 
 def error_analysis_path(judge_path: Path, name: str) -> Path:

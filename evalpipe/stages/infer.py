@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     tasks = bench.load(data)
     tasks = bench.select(tasks, args.max_samples)  # prefix first, then resume, as upstream
     gc.freeze()  # the loaded dataset lives to the end: keep the collector from rescanning it
-    output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / "infer.jsonl"
+    output = args.output or paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / "infer.jsonl"
     endpoint = cli.endpoint_from_args(args, args.model)
 
     data_sha = manifest.sha256_file(Path(data))
@@ -50,6 +50,33 @@ def main(argv: list[str]) -> int:
          "request_extra_body": endpoint.extra_body},
     )
 
+    def pending_given(written: set) -> list:
+        return [t for t in tasks if t.id not in written]
+
+    def solver(steps: StepCache):
+        async def solve(task, client):
+            row = await bench.solve(task, client, steps)
+            if args.slim:
+                row.pop("messages", None)
+            return row
+
+        return solve
+
+    def announce(pending: list) -> None:
+        print(
+            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
+            f"{len(pending)} to run → {output}",
+            file=sys.stderr,
+        )
+
+    if args.dry_run:  # reads only: no folder, no lock file, no manifest
+        pending = pending_given(jsonl.ids_in(output, row_id))
+        announce(pending)
+        dryrun.estimate(
+            "infer", pending, solver(StepCache(output, record=False)), endpoint, args.max_tokens, cost.load_prices(args.prices)
+        )
+        return EXIT_OK
+
     with lock.exclusive(output):
         done = jsonl.ids_in(output, row_id)
         in_batches = batch_backend.open_batches(output)
@@ -58,31 +85,8 @@ def main(argv: list[str]) -> int:
         if paid_for and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
         batch_backend.refuse_other_engines(output, in_batches, args)
-
-        def pending_given(written: set) -> list:
-            return [t for t in tasks if t.id not in written]
-
         pending = pending_given(done)
-        print(
-            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
-            f"{len(pending)} to run → {output}",
-            file=sys.stderr,
-        )
-
-        def solver(steps: StepCache):
-            async def solve(task, client):
-                row = await bench.solve(task, client, steps)
-                if args.slim:
-                    row.pop("messages", None)
-                return row
-
-            return solve
-
-        if args.dry_run:
-            dryrun.estimate(
-                "infer", pending, solver(StepCache(output, record=False)), endpoint, args.max_tokens, cost.load_prices(args.prices)
-            )
-            return EXIT_OK
+        announce(pending)
         if args.export_batch:
             return batch.export("infer", pending, solver(StepCache(output, record=False)), endpoint, args.export_batch, args)
         record = manifest.Record(

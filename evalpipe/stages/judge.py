@@ -56,7 +56,7 @@ def _paths(bench: Benchmark, args, analysis: bool) -> tuple[Path, Path]:
     if args.input is None:
         if not args.model:
             raise BadInput("give --input, or --model (and --run) to use the default output layout")
-        in_path = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run) / first_file
+        in_path = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / first_file
     else:
         in_path = args.input
     if args.output is not None:
@@ -99,30 +99,35 @@ def main(argv: list[str]) -> int:
             args, {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}, _NOT_IN_FINGERPRINT
         )
 
+    def pending_given(written: dict) -> list:
+        return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in written or not is_done(written[k])]
+
+    def announce(pending: list) -> None:
+        print(
+            f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
+            f"{len(pending)} to do → {output}",
+            file=sys.stderr,
+        )
+
+    if uses_llm and (args.export_batch or args.import_batch or args.backend == "batch") and hasattr(args, "parse_attempts"):
+        args.parse_attempts = 1  # one judge call per task and batch; --rejudge-parse-errors sends them again
+    if args.dry_run:  # reads only: no folder, no lock file, no manifest
+        pending = pending_given(jsonl.latest_rows(output, row_id))
+        announce(pending)
+        dryrun.estimate(
+            label, pending, lambda task, client: work(task.row, client), endpoint,
+            args.max_tokens, cost.load_prices(args.prices), first_call_only=True,
+        )
+        return EXIT_OK
+
     with lock.exclusive(output):
         done = jsonl.latest_rows(output, row_id)
         in_batches = batch_backend.open_batches(output)
         if uses_llm and (done or in_batches) and not args.allow_config_change:
             manifest.refuse_if_changed(output, fingerprint)
         batch_backend.refuse_other_engines(output, in_batches, args)
-
-        def pending_given(written: dict) -> list:
-            return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in written or not is_done(written[k])]
-
         pending = pending_given(done)
-        print(
-            f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
-            f"{len(pending)} to do → {output}",
-            file=sys.stderr,
-        )
-        if uses_llm and (args.export_batch or args.import_batch or args.backend == "batch") and hasattr(args, "parse_attempts"):
-            args.parse_attempts = 1  # one judge call per task and batch; --rejudge-parse-errors sends them again
-        if args.dry_run:
-            dryrun.estimate(
-                label, pending, lambda task, client: work(task.row, client), endpoint,
-                args.max_tokens, cost.load_prices(args.prices), first_call_only=True,
-            )
-            return EXIT_OK
+        announce(pending)
         if args.export_batch:
             return batch.export(label, pending, lambda task, client: work(task.row, client), endpoint, args.export_batch, args)
         record = manifest.Record(

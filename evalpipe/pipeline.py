@@ -1,0 +1,215 @@
+"""The pipeline in one command whose exit code a cron job can act on; `make infer judge score ...` runs it.
+
+    .venv/bin/python -m evalpipe.pipeline infer judge score aggregate BENCH=clbench MODEL=gpt-4o-mini RUNS=3
+
+It takes make's words: stage names (run in pipeline order whatever order they are given in) and
+VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its own process:
+  3  (incomplete: some tasks failed, or coverage is short) lets the other runs and the next stages
+     go on, and the pipeline ends with 3: rerun the same command later;
+  75 (--backend batch: batches submitted, still waiting) lets the other runs go on, then stops
+     before the next stage;
+  any other failure stops at once with that stage's code (see docs/operations.md).
+make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
+"""
+
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from . import benchmarks
+from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
+from .paths import PROJECT
+
+STAGES = ("infer", "judge", "error-analysis", "score", "aggregate")
+DEFAULT_MODEL = "gpt-4o-mini"
+DEFAULT_RUNS = 3
+# VAR -> what it means; an empty value is the same as not giving the variable.
+SETTINGS = {
+    "BENCH": "benchmark (default clbench)",
+    "MODEL": f"model under test (default {DEFAULT_MODEL})",
+    "JUDGE_MODEL": "judge model (default: judge.py's)",
+    "RUNS": f"runs 1..RUNS of each per-run stage (default {DEFAULT_RUNS}; aggregate: every run that exists)",
+    "DATA": "dataset file (default: the benchmark's bundled sample)",
+    "WORKERS": "calls in flight (default: the stage's, 8)",
+    "MAX_SAMPLES": "only the first N tasks",
+    "OUTPUTS": "output root (default outputs)",
+    "LABEL": "a named variant of the model's configuration: its own folder <model>@<label> and leaderboard row",
+    "ARGS": "more flags for infer.py",
+    "JUDGE_ARGS": "more flags for judge.py (judge and error-analysis)",
+}
+_WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES")
+
+
+class UsageError(Exception):
+    """A bad stage name or setting: one line, exit 2."""
+
+
+@dataclass
+class Plan:
+    stages: list[str]
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str) -> str | None:
+        return self.settings.get(name) or None
+
+    @property
+    def runs(self) -> int:
+        return int(self.get("RUNS") or DEFAULT_RUNS)
+
+
+def parse(argv: list[str]) -> Plan:
+    """Stage names and VAR=value words → a checked Plan (raises UsageError)."""
+    stages, settings = [], {}
+    for word in argv:
+        name, eq, value = word.partition("=")
+        if eq:
+            if name not in SETTINGS:
+                raise UsageError(f"unknown setting {name}=; known: {', '.join(SETTINGS)}")
+            settings[name] = value.strip()
+        elif word in STAGES:
+            stages.append(word)
+        else:
+            raise UsageError(f"unknown stage {word!r}; stages: {', '.join(STAGES)}")
+    if not stages:
+        raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
+    plan = Plan([s for s in STAGES if s in stages], settings)
+    _check(plan)
+    return plan
+
+
+def _check(plan: Plan) -> None:
+    for name in _WHOLE_NUMBERS:
+        value = plan.get(name)
+        if value is not None and not (value.isdigit() and int(value) >= 1):
+            raise UsageError(f"{name}={value}: expected a whole number of 1 or more")
+    bench = plan.get("BENCH") or "clbench"
+    if bench not in benchmarks.REGISTRY:
+        raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
+    if "error-analysis" in plan.stages and not benchmarks.get(bench).error_analysis_name:
+        raise UsageError(f"error-analysis: {bench} has no error analysis (CL-bench has)")
+    for name in ("ARGS", "JUDGE_ARGS"):
+        try:
+            shlex.split(plan.get(name) or "")
+        except ValueError as exc:
+            raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+
+
+def _flag(plan: Plan, var: str, flag: str) -> list[str]:
+    value = plan.get(var)
+    return [flag, value] if value is not None else []
+
+
+def command(plan: Plan, stage: str) -> list[str]:
+    """The stage script's command line for this plan (without --run)."""
+    script = {"error-analysis": "judge"}.get(stage, stage)
+    cmd = [sys.executable, str(PROJECT / f"{script}.py"), *_flag(plan, "BENCH", "--bench"),
+           *_flag(plan, "OUTPUTS", "--outputs-dir")]
+    if stage == "aggregate":
+        return cmd + _flag(plan, "RUNS", "--runs")
+    cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flag(plan, "LABEL", "--label")]
+    if stage == "infer":
+        return cmd + [*_flag(plan, "DATA", "--input"), *_flag(plan, "MAX_SAMPLES", "--max-samples"),
+                      *_flag(plan, "WORKERS", "--workers"), *shlex.split(plan.get("ARGS") or "")]
+    if stage == "score":
+        return cmd + [*_flag(plan, "DATA", "--data"), *_flag(plan, "MAX_SAMPLES", "--max-samples")]
+    return cmd + [*(["--error-analysis"] if stage == "error-analysis" else []),
+                  *_flag(plan, "JUDGE_MODEL", "--judge-model"), *_flag(plan, "WORKERS", "--workers"),
+                  *shlex.split(plan.get("JUDGE_ARGS") or "")]
+
+
+class _Signals:
+    """Passes SIGINT/SIGTERM on to the running stage, one for one.
+
+    Each stage runs in a process group of its own, so a Ctrl-C reaches it only through here:
+    exactly once per press (the first lets calls in flight finish, a second abandons them), and a
+    `kill` of this process stops the stage as cleanly as a Ctrl-C."""
+
+    def __init__(self):
+        self.child: subprocess.Popen | None = None
+        self.received = False
+
+    def __enter__(self):
+        self._old = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _forward(self, signum, frame) -> None:
+        self.received = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, cmd: list[str]) -> int:
+        if self.received:
+            return EXIT_INTERRUPTED
+        self.child = subprocess.Popen(cmd, process_group=0)
+        try:
+            return self.child.wait()
+        finally:
+            self.child = None
+
+
+def _over_runs(signals: _Signals, cmd: list[str], runs: int) -> int:
+    """A per-run stage for runs 1..runs: 3 and 75 let the other runs go on; anything else stops."""
+    code, waiting = EXIT_OK, False
+    for k in range(1, runs + 1):
+        rc = signals.run([*cmd, "--run", str(k)])
+        if rc == EXIT_INCOMPLETE:
+            code = EXIT_INCOMPLETE
+        elif rc == EXIT_WAITING:
+            waiting = True
+        elif rc != EXIT_OK:
+            return rc
+    return EXIT_WAITING if waiting else code
+
+
+def run_command(cmd: list[str]) -> int:
+    """One command, with Ctrl-C and SIGTERM passed on to it as the stages get them here."""
+    with _Signals() as signals:
+        rc = signals.run(cmd)
+    return EXIT_INTERRUPTED if signals.received else rc
+
+
+def run(plan: Plan) -> int:
+    """Run the plan's stages in order and return the exit code the whole run deserves."""
+    worst = EXIT_OK
+    with _Signals() as signals:
+        for stage in plan.stages:
+            cmd = command(plan, stage)
+            rc = signals.run(cmd) if stage == "aggregate" else _over_runs(signals, cmd, plan.runs)
+            if signals.received:  # the stage kept what it finished; the user asked to stop, so no next stage
+                print("pipeline: interrupted; rerun the same command to continue", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            if rc == EXIT_INCOMPLETE:
+                worst = EXIT_INCOMPLETE
+                continue
+            if rc == EXIT_WAITING:
+                print(f"pipeline: {stage} submitted batches, still waiting (exit 75); run the same command again later",
+                      file=sys.stderr)
+                return rc
+            if rc != EXIT_OK:
+                print(f"pipeline: {stage} stopped with exit code {rc}; later stages not run", file=sys.stderr)
+                return rc
+    if worst == EXIT_INCOMPLETE:
+        print("pipeline: incomplete (exit 3): some tasks are not done yet; rerun the same command later", file=sys.stderr)
+    return worst
+
+
+def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
+        return EXIT_OK
+    try:
+        plan = parse(argv)
+    except UsageError as exc:
+        print(f"pipeline: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run(plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
