@@ -9,7 +9,6 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 REPORT_STAMP := $(VENV)/.report-installed
-OUTPUTS ?= outputs
 
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
@@ -61,7 +60,7 @@ $(PIPELINE_STAGES): $(STAMP)
 # Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
 # and OUTPUTS/report.md with all of them.
 report: $(REPORT_STAMP)
-	$(PYTHON) -m evalpipe.leaderboard --outputs-dir $(call quote,$(OUTPUTS))
+	$(PYTHON) -m evalpipe.leaderboard $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
 
 # Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
 coin-flip-data: $(STAMP)

@@ -259,13 +259,6 @@ def _key_home(prefix: str) -> str:
     return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
 
 
-def _shown(url: str) -> str:
-    """A URL fit for a message: without user:password@ or ?query."""
-    from .llm import Endpoint
-
-    return Endpoint(model="", base_url=url).host
-
-
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -291,7 +284,7 @@ def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, 
     else:
         wanted = f"{key_prefix}_BASE_URL"  # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
         missing, fix = f" but {wanted} is not set", f"set {wanted} to the endpoint {key_var} is for, or pass --api-key"
-    return (f"{url_source} points to {_shown(url)}{missing}; the key in {key_var} belongs to {_shown(home)} "
+    return (f"{url_source} points to {redact.url(url)}{missing}; the key in {key_var} belongs to {redact.url(home)} "
             f"and is not sent to another host: {fix}")
 
 

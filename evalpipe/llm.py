@@ -99,9 +99,7 @@ class Endpoint:
     @property
     def host(self) -> str:
         """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
-        parts = urllib.parse.urlsplit(self.url)
-        return urllib.parse.urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else "")
-                                        if parts.hostname else parts.netloc, parts.path, "", ""))
+        return redact.url(self.url)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Keeps secrets out of everything we print or store."""
 
 import re
+import urllib.parse
 
 _secrets: set[str] = set()
 _BEARER = re.compile(r"(Bearer\s+)[^\s\"',;]+", re.IGNORECASE)
@@ -15,3 +16,10 @@ def redact(text: str) -> str:
     for secret in sorted(_secrets, key=len, reverse=True):
         text = text.replace(secret, "[REDACTED]")
     return _BEARER.sub(r"\1[REDACTED]", text)
+
+
+def url(text: str) -> str:
+    """A URL fit for a message or a file: without user:password@ or ?query (which can carry credentials)."""
+    parts = urllib.parse.urlsplit(text)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else parts.netloc
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
