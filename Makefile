@@ -44,11 +44,11 @@ $(REPORT_STAMP): $(STAMP) requirements-report.txt
 demo: $(DEMO_STAMP) $(REPORT_STAMP)
 	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d $(call quote,$(BBM_DIR)) ]; then \
 	  $(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(call quote,$(BBM_DIR)) --out data/error_recovery --variants small; fi
-	$(PYTHON) -m evalpipe.demo
+	$(PYTHON) -m evalpipe.devtools.demo
 
 # Just the local model server, for trying the stages by hand, on a stable port (LOCAL_PORT=N changes it).
 serve-local: $(DEMO_STAMP)
-	$(PYTHON) -m evalpipe.localmodel serve $(if $(LOCAL_PORT),--port $(call quote,$(LOCAL_PORT)))
+	$(PYTHON) -m evalpipe.devtools.localmodel serve $(if $(LOCAL_PORT),--port $(call quote,$(LOCAL_PORT)))
 
 test: $(STAMP) $(REPORT_STAMP)
 	$(PYTHON) -m pytest -q
@@ -60,7 +60,7 @@ $(PIPELINE_STAGES): $(STAMP)
 # Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
 # and OUTPUTS/report.md with all of them.
 report: $(REPORT_STAMP)
-	$(PYTHON) -m evalpipe.leaderboard $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
+	$(PYTHON) -m evalpipe.results.leaderboard $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
 
 # Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
 coin-flip-data: $(STAMP)
@@ -74,13 +74,13 @@ error-recovery-data: $(STAMP)
 # Kill every stage at random under injected faults; prints kills, faults, rows lost, duplicates.
 CHAOS_KILLS ?= 20
 chaos: $(STAMP)
-	$(PYTHON) -m evalpipe.chaos --kills $(CHAOS_KILLS)
+	$(PYTHON) -m evalpipe.devtools.chaos --kills $(CHAOS_KILLS)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
 # figure beside its target (about 8 minutes; BENCH_ARGS=--tiny for a quick look).
 BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PYTHON) -m evalpipe.bench $(BENCH_ARGS)
+	$(PYTHON) -m evalpipe.devtools.bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -168,3 +168,10 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")
     lines.append(f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)")
     return "\n".join(lines)
+
+
+def add_counts(total: dict, counts: dict | None) -> dict:
+    """Add token counts (or any counts) into a running total, key by key."""
+    for key, value in (counts or {}).items():
+        total[key] = total.get(key, 0) + value
+    return total

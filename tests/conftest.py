@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.testserver import FakeOpenAI, Reply
+from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "clbench" / "sample.jsonl"

@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, read_jsonl, scripted
 from .test_coin_flip import answer_by_parity

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from evalpipe import chaos
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, read_jsonl, scripted
 

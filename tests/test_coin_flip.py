@@ -13,7 +13,7 @@ from evalpipe.benchmarks.base import Task
 from evalpipe.benchmarks.coin_flip import FEW_SHOT_HEADER, ZERO_SHOT, CoinFlip, parse_answer, worked_example
 from evalpipe.datasets import coin_flip as gen
 from evalpipe.errors import BadInput
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import ROOT, read_jsonl, write_jsonl
 

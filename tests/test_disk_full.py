@@ -18,7 +18,7 @@ import pytest
 
 from evalpipe import jsonl
 from evalpipe.errors import EXIT_UNWRITABLE, OutputUnwritable
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import ROOT, SAMPLE, read_jsonl, write_jsonl
 

@@ -13,7 +13,7 @@ from evalpipe import cli
 from evalpipe.errors import BadInput
 from evalpipe.llm import Endpoint
 from evalpipe.stages import infer as infer_stage
-from evalpipe.testserver import FakeOpenAI
+from evalpipe.devtools.testserver import FakeOpenAI
 
 from .conftest import API_KEY, read_jsonl, scripted
 from .test_results import with_analyst

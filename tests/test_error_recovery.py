@@ -12,7 +12,7 @@ import pytest
 from evalpipe.benchmarks.error_recovery import (
     FINAL_ANSWER_PROMPT, FORMAT_HINTS, MISTAKE_NOTICE, TASK_DESCRIPTION, ErrorRecovery, compat, normalize)
 from evalpipe.datasets import error_recovery as conv
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import ROOT, SHARED, read_jsonl
 

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from evalpipe import demo, lock, localmodel, pipeline
-from evalpipe.testserver import FakeOpenAI, Reply
+from evalpipe import lock, pipeline
+from evalpipe.devtools import demo, localmodel
+from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
 from .conftest import ROOT, SAMPLE, read_jsonl, scripted
 

@@ -1,6 +1,6 @@
 """Conservative zero scores, each with its reason, and which of them are judged again."""
 
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import SAMPLE, is_judge, judge_json, read_jsonl, rubric_count, scripted
 

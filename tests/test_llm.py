@@ -7,7 +7,7 @@ import pytest
 
 from evalpipe.errors import EndpointRefused
 from evalpipe.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY
 

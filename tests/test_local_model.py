@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from evalpipe import localmodel
+from evalpipe.devtools import localmodel
 
 from .conftest import read_jsonl
 

@@ -28,10 +28,10 @@ def test_stage_scripts_say_which_environment_to_use(script):
 
 
 def test_modules_run_with_dash_m_say_it_too():
-    proc = without_site_packages("-m", "evalpipe.testserver")
+    proc = without_site_packages("-m", "evalpipe.devtools.testserver")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
-    assert proc.stderr.startswith("evalpipe.testserver: the pipeline's dependencies (openai, ")
-    assert "run it with the project's environment: .venv/bin/python -m evalpipe.testserver ..." in proc.stderr
+    assert proc.stderr.startswith("evalpipe.devtools.testserver: the pipeline's dependencies (openai, ")
+    assert "run it with the project's environment: .venv/bin/python -m evalpipe.devtools.testserver ..." in proc.stderr
 
 
 def test_paths_are_absolute_when_run_from_elsewhere(tmp_path):

@@ -3,7 +3,7 @@
 import json
 import subprocess
 
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, is_judge, read_jsonl, write_jsonl
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from evalpipe import leaderboard
+from evalpipe.results import leaderboard
 from evalpipe.errors import BadInput
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import ROOT, read_jsonl
 
@@ -59,7 +59,7 @@ def run_pipeline(stage, root, model, runs):
 
 
 def leaderboard_run(env, cwd, outputs):
-    return subprocess.run([sys.executable, "-m", "evalpipe.leaderboard", "--outputs-dir", str(outputs)],
+    return subprocess.run([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
                           cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
 
 

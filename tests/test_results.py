@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from evalpipe import cost, stats
-from evalpipe.testserver import Reply
+from evalpipe import cost
+from evalpipe.results import stats
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, read_jsonl, scripted, write_jsonl
 

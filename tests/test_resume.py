@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 from evalpipe import lock
-from evalpipe.testserver import Reply
+from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, SAMPLE, is_judge, read_jsonl, scripted
 

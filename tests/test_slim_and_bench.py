@@ -29,7 +29,7 @@ def test_slim_rows_judge_the_same_and_expand_back(server, stage, tmp_path):
 
 
 def test_the_benchmark_script_runs_in_tiny_mode():
-    proc = subprocess.run([sys.executable, "-m", "evalpipe.bench", "--tiny"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "evalpipe.devtools.bench", "--tiny"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     # tiny sizes are too small for the targets: only that every part ran and printed its figure
     assert "| figure | measured | target | met |" in proc.stdout, proc.stdout + proc.stderr

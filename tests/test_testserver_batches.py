@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from evalpipe.testserver import FakeOpenAI, Reply
+from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
 from .conftest import API_KEY, scripted
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TYPE_CHECKING
 
-from .. import jsonl, stats
+from .. import jsonl, cost
+from ..results import tables
 from ..paths import PROJECT
 from ..errors import BadInput, CallFailed, ContextTooLong
 from .base import VALID_ROLES, Benchmark, Task, answer_into, row_id
@@ -232,7 +233,7 @@ async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any
             return asked(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
         except CallFailed as exc:
             return asked(None, API_ERROR, n, str(exc))
-        stats.add_counts(usage, reply.usage)
+        cost.add_counts(usage, reply.usage)
         latencies.append(reply.latency_s)
         parsed = parse(reply.text)
         if not isinstance(parsed, str):
@@ -616,8 +617,8 @@ class CLBench(Benchmark):
 
         def line(name: str, t: dict) -> str:
             return (
-                f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {stats.pct(t['solving_rate']):>7}"
-                f" {stats.pct(t['solving_rate_graded']):>14}"
+                f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {tables.pct(t['solving_rate']):>7}"
+                f" {tables.pct(t['solving_rate_graded']):>14}"
             )
 
         lines.append(line("Overall", metrics["overall"]))

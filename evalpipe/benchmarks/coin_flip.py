@@ -12,7 +12,8 @@ import zlib
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .. import jsonl, stats
+from .. import jsonl
+from ..results import tables
 from ..errors import BadInput
 from ..paths import PROJECT
 from .base import Benchmark, Task, answer_into
@@ -253,7 +254,7 @@ class CoinFlip(Benchmark):
         cov, c = metrics["coverage"], metrics["confusion"]
         lines = [f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
                  f"{metrics['unparsed']} unparsed (both count as wrong)"]
-        lines += [f"  {name:10} {stats.pct(value):>6}" for name, value in self.headline(metrics).items()]
+        lines += [f"  {name:10} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
         if self.flagged([metrics]):
             lines.append("  most answers unparsed: F1 covers only the parsed ones")
         lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")

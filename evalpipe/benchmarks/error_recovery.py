@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .. import jsonl, stats
+from .. import jsonl, cost
+from ..results import stats
 from ..checkpoint import StepCache
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
@@ -190,7 +191,7 @@ class ErrorRecovery(Benchmark):
             return out
         usage: dict = {}
         for call in calls.values():
-            stats.add_counts(usage, call.get("usage"))
+            cost.add_counts(usage, call.get("usage"))
         out.update(
             messages=compat(messages, a.chat_compat),
             model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import orjson
 
-from .. import cli, jsonl, manifest, paths, plots, report, stats
+from .. import cli, jsonl, manifest, paths
+from ..results import plots, stats, tables
 from ..benchmarks import Benchmark
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
@@ -217,13 +218,13 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
                 row.append("-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}")
         else:
             md_headers = ["Model", "Runs", *names]
-        md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + report.markdown_table(md_headers, md_rows)
+        md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + tables.markdown_table(md_headers, md_rows)
                         + (f"\n{flag_note}\n" if flag_note else ""))
         tex_std = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
-        caption = f"{report.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
+        caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
         if flag_note:
-            caption += ". " + report.latex_escape(flag_note).replace("†", FLAG_TEX)
-        tex_parts.append(report.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
+            caption += ". " + tables.latex_escape(flag_note).replace("†", FLAG_TEX)
+        tex_parts.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
         prefix = "" if title == MAIN else f"{title}: "
         csv_headers += [f"{prefix}{n} {part}" for n in names for part in
                         ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")]
@@ -233,7 +234,7 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
     csv_headers.append("cost_usd_per_run")
     for full, m in zip(csv_rows, models):
         full.append("" if m["cost_usd_per_run"] is None else round(m["cost_usd_per_run"], 6))
-    return md, report.csv_text(csv_headers, csv_rows), "\n".join(tex_parts)
+    return md, tables.csv_text(csv_headers, csv_rows), "\n".join(tex_parts)
 
 
 def main(argv: list[str]) -> int:

@@ -10,10 +10,10 @@ import re
 import sys
 from pathlib import Path
 
-from . import benchmarks, cli, jsonl
-from .errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from .paths import DEFAULT_ROOT
-from .stages import aggregate
+from .. import benchmarks, cli, jsonl
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..paths import DEFAULT_ROOT
+from ..stages import aggregate
 
 MAX_DEPTH = 3  # outputs/a/b/c is the deepest root looked at
 _RUN_DIR = re.compile(r"run-\d+$")
@@ -64,7 +64,7 @@ def section(outputs_dir: Path, root: Path, bench: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.leaderboard", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.results.leaderboard", description=__doc__)
     parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--std", choices=("sample", "population"), default="sample")
     args = parser.parse_args(argv)

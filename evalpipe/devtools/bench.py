@@ -8,7 +8,7 @@ Figures are ratios measured in the same run where they can be (a shared machine 
   score         score.py and aggregate.py over 1,000,000 judged rows
   slim          the size of slim rows (no copied messages) on a CL-bench-sized file
 
-    python -m evalpipe.bench [--tiny]
+    python -m evalpipe.devtools.bench [--tiny]
 """
 
 import argparse
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from .paths import PROJECT
+from ..paths import PROJECT
 from .testserver import FakeOpenAI, Reply, Request
 
 SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"
@@ -114,7 +114,7 @@ def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()
 
 def bare_rate(server: FakeOpenAI, data: Path, concurrency: int) -> float:
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
-    proc = subprocess.run([sys.executable, "-m", "evalpipe.bench", "--bare", str(data), str(concurrency)],
+    proc = subprocess.run([sys.executable, "-m", "evalpipe.devtools.bench", "--bare", str(data), str(concurrency)],
                           env=env, capture_output=True, text=True, cwd=PROJECT, check=True)
     return float(proc.stdout.split()[-1])
 
@@ -271,7 +271,7 @@ def main() -> int:
 
 def score_times(work: Path, n: int) -> list[tuple[str, float]]:
     """score.py and aggregate.py over n CoinFlip judged rows (a small row, as most judged files)."""
-    from .benchmarks.coin_flip import CoinFlip
+    from ..benchmarks.coin_flip import CoinFlip
 
     src = (PROJECT / "data" / "coin_flip" / "test.jsonl").read_bytes().splitlines(keepends=True)
     data = work / "cf-data.jsonl"

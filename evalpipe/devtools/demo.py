@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import benchmarks, cli, localmodel, pipeline
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
-from .paths import PROJECT
+from .. import benchmarks, cli, pipeline
+from . import localmodel
+from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
+from ..paths import PROJECT
 
 ROOT = Path("outputs") / "demo"
 RUNS = 2
@@ -71,7 +72,7 @@ def main() -> int:
                     return code
                 worst = max(worst, code)
         print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
-        code = pipeline.run_command([sys.executable, "-m", "evalpipe.leaderboard", "--outputs-dir", str(ROOT)])
+        code = pipeline.run_command([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(ROOT)])
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:

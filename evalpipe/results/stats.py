@@ -30,17 +30,6 @@ def binomial_stderr(rate: float, n: int) -> float:
     return math.sqrt(rate * (1 - rate) / n) if n else 0.0
 
 
-def add_counts(total: dict, counts: dict | None) -> dict:
-    """Add token counts (or any counts) into a running total, key by key."""
-    for key, value in (counts or {}).items():
-        total[key] = total.get(key, 0) + value
-    return total
-
-
-def pct(rate: float | None, digits: int = 1) -> str:
-    return "-" if rate is None else f"{100 * rate:.{digits}f}"
-
-
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)

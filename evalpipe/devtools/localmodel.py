@@ -1,6 +1,6 @@
 """A real model on loopback: Gemma 3 270M behind llama.cpp's OpenAI-compatible server.
 
-`python -m evalpipe.localmodel serve [--port N]` (`make serve-local [LOCAL_PORT=N]`) starts it on a
+`python -m evalpipe.devtools.localmodel serve [--port N]` (`make serve-local [LOCAL_PORT=N]`) starts it on a
 stable port, 8765 unless told otherwise, so an exported OPENAI_BASE_URL stays valid across restarts,
 and prints the lines to paste.
 """
@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .cli import sigterm_as_interrupt
+from ..cli import sigterm_as_interrupt
 
 MODEL_NAME = "gemma-3-270m"
 SERVE_PORT = 8765
@@ -91,7 +91,7 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.localmodel", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.devtools.localmodel", description=__doc__)
     parser.add_argument("command", choices=["serve"])
     parser.add_argument("--port", type=int, default=SERVE_PORT, help=f"loopback port (default {SERVE_PORT})")
     args = parser.parse_args()

@@ -45,3 +45,8 @@ def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], captio
         lines.append(f"\\caption{{{caption}}}")
     lines.append("\\end{table}")
     return "\n".join(lines) + "\n"
+
+
+def pct(rate: float | None, digits: int = 1) -> str:
+    """A rate in 0..1 as a percentage with `digits` decimals, or "-" when unknown."""
+    return "-" if rate is None else f"{100 * rate:.{digits}f}"

@@ -4,7 +4,7 @@ It speaks enough HTTP/1.1 (keep-alive, Content-Length or chunked bodies) for the
 answers POST /v1/chat/completions with whatever its handler returns for each request: an answer, a
 delay, an HTTP error with headers (Retry-After), a hang, a connection reset, a malformed or
 trickled body. Run it in-process (FakeOpenAI, in a background thread) or as
-`python -m evalpipe.testserver` (deterministic answers).
+`python -m evalpipe.devtools.testserver` (deterministic answers).
 
 It also serves the Files and Batches APIs (/v1/files, /v1/batches) well enough for the SDK's
 `client.files` and `client.batches`. Each line of a batch is answered by the same `handler` as an

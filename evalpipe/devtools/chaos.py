@@ -9,7 +9,7 @@ each once after last-row-wins, no torn line in any file, identical scores, and n
 file or output. Then hostile datasets: each must fail with exit 2 and one line naming the file
 and line, leaving an existing output byte for byte unchanged.
 
-    python -m evalpipe.chaos --kills 20      (make chaos)
+    python -m evalpipe.devtools.chaos --kills 20      (make chaos)
 """
 
 import argparse
@@ -24,10 +24,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import jsonl
-from .benchmarks import get, row_id
-from .benchmarks.error_recovery import FINAL_ANSWER_PROMPT
-from .paths import PROJECT
+from .. import jsonl
+from ..benchmarks import get, row_id
+from ..benchmarks.error_recovery import FINAL_ANSWER_PROMPT
+from ..paths import PROJECT
 from .testserver import FakeOpenAI, Reply, Request
 
 KEY = "sk-chaos-" + "7f3a9c" * 4

@@ -1,0 +1,1 @@
+"""What a person reads: statistics, tables, plots and the leaderboard of every benchmark."""
