@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from evalpipe import chaos
+from evalpipe.devtools import chaos
 from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, read_jsonl, scripted
