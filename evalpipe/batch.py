@@ -44,6 +44,8 @@ class _Captured(Exception):
 class CapturingClient:
     """Stands in for llm.ChatClient: the first call a task makes becomes a request line."""
 
+    batched = True  # one call per task: a batch cannot answer a second attempt
+
     def __init__(self, endpoint: Endpoint, task_id):
         self.endpoint, self.task_id = endpoint, task_id
 
@@ -136,6 +138,8 @@ class NotInBatch(Exception):
 
 class ReplayClient:
     """Stands in for llm.ChatClient: answers from imported batch results, sends nothing."""
+
+    batched = True
 
     def __init__(self, endpoint: Endpoint, results: dict[str, dict], task_id):
         self.endpoint, self.results, self.task_id = endpoint, results, task_id

@@ -1,11 +1,13 @@
 """What the four stage scripts share: flags, endpoint settings, and turning errors into exit codes."""
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
 import traceback
+import typing
 import urllib.parse
 from pathlib import Path
 from typing import Callable
@@ -60,7 +62,7 @@ def parser_for(
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--bench")
     known, _ = pre.parse_known_args(argv)
-    name = "clbench" if known.bench is None else known.bench
+    name = benchmarks.DEFAULT if known.bench is None else known.bench
     if name not in benchmarks.REGISTRY:
         raise BadInput(f"unknown benchmark {name!r}; choose from {', '.join(benchmarks.REGISTRY)}")
     bench = benchmarks.get(name)
@@ -74,8 +76,28 @@ def parser_for(
     args = parser.parse_args(argv)
     if per_run and args.run < 1:
         parser.error("--run must be 1 or more")
-    bench.configure(args)
-    return bench, args
+    return type(bench)(options_from(args, bench.Options)), args
+
+
+def _options(options_type: type, stage: str) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(options_type) if f.metadata.get("stage") == stage]
+
+
+def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Benchmark, stage: str) -> None:
+    """The benchmark's own flags for this stage: one per `flag` field of its Options."""
+    for option in _options(bench.Options, stage):
+        name, meta = "--" + option.name.replace("_", "-"), option.metadata
+        if isinstance(option.default, bool):
+            parser.add_argument(name, action="store_true", help=meta["help"])
+            continue
+        kind = next((t for t in typing.get_args(option.type) if t is not type(None)), option.type)  # X | None → X
+        parser.add_argument(name, type=kind, default=option.default, choices=meta["choices"], help=meta["help"])
+
+
+def options_from(args: argparse.Namespace, options_type: type):
+    """The benchmark's Options from the parsed flags (a flag another stage offers keeps its default)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(options_type) if hasattr(args, f.name)}
+    return options_type(**given)
 
 
 def _stage_parser(
@@ -87,7 +109,8 @@ def _stage_parser(
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{stage}.py", description=description)
     parser.add_argument(
-        "--bench", default="clbench", choices=list(benchmarks.REGISTRY), help="benchmark (default: clbench)"
+        "--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY),
+        help=f"benchmark (default: {benchmarks.DEFAULT})",
     )
     if per_run:
         parser.add_argument("--run", type=int, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)")
@@ -98,6 +121,7 @@ def _stage_parser(
         )
     parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)")
     add_args(parser, bench)
+    add_benchmark_flags(parser, bench, stage)
     return parser
 
 

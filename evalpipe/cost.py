@@ -14,10 +14,14 @@ from pathlib import Path
 import orjson
 
 from .errors import BadInput
+from .rows import ApiCall
 
 _SNAPSHOT = re.compile(r"(.+?)(?:-\d{4}-\d{2}-\d{2}|-\d{4}|-latest|@[\w.-]+)$")
 DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"
 TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+# What score reads of every judge row for calls, tokens, latency and cost (besides a benchmark's score_fields).
+ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "batch", "judge_model", "judge_usage", "judge_latency_s",
+                     "judge_attempts", "judge_batch")
 
 
 @dataclass
@@ -175,3 +179,22 @@ def add_counts(total: dict, counts: dict | None) -> dict:
     for key, value in (counts or {}).items():
         total[key] = total.get(key, 0) + value
     return total
+
+
+def api_calls(row: dict) -> list[ApiCall]:
+    """Every API call recorded in a judge row (its answer's calls too) or an error-analysis row."""
+    get = row.get  # called once per row of a run (millions): plain lookups, a list, no generator
+    out = []
+    calls, batch = get("calls"), bool(get("batch"))
+    if isinstance(calls, dict):  # several calls per task, each recorded on its own
+        for call in calls.values():
+            out.append(ApiCall("infer", get("model"), call.get("usage"), call.get("latency_s"), 1, batch))
+    elif "usage" in row or "latency_s" in row:
+        out.append(ApiCall("infer", get("model"), get("usage"), get("latency_s"), 1, batch))
+    if "judge_usage" in row or "judge_latency_s" in row:
+        out.append(ApiCall("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"),
+                           get("judge_attempts", 1), bool(get("judge_batch"))))
+    if "analysis_model" in row:
+        out.append(ApiCall("error_analysis", get("analysis_model"), get("analysis_usage"), get("analysis_latency_s"),
+                           get("analysis_attempts", 1), bool(get("analysis_batch"))))
+    return out

@@ -25,6 +25,8 @@ class _FirstCallOnly(Exception):
 class RecordingClient:
     """Stands in for llm.ChatClient: records what would be sent and answers with filler."""
 
+    batched = False
+
     def __init__(self, endpoint: Endpoint, completion_tokens: int, first_call_only: bool = False):
         self.endpoint = endpoint
         self.completion_tokens = completion_tokens

@@ -31,7 +31,7 @@ def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", default="clbench", choices=list(benchmarks.REGISTRY))
+    parser.add_argument("--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY))
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--input", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)

@@ -200,6 +200,8 @@ def describe(exc: BaseException) -> str:
 class ChatClient:
     """Calls one model on one endpoint with the retry policy above."""
 
+    batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
+
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None):
         self.endpoint = endpoint
         self.limit = limit

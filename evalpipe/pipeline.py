@@ -84,10 +84,10 @@ def _check(plan: Plan) -> None:
         value = plan.get(name)
         if value is not None and not (value.isdigit() and int(value) >= 1):
             raise UsageError(f"{name}={value}: expected a whole number of 1 or more")
-    bench = plan.get("BENCH") or "clbench"
+    bench = plan.get("BENCH") or benchmarks.DEFAULT
     if bench not in benchmarks.REGISTRY:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
-    if "error-analysis" in plan.stages and not benchmarks.get(bench).error_analysis_name:
+    if "error-analysis" in plan.stages and not isinstance(benchmarks.get(bench), benchmarks.ErrorAnalysis):
         raise UsageError(f"error-analysis: {bench} has no error analysis (CL-bench has)")
     for name in ("ARGS", "JUDGE_ARGS"):
         try:

@@ -5,6 +5,8 @@ import pytest
 
 from .conftest import SAMPLE, read_jsonl, write_jsonl
 
+pytestmark = pytest.mark.e2e
+
 
 def with_bad_row(tmp_path, mutate):
     rows = read_jsonl(SAMPLE)

@@ -19,6 +19,8 @@ from .conftest import API_KEY, ROOT, read_jsonl, scripted
 from .test_coin_flip import answer_by_parity
 from .test_error_recovery import er_handler
 
+pytestmark = pytest.mark.e2e
+
 # what an imported row has differently: no measured latency, and a flag saying a batch served it
 NOT_COMPARED = ("latency_s", "judge_latency_s", "batch", "judge_batch")
 

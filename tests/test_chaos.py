@@ -9,10 +9,14 @@ import time
 
 import pytest
 
+from evalpipe.benchmarks import get
 from evalpipe.devtools import chaos
 from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, read_jsonl, scripted
+
+pytestmark = pytest.mark.e2e
+ORACLE = chaos.oracle_for(get("clbench"))
 
 
 @pytest.mark.parametrize("bench", chaos.BENCHES)
@@ -37,9 +41,9 @@ def test_every_fault_kind_is_survived(tmp_path):
             def once_then_good(request, kind=kind):
                 served["n"] += 1
                 if served["n"] % 2:  # every other request gets the fault
-                    handler = chaos.faulty(chaos.oracle, 1.0, _Fixed(kind), run.faults)
+                    handler = chaos.faulty(ORACLE, 1.0, _Fixed(kind), run.faults)
                     return handler(request)
-                return chaos.oracle(request)
+                return ORACLE(request)
 
             run.server.handler = once_then_good
             out = tmp_path / kind.replace(" ", "_")

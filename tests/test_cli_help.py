@@ -62,6 +62,7 @@ def test_another_benchmarks_flag_is_still_an_error_without_its_bench(capsys):
     assert args.fewshot == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", ["score", "aggregate"])
 def test_stages_without_benchmark_flags_show_no_extra_groups(stage, script):
     proc = stage(script, "--help", check=0)

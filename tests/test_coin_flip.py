@@ -5,12 +5,12 @@ import importlib.util
 import json
 import re
 import subprocess
-from argparse import Namespace
 
 import pytest
 
 from evalpipe.benchmarks.base import Task
-from evalpipe.benchmarks.coin_flip import FEW_SHOT_HEADER, ZERO_SHOT, CoinFlip, parse_answer, worked_example
+from evalpipe.benchmarks.coin_flip import FEW_SHOT_HEADER, ZERO_SHOT, CoinFlip, CoinFlipOptions, parse_answer, worked_example
+from evalpipe.stages import score
 from evalpipe.datasets import coin_flip as gen
 from evalpipe.errors import BadInput
 from evalpipe.devtools.testserver import Reply
@@ -43,9 +43,7 @@ def test_parse_rules(text, strict, lenient):
 # ---- metrics
 
 def bench(parse="strict"):
-    b = CoinFlip()
-    b.configure(Namespace(parse=parse, fewshot=0))
-    return b
+    return CoinFlip(CoinFlipOptions(parse=parse))
 
 
 def scored(golds, outputs):
@@ -55,7 +53,7 @@ def scored(golds, outputs):
     for t, out in zip(tasks, outputs):
         if out is not None:
             judged[t.id] = asyncio.run(b.grade({"idx": t.id, "model_output": out, "target": t.row["target"]}, None))
-    return b.metrics(tasks, judged)
+    return score.summarize(b, tasks, judged)
 
 
 def test_metrics_by_hand():
@@ -109,8 +107,7 @@ def test_worked_examples_track_every_person():
 
 
 def test_fewshot_prompt_structure_and_seeded_choice():
-    b = CoinFlip()
-    b.configure(Namespace(fewshot=3, fewshot_seed=7, fewshot_data=DATA / "validation.jsonl", parse="strict"))
+    b = CoinFlip(CoinFlipOptions(fewshot=3, fewshot_seed=7, fewshot_data=DATA / "validation.jsonl", parse="strict"))
     q = read_jsonl(DATA / "test.jsonl")[0]["question"]
     prompt = b.prompt(q)
     head, rest = prompt.split("\n\n", 1)
@@ -118,8 +115,7 @@ def test_fewshot_prompt_structure_and_seeded_choice():
     demos, zero = rest.split("\n\n\nSolve the following", 1)
     assert "\nSolve the following" + zero == ZERO_SHOT.format(question=q)
     assert len(re.findall(r"^ANSWER: (YES|NO)$", demos, re.M)) == 3
-    again = CoinFlip()
-    again.configure(Namespace(fewshot=3, fewshot_seed=7, fewshot_data=DATA / "validation.jsonl", parse="strict"))
+    again = CoinFlip(CoinFlipOptions(fewshot=3, fewshot_seed=7, fewshot_data=DATA / "validation.jsonl", parse="strict"))
     assert again.prompt(q) == prompt
     val_questions = {r["question"] for r in read_jsonl(DATA / "validation.jsonl")}
     assert all(d.split("\n\n")[0] in val_questions for d in demos.split("\n\nQ: ") if d.startswith("Q: "))
@@ -193,6 +189,7 @@ def answer_by_parity(request):
     return Reply(content=f"Counting flips.\nANSWER: {truth if people == 2 else lie}")
 
 
+@pytest.mark.e2e
 def test_make_pipeline_for_coin_flip(server, env, tmp_path):
     server.handler = answer_by_parity
     proc = subprocess.run(
@@ -232,6 +229,7 @@ def test_make_pipeline_for_coin_flip(server, env, tmp_path):
     assert "F1" in proc.stdout and "YES ratio" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_lenient_parse_regrades_without_calls(server, stage, tmp_path):
     server.handler = lambda r: Reply(content="**ANSWER: YES**")
     stage("infer", "--bench", "coin_flip", "--model", "m", "--output", "infer.jsonl", "--max-samples", "10", check=0)

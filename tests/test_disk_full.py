@@ -97,6 +97,7 @@ def limit_file_size(limit):
     return preexec
 
 
+@pytest.mark.e2e
 def test_disk_full_mid_run_keeps_the_rows_in_flight_and_the_rerun_adds_them(server, env, tmp_path):
     server.handler = padded
     sizes = tmp_path / "sizes" / "infer.jsonl"
@@ -191,6 +192,7 @@ def unprivileged(tmp_path):
         shutil.rmtree(workspace)
 
 
+@pytest.mark.e2e
 def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env, unprivileged):
     workspace, how = unprivileged
     run_dir = workspace / "outputs" / "clbench" / "m" / "run-1"
@@ -221,6 +223,7 @@ def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env
     assert sorted(p.name for p in run_dir.iterdir()) == ["judge.jsonl"]
 
 
+@pytest.mark.e2e
 def test_a_read_only_output_file_ends_infer_with_one_line(server, env, unprivileged):
     workspace, how = unprivileged
     out = workspace / "o" / "infer.jsonl"

@@ -50,6 +50,7 @@ def judge(stage, *flags, check=None):
 # ---------------------------------------------------------------- judge
 
 
+@pytest.mark.e2e
 def test_judge_never_sends_the_openai_key_to_the_judge_host(server, other, stage):
     inferred(stage)
     before = len(server.requests)
@@ -65,6 +66,7 @@ def test_judge_never_sends_the_openai_key_to_the_judge_host(server, other, stage
     assert_no_key_in(proc)
 
 
+@pytest.mark.e2e
 def test_judge_sends_the_judge_key_to_the_judge_host_only(server, other, stage, tmp_path):
     inferred(stage)
     before = len(server.requests)
@@ -75,6 +77,7 @@ def test_judge_sends_the_judge_key_to_the_judge_host_only(server, other, stage, 
     assert len(server.requests) == before  # nothing of the judge's went to A
 
 
+@pytest.mark.e2e
 def test_judge_key_without_judge_base_url_is_not_sent_to_openai_base_url(server, stage):
     inferred(stage)
     before = len(server.requests)
@@ -87,6 +90,7 @@ def test_judge_key_without_judge_base_url_is_not_sent_to_openai_base_url(server,
     assert_no_key_in(proc)
 
 
+@pytest.mark.e2e
 def test_judge_on_the_same_origin_as_the_openai_key_may_use_it(server, stage):
     inferred(stage)
     stage.env["JUDGE_BASE_URL"] = server.base_url + "/"  # another spelling, the same scheme, host and port
@@ -94,6 +98,7 @@ def test_judge_on_the_same_origin_as_the_openai_key_may_use_it(server, stage):
     assert keys_received(server) == {f"Bearer {API_KEY}"}
 
 
+@pytest.mark.e2e
 def test_judge_with_an_explicit_key_goes_where_pointed(server, other, stage):
     inferred(stage)
     stage.env["JUDGE_BASE_URL"] = other.base_url
@@ -104,6 +109,7 @@ def test_judge_with_an_explicit_key_goes_where_pointed(server, other, stage):
 # ---------------------------------------------------------------- infer
 
 
+@pytest.mark.e2e
 def test_infer_refuses_a_base_url_elsewhere_than_the_env_key_belongs(server, other, stage):
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--base-url", other.base_url)
     assert proc.returncode == 2
@@ -116,6 +122,7 @@ def test_infer_refuses_a_base_url_elsewhere_than_the_env_key_belongs(server, oth
     assert_no_key_in(proc)
 
 
+@pytest.mark.e2e
 def test_infer_refuses_when_the_key_belongs_to_openai(other, stage):
     del stage.env["OPENAI_BASE_URL"]  # OPENAI_API_KEY is then OpenAI's
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--base-url", other.base_url)
@@ -124,18 +131,21 @@ def test_infer_refuses_when_the_key_belongs_to_openai(other, stage):
     assert_no_key_in(proc)
 
 
+@pytest.mark.e2e
 def test_infer_with_an_explicit_key_goes_where_pointed(server, other, stage):
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2,
           "--base-url", other.base_url, "--api-key", EXPLICIT_KEY, check=0)
     assert keys_received(other) == {f"Bearer {EXPLICIT_KEY}"} and server.requests == []
 
 
+@pytest.mark.e2e
 def test_infer_on_the_same_origin_keeps_the_env_key(server, stage):
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2,
           "--base-url", server.base_url + "/", check=0)
     assert keys_received(server) == {f"Bearer {API_KEY}"}
 
 
+@pytest.mark.e2e
 def test_no_key_anywhere_sends_a_placeholder_to_a_local_server(other, stage):
     del stage.env["OPENAI_API_KEY"]
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2, "--base-url", other.base_url, check=0)
@@ -145,6 +155,7 @@ def test_no_key_anywhere_sends_a_placeholder_to_a_local_server(other, stage):
 # ---------------------------------------------------------------- batch backend and error analysis
 
 
+@pytest.mark.e2e
 def test_batch_backend_follows_the_same_rule(server, other, stage, tmp_path):
     inferred(stage)
     before = len(server.requests)
@@ -167,6 +178,7 @@ def test_batch_backend_follows_the_same_rule(server, other, stage, tmp_path):
     assert keys_received(other) == {f"Bearer {JUDGE_KEY}"}
 
 
+@pytest.mark.e2e
 def test_error_analysis_follows_the_same_rule(server, other, stage):
     server.handler = other.handler = with_analyst()
     inferred(stage, samples=12)

@@ -5,12 +5,12 @@ import json
 import signal
 import subprocess
 import time
-from argparse import Namespace
 
 import pytest
 
 from evalpipe.benchmarks.error_recovery import (
     FINAL_ANSWER_PROMPT, FORMAT_HINTS, MISTAKE_NOTICE, TASK_DESCRIPTION, ErrorRecovery, compat, normalize)
+from evalpipe.stages import score
 from evalpipe.datasets import error_recovery as conv
 from evalpipe.devtools.testserver import Reply
 
@@ -61,6 +61,7 @@ def test_converter_on_our_sample_selects_orders_and_types_as_the_reference():
         conv.convert(BBM_SAMPLE, ("medium",))
 
 
+@pytest.mark.e2e
 def test_make_error_recovery_data(tmp_path):
     out = subprocess.run(["make", "-s", "-C", str(ROOT), "error-recovery-data", f"BBM_DIR={BBM_SAMPLE}"],
                          capture_output=True, text=True)
@@ -92,6 +93,7 @@ def calls_for(server, problem, variation_content=None):
             and (variation_content is None or (len(r.messages) > 2 and r.messages[2]["content"] == variation_content))]
 
 
+@pytest.mark.e2e
 def test_each_variation_byte_for_byte(server, stage):
     server.handler = er_handler()
     run_infer(stage, "--max-samples", "1")
@@ -112,6 +114,7 @@ def test_each_variation_byte_for_byte(server, stage):
         assert start + [reply, final] in requests
 
 
+@pytest.mark.e2e
 def test_reference_options_change_roles_and_notices(server, stage):
     server.handler = er_handler()
     p = PROBLEMS[0]
@@ -132,6 +135,7 @@ def test_reference_options_change_roles_and_notices(server, stage):
     assert len(ir_notice) == 1 and ir_notice[0][2]["content"].endswith(p["incorrect_step"])
 
 
+@pytest.mark.e2e
 def test_chat_compat_merge_never_sends_two_turns_of_a_role_or_a_late_system(server, stage):
     server.handler = er_handler()
     run_infer(stage, "--max-samples", "2", "--chat-compat", "merge", "--mistake-notice", "end")
@@ -148,6 +152,7 @@ def test_chat_compat_merge_never_sends_two_turns_of_a_role_or_a_late_system(serv
 
 # ---- resume between the two calls
 
+@pytest.mark.e2e
 def test_kill_between_the_two_calls_repeats_only_the_extraction(server, stage, tmp_path):
     def slow_extraction(request):
         if FINAL_ANSWER_PROMPT in request.messages[-1]["content"]:
@@ -176,6 +181,7 @@ def test_kill_between_the_two_calls_repeats_only_the_extraction(server, stage, t
         assert rows[idx]["model_output"].startswith("paid reasoning")
 
 
+@pytest.mark.e2e
 def test_failed_extraction_is_retried_next_run_without_new_reasoning(server, stage, tmp_path):
     def failing_extraction(request):
         if FINAL_ANSWER_PROMPT in request.messages[-1]["content"]:
@@ -210,6 +216,7 @@ def test_exact_and_normalised_match(task, answer, target, exact, normalized):
     assert (normalize(task, answer) == normalize(task, target)) is normalized
 
 
+@pytest.mark.e2e
 def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
     server.handler = er_handler()
     proc = subprocess.run(
@@ -241,7 +248,6 @@ def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
 
 def test_stderr_and_missing_rows(tmp_path):
     b = ErrorRecovery()
-    b.configure(Namespace())
     tasks = b.select(b.load(SAMPLE), 4)
     assert len(tasks) == 12
     judged = {}
@@ -250,7 +256,7 @@ def test_stderr_and_missing_rows(tmp_path):
         if t.row["variation"] == "NR" and t.row["problem"] == 3:
             continue  # missing: counts as wrong
         judged[t.id] = {"correct": ok, "normalized_correct": ok, "calls": {}}
-    m = b.metrics(tasks, judged)
+    m = score.summarize(b, tasks, judged)
     assert (m["NR_correct_rate"], m["CR_correct_rate"], m["IR_correct_rate"]) == (0.0, 1.0, 0.25)
     assert m["stderr"]["IR"] == pytest.approx((0.25 * 0.75 / 4) ** 0.5)
     assert m["performance_loss"] == 0.75

@@ -41,6 +41,7 @@ def runner(env, *words, timeout=300):
 # ---- 1. a dead endpoint fails in seconds, with its own exit code
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("url, reason", [
     (f"http://127.0.0.1:{closed_port()}/v1", "connection refused"),
     ("http://no-such-host.invalid/v1", "unknown host"),
@@ -57,6 +58,7 @@ def test_a_dead_endpoint_stops_in_seconds(stage, tmp_path, url, reason):
     assert not (tmp_path / "infer.jsonl.failed.jsonl").exists()  # no task is blamed for it
 
 
+@pytest.mark.e2e
 def test_tls_to_a_plain_http_server_is_unreachable(stage):
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -79,6 +81,7 @@ def test_tls_to_a_plain_http_server_is_unreachable(stage):
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.e2e
 def test_a_url_without_v1_gets_the_hint(server, stage):
     root_url = server.base_url.removesuffix("/v1")
     stage.env["OPENAI_BASE_URL"] = root_url
@@ -89,12 +92,14 @@ def test_a_url_without_v1_gets_the_hint(server, stage):
     assert "refused model" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_an_unknown_model_is_still_a_refusal(server, stage):
     server.handler = lambda request: Reply.error(404, "The model `m` does not exist.", code="model_not_found")
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
     assert proc.returncode == 4 and "refused model 'm'" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_an_endpoint_that_goes_away_after_answering_is_retried(tmp_path, stage):
     def slow(request):
         reply = scripted(request)
@@ -119,6 +124,7 @@ def test_an_endpoint_that_goes_away_after_answering_is_retried(tmp_path, stage):
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12 and second.chat_requests()
 
 
+@pytest.mark.e2e
 def test_make_stops_at_a_dead_endpoint_and_shows_its_code(env, tmp_path):
     env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{closed_port()}/v1"
     proc = make(env, "infer", "judge", "score", f"OUTPUTS={tmp_path}", "RUNS=1", timeout=120)
@@ -131,6 +137,7 @@ def test_make_stops_at_a_dead_endpoint_and_shows_its_code(env, tmp_path):
 # ---- 2. the runner's exit code is the stage's
 
 
+@pytest.mark.e2e
 def test_the_runner_exits_5_when_another_run_holds_the_lock(server, env, tmp_path):
     output = tmp_path / "clbench" / "m" / "run-1" / "infer.jsonl"
     with lock.exclusive(output):
@@ -139,6 +146,7 @@ def test_the_runner_exits_5_when_another_run_holds_the_lock(server, env, tmp_pat
     assert "pipeline: infer stopped with exit code 5" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_an_incomplete_infer_lets_judge_and_score_go_on_and_ends_with_3(server, env, tmp_path):
     failing = read_jsonl(SAMPLE)[1]["messages"][-1]["content"]
 
@@ -160,6 +168,7 @@ def test_an_incomplete_infer_lets_judge_and_score_go_on_and_ends_with_3(server, 
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.e2e
 def test_waiting_batches_stop_before_the_next_stage_with_75(env, tmp_path):
     with FakeOpenAI(scripted, batch_polls_to_finish=5) as srv:
         env["OPENAI_BASE_URL"] = srv.base_url
@@ -170,6 +179,7 @@ def test_waiting_batches_stop_before_the_next_stage_with_75(env, tmp_path):
     assert not list(tmp_path.rglob("judge.jsonl*"))
 
 
+@pytest.mark.e2e
 def test_sigterm_to_the_runner_stops_the_stage_cleanly(server, env, tmp_path):
     def slow(request):
         reply = scripted(request)
@@ -200,6 +210,7 @@ def test_sigterm_to_the_runner_stops_the_stage_cleanly(server, env, tmp_path):
 # ---- 3. make variables are checked and quoted
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("word, message", [
     ("RUNS=-1", "RUNS=-1: expected a whole number of 1 or more"),
     ("RUNS=three", "RUNS=three: expected a whole number of 1 or more"),
@@ -217,6 +228,7 @@ def test_bad_make_variables_get_one_line_and_exit_2(env, tmp_path, word, message
     assert runner(env, "infer", word).returncode == 2
 
 
+@pytest.mark.e2e
 def test_paths_with_spaces_work_in_every_target(server, env, tmp_path):
     data = tmp_path / "my data" / "coin flip.jsonl"
     data.parent.mkdir()
@@ -234,6 +246,7 @@ def test_paths_with_spaces_work_in_every_target(server, env, tmp_path):
 # ---- 4. two configurations of one model
 
 
+@pytest.mark.e2e
 def test_a_label_gives_a_variant_its_own_folder_and_row(server, env, tmp_path):
     common = ["BENCH=coin_flip", "MODEL=m", "RUNS=1", "MAX_SAMPLES=6", f"OUTPUTS={tmp_path}"]
     assert make(env, "infer", "judge", "score", "aggregate", *common).returncode == 0
@@ -247,6 +260,7 @@ def test_a_label_gives_a_variant_its_own_folder_and_row(server, env, tmp_path):
     assert sorted(m["model"] for m in aggregate["models"]) == ["m", "m@3shot"]
 
 
+@pytest.mark.e2e
 def test_allow_config_change_that_adds_no_row_changes_nothing(server, stage, tmp_path):
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
     manifest = tmp_path / "infer.jsonl.manifest.json"
@@ -263,6 +277,7 @@ def test_allow_config_change_that_adds_no_row_changes_nothing(server, stage, tmp
 # ---- 6. smaller things
 
 
+@pytest.mark.e2e
 def test_aggregate_uses_the_runs_that_exist_unless_runs_is_given(server, env, tmp_path):
     common = ["BENCH=coin_flip", "MODEL=m", "MAX_SAMPLES=4", f"OUTPUTS={tmp_path}"]
     assert make(env, "infer", "judge", "score", *common, "RUNS=2").returncode == 0
@@ -273,6 +288,7 @@ def test_aggregate_uses_the_runs_that_exist_unless_runs_is_given(server, env, tm
     assert proc.returncode == 3 and "no score.json for run(s) [3]" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_dry_run_writes_nothing(server, stage, tmp_path):
     proc = stage("infer", "--model", "m", "--outputs-dir", "out", "--dry-run", check=0)
     assert "calls" in proc.stdout + proc.stderr
@@ -284,6 +300,7 @@ def test_dry_run_writes_nothing(server, stage, tmp_path):
     assert len(server.chat_requests()) == 2
 
 
+@pytest.mark.e2e
 def test_the_judge_model_default_is_judge_py_s(server, env, tmp_path):
     proc = make(env, "infer", "judge", "MODEL=m", "RUNS=1", "MAX_SAMPLES=2", f"OUTPUTS={tmp_path}")
     assert proc.returncode == 0, proc.stderr

@@ -1,8 +1,12 @@
 """Conservative zero scores, each with its reason, and which of them are judged again."""
 
+import pytest
+
 from evalpipe.devtools.testserver import Reply
 
 from .conftest import SAMPLE, is_judge, judge_json, read_jsonl, rubric_count, scripted
+
+pytestmark = pytest.mark.e2e
 
 IDS = [r["metadata"]["task_id"] for r in read_jsonl(SAMPLE)]
 

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.e2e
 def test_real_model_through_every_stage(stage, tmp_path):
     with localmodel.server(tmp_path / "server.log") as base_url:
         stage.env["OPENAI_BASE_URL"] = base_url

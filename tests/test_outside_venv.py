@@ -8,6 +8,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.e2e
+
 
 def without_site_packages(*args, cwd=ROOT):
     """`python -S`: the standard library only, as a system python without the project's packages."""

@@ -3,9 +3,13 @@
 import json
 import subprocess
 
+import pytest
+
 from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, ROOT, SAMPLE, is_judge, read_jsonl, write_jsonl
+
+pytestmark = pytest.mark.e2e
 
 UPSTREAM_INFER = ["idx", "messages", "model_output", "rubrics", "metadata"]
 UPSTREAM_JUDGE = UPSTREAM_INFER + ["grading_rationale", "requirement_status", "score"]

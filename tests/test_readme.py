@@ -5,6 +5,8 @@ import re
 import shlex
 import subprocess
 
+import pytest
+
 from .conftest import ROOT, SAMPLE
 
 README = ROOT / "README.md"
@@ -33,6 +35,7 @@ def test_the_readme_lists_the_two_commands_first():
     assert [" ".join(c) for c in readme_commands()[:2]] == ["make demo", "make test"]
 
 
+@pytest.mark.e2e
 def test_every_readme_command_runs(server, env, tmp_path):
     out = tmp_path / "out"
     later, ran = [], []

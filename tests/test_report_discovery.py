@@ -63,6 +63,7 @@ def leaderboard_run(env, cwd, outputs):
                           cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_report_over_two_roots(server, stage, env, tmp_path):
     """Real outputs in outputs/ (steady 1 run, shy 2 runs) and outputs/demo/ (shy 1 run), then the report."""
     server.handler = by_model

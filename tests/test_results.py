@@ -45,6 +45,7 @@ def prices_file(tmp_path, **models):
 # ---------------------------------------------------------------- manifests
 
 
+@pytest.mark.e2e
 def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage, tmp_path):
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", "--temperature", "0.3", check=0)
     path = tmp_path / "infer.jsonl.manifest.json"
@@ -68,6 +69,7 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
         assert API_KEY not in (tmp_path / name).read_text()
 
 
+@pytest.mark.e2e
 def test_judge_refuses_to_mix_judge_configurations(server, stage, tmp_path):
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
@@ -107,6 +109,7 @@ def test_the_bundled_price_table_is_dated_and_marked_for_review():
     assert prices.price_for("gpt-4o-mini") is not None
 
 
+@pytest.mark.e2e
 def test_score_reports_tokens_latency_and_cost_per_stage(server, stage, tmp_path):
     stage("infer", "--model", "m", "--output", "infer.jsonl", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
@@ -131,6 +134,7 @@ def test_score_reports_tokens_latency_and_cost_per_stage(server, stage, tmp_path
     assert c["cost_usd"] is None and c["unpriced_models"] == ["j"] and c["stages"]["judge"]["cost_usd"] is None
 
 
+@pytest.mark.e2e
 def test_a_bad_price_table_names_the_file(server, stage, tmp_path):
     write_jsonl(tmp_path / "judge.jsonl", [])
     (tmp_path / "p.json").write_text('{"models": {"m": {"input": -1, "output": 1}}}')
@@ -150,6 +154,7 @@ def dry_run_figures(stderr: str) -> dict:
             "cost": float(dollars.group(1).replace(",", "")) if dollars else None}
 
 
+@pytest.mark.e2e
 def test_dry_run_counts_and_prices_without_sending_anything(server, stage, tmp_path):
     prices = prices_file(tmp_path, m={"input": 2.0, "output": 10.0})
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-tokens", "100", "--dry-run", "--prices", prices)
@@ -169,6 +174,7 @@ def test_dry_run_counts_and_prices_without_sending_anything(server, stage, tmp_p
     assert len(server.requests) == sent and not (tmp_path / "judge.jsonl").exists()
 
 
+@pytest.mark.e2e
 def test_dry_run_follows_error_recovery_two_calls(server, stage, tmp_path):
     proc = stage("infer", "--bench", "error_recovery", "--model", "m", "--output", "er.jsonl", "--dry-run", check=0)
     problems = len(read_jsonl(ROOT / "data" / "error_recovery" / "sample.jsonl"))
@@ -185,6 +191,7 @@ def run_judged(stage, tmp_path, run=1):
     return tmp_path / "out" / "clbench" / "m" / f"run-{run}"
 
 
+@pytest.mark.e2e
 def test_error_analysis_classifies_each_failed_solution_and_score_reports_shares(server, stage, tmp_path):
     server.handler = with_analyst()
     run = run_judged(stage, tmp_path)
@@ -213,6 +220,7 @@ def test_error_analysis_classifies_each_failed_solution_and_score_reports_shares
     assert "Error types (share of failed solutions)" in proc.stdout and "Context Misused" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_error_analysis_fallbacks_match_the_judge(server, stage, tmp_path):
     run = run_judged(stage, tmp_path)
     failed = [r for r in read_jsonl(run / "judge.jsonl") if r["score"] == 0]
@@ -265,6 +273,7 @@ def clbench_metrics(overall, expected=10, shares=None):
     return m
 
 
+@pytest.mark.e2e
 def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     root = tmp_path / "outputs"
     shares = {"Context Ignored": 0.6, "Context Misused": 0.4, "Format Error": 0.2, "Refusal": 0.0}
@@ -306,6 +315,7 @@ def png_size(path):
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.e2e
 def test_plots_are_valid_pngs(stage, tmp_path):
     pytest.importorskip("matplotlib", reason="plots need requirements-report.txt (make test installs it)")
     from PIL import Image
@@ -325,6 +335,7 @@ def test_plots_are_valid_pngs(stage, tmp_path):
             img.verify()  # the whole stream decodes (CRCs and zlib data)
 
 
+@pytest.mark.e2e
 def test_without_matplotlib_the_tables_still_come_out(stage, tmp_path):
     root = tmp_path / "outputs"
     write_score(root, "clbench", "model-a", 1, clbench_metrics(0.5))
@@ -337,6 +348,7 @@ def test_without_matplotlib_the_tables_still_come_out(stage, tmp_path):
     assert (root / "clbench" / "aggregate.md").exists() and not list((root / "clbench").glob("*.png"))
 
 
+@pytest.mark.e2e
 def test_make_report_builds_every_benchmark(tmp_path, env):
     root = tmp_path / "outputs"
     write_score(root, "clbench", "model-a", 1, clbench_metrics(0.5))

@@ -5,10 +5,14 @@ import signal
 import time
 from collections import Counter
 
+import pytest
+
 from evalpipe import lock
 from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY, SAMPLE, is_judge, read_jsonl, scripted
+
+pytestmark = pytest.mark.e2e
 
 
 def slow(delay):

@@ -3,7 +3,11 @@
 import json
 import math
 
+import pytest
+
 from .conftest import SAMPLE, read_jsonl, write_jsonl
+
+pytestmark = pytest.mark.e2e
 
 CATS = ["Domain Knowledge Reasoning", "Rule System Application", "Procedural Task Execution",
         "Empirical Discovery & Simulation"]

@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT, SAMPLE, read_jsonl
+
+pytestmark = pytest.mark.e2e
 
 UPSTREAM_INFER = ["idx", "messages", "model_output", "rubrics", "metadata"]
 

@@ -1,12 +1,20 @@
-"""What every benchmark answers: which tasks, how one is solved, how it is graded, which metrics."""
+"""What every benchmark answers: which tasks, how one is solved, how it is graded, which metrics.
 
-import argparse
-from dataclasses import dataclass
+A benchmark is a `Benchmark` subclass that implements the four answers — `load`, `solve`,
+`grade`, `metrics` — and sets `name` and `default_data`. Everything else has a default. Its own
+flags are the fields of an `Options` dataclass (declared with `flag`); the stages turn them into
+command-line flags and hand the parsed values over once, as `self.options`. Coverage (expected,
+graded, missing), call accounting and cost are the framework's: a benchmark never counts them.
+docs/adding-a-benchmark.md walks through adding one.
+"""
+
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..checkpoint import StepCache
 from ..errors import ContextTooLong
+from ..results import tables
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -19,6 +27,17 @@ class Task:
     id: str
     row: dict  # the dataset row as read
     line: int  # where it was read, for error messages
+
+
+def flag(default: Any, help: str, *, stage: str = "infer", choices: tuple[str, ...] | None = None) -> Any:
+    """A benchmark option: a field of its `Options` dataclass that the `stage` ("infer" or "judge")
+    offers as `--field-name` (a bool is an on/off switch; other types convert from the text)."""
+    return field(default=default, metadata={"help": help, "stage": stage, "choices": choices})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A benchmark without flags of its own."""
 
 
 async def answer_into(out: dict, model: "ChatClient", messages: list[dict]) -> dict:
@@ -42,120 +61,147 @@ def row_id(row: dict) -> Any:
 
 
 class Benchmark:
-    name: str = ""
-    default_data: Path | None = None
-    judge_uses_llm: bool = False
-    aggregate_note: str = ""  # printed under the aggregate table: how to read the figures
-    flag_note: str = ""  # printed under the aggregate table when flagged() marked a model: what the † means
-    score_fields: tuple[str, ...] = ()  # what metrics() and is_provisional() read of a judge row
-    has_provisional: bool = False  # whether is_provisional() can ever be true
-    error_analysis_name: str | None = None  # set when failed solutions can be classified (judge.py --error-analysis)
+    """The four answers are required (`load`, `solve`, `grade`, `metrics`); the rest are defaults."""
 
-    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Benchmark-specific infer flags."""
+    name: ClassVar[str] = ""  # the --bench value and the outputs/<name>/ folder
+    default_data: ClassVar[Path | None] = None  # the bundled dataset infer reads without --input
+    Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
+    judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
+    score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what metrics() and is_provisional() read of a judge row
+    aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
+    flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
+    demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
 
-    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Benchmark-specific judge flags."""
+    def __init__(self, options: Any = None):
+        self.options = self.Options() if options is None else options
 
-    def configure(self, args: argparse.Namespace) -> None:
-        """Take the parsed flags (called once before load/solve/grade)."""
-        self.args = args
+    # ---- the four answers
 
     def load(self, path: Path) -> list[Task]:
-        raise NotImplementedError
+        """Which tasks: read a dataset file into tasks, in file order.
 
-    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
-        """`--max-samples N`: a prefix of the dataset's rows (as upstream)."""
-        return tasks if max_samples is None else tasks[:max_samples]
-
-    async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
-        """Make the inference row for one task (raises llm.CallFailed to leave it pending).
-
-        A task that needs several calls keeps each finished one in `steps`, so a rerun pays
-        only for the calls that did not finish.
+        Called by infer and score (and tools) before anything else; never calls an API. Raises
+        errors.BadInput(message, path, line) for a row it cannot use. A task's id must be stable
+        under --max-samples (a prefix keeps its ids) and must not match old rows when the file is
+        a different one (derive it from the row's own id, or from its position and content).
         """
         raise NotImplementedError
 
-    def is_judged(self, row: dict) -> bool:
-        """Whether judge.py, with its current flags, leaves this judge row as it is."""
-        return not self.is_provisional(row)
+    async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
+        """How a task is solved: make its inference row (rows.InferRow), calling `model`.
 
-    def is_provisional(self, row: dict) -> bool:
-        """Whether a judge row is a stand-in (e.g. the judge API failed) that judge.py redoes by itself."""
-        return False
+        Called by infer once per pending task, concurrently with others. Raises llm.CallFailed
+        (from `model`) to leave the task pending; a context-length failure is final and becomes a
+        row (see `answer_into`). A task that needs several calls keeps each finished one in
+        `steps`, so a rerun pays only for the calls that did not finish.
+        """
+        raise NotImplementedError
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        """Make the judge row for one inference row."""
+        """How a solution is graded: make the judge row (rows.JudgeRow) for one inference row.
+
+        Called by judge once per inference row not yet judged. `judge` is the judge model when
+        `judge_uses_llm`, else None (a rule). The row keeps the inference keys and adds `score`
+        (0/1) and `judge_status` ("ok", or why the score is a conservative 0).
+        """
         raise NotImplementedError
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        """One run's metrics from the selected tasks and their judge rows (last row per id)."""
+        """Which metrics a run has, from the selected tasks and their judge rows (last row per id,
+        only the `score_fields` keys). A task without a row counts as wrong.
+
+        Called by score; never calls an API. Coverage, judge statuses and cost are added by score:
+        leave them out.
+        """
         raise NotImplementedError
 
-    def headline(self, metrics: dict) -> dict[str, float | None]:
-        """The figures aggregate reports as mean ± std across runs, in display order (0..1)."""
-        raise NotImplementedError
+    # ---- optional, with defaults
 
-    def format_metrics(self, metrics: dict) -> str:
-        """A human-readable table of one run's metrics."""
-        raise NotImplementedError
+    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
+        """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream."""
+        return tasks if max_samples is None else tasks[:max_samples]
 
-    def flagged(self, runs: list[dict]) -> bool:
-        """Whether aggregate marks a model's headline figure with a † (flag_note says why), from its runs' metrics."""
+    def is_provisional(self, row: dict) -> bool:
+        """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.
+
+        Called by judge on the rows it has, and by score to count them; no API."""
         return False
 
-    # ---- optional: error types of failed solutions (benchmarks with an error_analysis_name)
+    def is_judged(self, row: dict) -> bool:
+        """Whether judge, with its current options, leaves this judge row as it is (else grades again)."""
+        return not self.is_provisional(row)
 
-    def needs_error_analysis(self, judge_row: dict) -> bool:
-        """Whether a judge row is a failed solution to classify."""
-        raise NotImplementedError
+    def headline(self, metrics: dict) -> dict[str, float | None]:
+        """The figures aggregate reports as mean ± std over runs, by name in display order (rates in 0..1).
+        Default: the metrics' `score`."""
+        return {"Score": metrics.get("score")}
 
-    def is_analyzed(self, row: dict) -> bool:
-        """Whether judge.py --error-analysis, with its current flags, leaves this analysis row as it is."""
-        raise NotImplementedError
+    def format_metrics(self, metrics: dict) -> str:
+        """The table score prints for one run (`metrics` includes score's `coverage`). Default: the headline."""
+        cov = metrics["coverage"]
+        lines = [f"{self.name}: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing (counted as wrong)"]
+        lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
+        return "\n".join(lines)
 
-    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        """Make the error-analysis row for one failed solution."""
-        raise NotImplementedError
-
-    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
-        raise NotImplementedError
-
-    def error_analysis_prompts(self) -> list[str]:
-        return []
+    def flagged(self, runs: list[dict]) -> bool:
+        """Whether aggregate marks a model's headline figure with † (`flag_note` says why), from its runs' metrics."""
+        return False
 
     def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
         """Further figures aggregate reports as tables of their own, by title (e.g. CL-bench error types)."""
         return {}
 
     def infer_prompts(self) -> list[str]:
-        """The prompt templates infer fills in beyond the dataset's own text (for the run's fingerprint)."""
+        """The prompt templates infer fills in beyond the dataset's own text (part of the run's fingerprint)."""
         return []
 
     def judge_prompts(self) -> list[str]:
-        """The prompt templates the judge fills in (for the judge's fingerprint)."""
+        """The prompt templates the judge fills in (part of the judge's fingerprint)."""
         return []
 
-    def api_calls(self, row: dict):
-        """(stage, model, usage, latency_s, calls, via_batch) for every API call recorded in a judge row
-        (or an error-analysis row)."""
-        get = row.get  # called once per row of a run (millions): plain lookups, a list, no generator
-        out = []
-        calls, batch = get("calls"), bool(get("batch"))
-        if isinstance(calls, dict):  # several calls per task, each recorded on its own
-            for call in calls.values():
-                out.append(("infer", get("model"), call.get("usage"), call.get("latency_s"), 1, batch))
-        elif "usage" in row or "latency_s" in row:
-            out.append(("infer", get("model"), get("usage"), get("latency_s"), 1, batch))
-        if "judge_usage" in row or "judge_latency_s" in row:
-            out.append(("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"), get("judge_attempts", 1),
-                        bool(get("judge_batch"))))
-        if "analysis_model" in row:
-            out.append(("error_analysis", get("analysis_model"), get("analysis_usage"), get("analysis_latency_s"),
-                        get("analysis_attempts", 1), bool(get("analysis_batch"))))
-        return out
+    # ---- for the test server, chaos runs and contract tests (never used by the stages)
+
+    def sample_rows(self, tasks: int) -> list[dict]:
+        """Dataset rows for about `tasks` tasks with distinct ids, made from `default_data`.
+        Default: its rows repeated (right when a task's id comes from its position)."""
+        from .. import jsonl
+
+        assert self.default_data is not None, f"{self.name} has no default_data to make rows from"
+        rows = [row for _, row in jsonl.iter_rows(self.default_data)]
+        return (rows * (tasks // len(rows) + 1))[:tasks]
+
+    def example_reply(self, prompt: str, seed: int) -> str:
+        """A well-formed reply to one of this benchmark's own requests (`prompt` is its last message),
+        varied by `seed`: what the loopback test server answers. Default: free text."""
+        return f"answer {seed}"
 
 
-# What score reads of every judge row for tokens, latency and cost (besides a benchmark's score_fields).
-ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "batch", "judge_model", "judge_usage", "judge_latency_s",
-                     "judge_attempts", "judge_batch")
+class ErrorAnalysis:
+    """Optional capability: classify why failed solutions failed (`judge.py --error-analysis`).
+
+    A benchmark offers it by also deriving from this class (CL-bench does); the stages test
+    `isinstance(bench, ErrorAnalysis)`. The analysis reads the judge rows and writes
+    `<error_analysis_name>.jsonl` beside them; score adds its metrics under that name.
+    """
+
+    error_analysis_name: ClassVar[str] = "error_analysis"
+
+    def needs_error_analysis(self, judge_row: dict) -> bool:
+        """Whether a judge row is a failed solution to classify. Called by the analysis stage and score; no API."""
+        raise NotImplementedError
+
+    def is_analyzed(self, row: dict) -> bool:
+        """Whether the analysis stage, with its current options, leaves this analysis row as it is."""
+        raise NotImplementedError
+
+    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
+        """Make the analysis row (rows.AnalysisRow) for one failed solution, calling `judge`."""
+        raise NotImplementedError
+
+    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
+        """The analysis figures of one run (score.json's `<error_analysis_name>`). Called by score; no API."""
+        raise NotImplementedError
+
+    def error_analysis_prompts(self) -> list[str]:
+        """The prompt templates of the analysis (part of its fingerprint)."""
+        return []

@@ -5,7 +5,6 @@ idx, messages, model_output, rubrics, metadata; a judge row adds grading_rationa
 requirement_status and score. Our extra keys come after those.
 """
 
-import argparse
 import json
 import re
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from .. import jsonl, cost
 from ..results import tables
 from ..paths import PROJECT
 from ..errors import BadInput, CallFailed, ContextTooLong
-from .base import VALID_ROLES, Benchmark, Task, answer_into, row_id
+from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -224,7 +223,7 @@ async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any
         latency = None if not latencies or None in latencies else sum(latencies)
         return Asked(value, status, usage, latency, n, error)
 
-    attempts = max(1, attempts)
+    attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
     failure = None
     for n in range(1, attempts + 1):
         try:
@@ -329,37 +328,31 @@ def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: st
     return out
 
 
-class CLBench(Benchmark):
+@dataclass(frozen=True)
+class CLBenchOptions:
+    judge_prompt: Path | None = flag(None, "prompt template file used verbatim; {rubrics} and {response} are replaced",
+                                     stage="judge")
+    parse_attempts: int = flag(3, "judge calls per task while the reply cannot be parsed (default 3, as upstream)",
+                               stage="judge")
+    rejudge_parse_errors: bool = flag(False, "also judge again the rows whose judge reply could not be parsed",
+                                      stage="judge")
+
+
+class CLBench(ErrorAnalysis, Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
+    Options = CLBenchOptions
     judge_uses_llm = True
     score_fields = ("score", "judge_status")
-    has_provisional = True
-    error_analysis_name = "error_analysis"
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
+    demo = {"MAX_SAMPLES": "6", "ARGS": "--max-tokens 64 --temperature 0.8",
+            "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1"}
+    options: CLBenchOptions
 
-    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--judge-prompt",
-            type=Path,
-            help="prompt template file used verbatim; {rubrics} and {response} are replaced",
-        )
-        parser.add_argument(
-            "--parse-attempts",
-            type=int,
-            default=3,
-            help="judge calls per task while the reply cannot be parsed (default 3, as upstream)",
-        )
-        parser.add_argument(
-            "--rejudge-parse-errors",
-            action="store_true",
-            help="also judge again the rows whose judge reply could not be parsed",
-        )
-
-    def configure(self, args: argparse.Namespace) -> None:
-        super().configure(args)
+    def __init__(self, options: CLBenchOptions | None = None):
+        super().__init__(options)
         self.judge_template = JUDGE_PROMPT
-        prompt_file = getattr(args, "judge_prompt", None)
+        prompt_file = self.options.judge_prompt
         if prompt_file is not None:
             try:
                 self.judge_template = prompt_file.read_text(encoding="utf-8")
@@ -424,7 +417,7 @@ class CLBench(Benchmark):
         return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
 
     def is_judged(self, row: dict) -> bool:
-        if row.get("judge_status") == PARSE_ERROR and self.args.rejudge_parse_errors:
+        if row.get("judge_status") == PARSE_ERROR and self.options.rejudge_parse_errors:
             return False
         return not self.is_provisional(row)
 
@@ -443,7 +436,7 @@ class CLBench(Benchmark):
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
         asked = await ask_judge(
-            judge, self.judge_prompt(rubrics, output), lambda text: parse_judge_reply(text, n_rubrics), self.args.parse_attempts
+            judge, self.judge_prompt(rubrics, output), lambda text: parse_judge_reply(text, n_rubrics), self.options.parse_attempts
         )
         accounts = dict(
             judge_model=judge.endpoint.model,
@@ -478,7 +471,7 @@ class CLBench(Benchmark):
 
     def is_analyzed(self, row: dict) -> bool:
         status = row.get("analysis_status")
-        if status == PARSE_ERROR and self.args.rejudge_parse_errors:
+        if status == PARSE_ERROR and self.options.rejudge_parse_errors:
             return False
         return status != API_ERROR
 
@@ -505,7 +498,7 @@ class CLBench(Benchmark):
         )
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        asked = await ask_judge(judge, self.error_analysis_prompt(judge_row), parse_error_types, self.args.parse_attempts)
+        asked = await ask_judge(judge, self.error_analysis_prompt(judge_row), parse_error_types, self.options.parse_attempts)
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
@@ -558,46 +551,49 @@ class CLBench(Benchmark):
     def error_analysis_prompts(self) -> list[str]:
         return [ERROR_ANALYSIS_PROMPT]
 
+    # ---- for the test server, chaos runs and contract tests
+
+    def sample_rows(self, tasks: int) -> list[dict]:
+        """The bundled sample's rows repeated, each copy a new task (`metadata.task_id` is the id)."""
+        rows = []
+        for i, row in enumerate(super().sample_rows(tasks)):
+            rows.append({**row, "metadata": {**row.get("metadata", {}), "task_id": f"copy-{i:04d}"}})
+        return rows
+
+    def example_reply(self, prompt: str, seed: int) -> str:
+        """A verdict for our judge prompt (score from the seed), error types for the analysis prompt."""
+        if "Response to grade:" in prompt and "Rubrics:" in prompt:
+            listed = prompt.split("Rubrics:", 1)[1].split("Response to grade:", 1)[0]
+            n, score = len(re.findall(r"^\d+\. ", listed, re.M)), seed % 2
+            return json.dumps({"Grading Rationale": f"r{seed}", "List of Requirement Satisfaction Status":
+                               ["yes" if score else "no"] * n, "Overall Score": score})
+        if '"Error Types"' in prompt:
+            return json.dumps({"Error Types": [ERROR_TYPES[seed % len(ERROR_TYPES)]], "Reason": f"r{seed}"})
+        return f"answer {seed}"
+
     # ---- which metrics a run has
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         overall = _Tally()
         by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
         by_sub: dict[str, _Tally] = {}
-        statuses: dict[str, int] = {}
-        missing = []
         for task in tasks:
             meta = task.row.get("metadata") or {}
             row = judged.get(task.id)
-            if row is None:
-                missing.append(task.id)
-                score = None
-            else:
-                score = 1 if _normalize_score(row.get("score")) == 1 else 0
-                status = row.get("judge_status", OK)
-                statuses[status] = statuses.get(status, 0) + 1
+            score = None if row is None else 1 if _normalize_score(row.get("score")) == 1 else 0
             for tally in (
                 overall,
                 by_cat.setdefault(str(meta.get("context_category", "(none)")), _Tally()),
                 by_sub.setdefault(str(meta.get("sub_category", "(none)")), _Tally()),
             ):
                 tally.add(score)
-        expected_ids = {t.id for t in tasks}
         return {
             "benchmark": self.name,
             "denominator": "solving_rate counts missing rows as 0 (all selected tasks); "
             "solving_rate_graded is upstream's rate over graded rows only",
-            "coverage": {
-                "expected": len(tasks),
-                "graded": len(tasks) - len(missing),
-                "missing": len(missing),
-                "missing_ids": missing[:20],
-                "extra_rows_ignored": len(judged.keys() - expected_ids),
-            },
             "overall": overall.as_dict(),
             "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},
             "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
-            "judge_status": dict(sorted(statuses.items())),
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:

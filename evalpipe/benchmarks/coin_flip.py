@@ -4,11 +4,11 @@ Prompts use EvalScope's templates exactly; the answer is read from the last `ANS
 rule (no judge model); F1 over YES/NO is the headline metric.
 """
 
-import argparse
 import json
 import random
 import re
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -16,7 +16,7 @@ from .. import jsonl
 from ..results import tables
 from ..errors import BadInput
 from ..paths import PROJECT
-from .base import Benchmark, Task, answer_into
+from .base import Benchmark, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -118,10 +118,20 @@ def answered_share(metrics: dict) -> float | None:
     return sum(confusion.values()) / expected if confusion and expected else None
 
 
+@dataclass(frozen=True)
+class CoinFlipOptions:
+    fewshot: int = flag(0, "number of worked demos in the prompt (default 0)")
+    fewshot_seed: int = flag(42, "seed that picks the demos (default 42)")
+    fewshot_data: Path = flag(DATA_DIR / "validation.jsonl",
+                              "split the demos come from (default data/coin_flip/validation.jsonl)")
+    parse: str = flag("strict", "answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
+                      stage="judge", choices=("strict", "lenient"))
+
+
 class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
-    judge_uses_llm = False
+    Options = CoinFlipOptions
     score_fields = ("prediction",)
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
@@ -132,29 +142,19 @@ class CoinFlip(Benchmark):
         "† Most answers unparsed (Answered below 50% on average over runs): F1 covers only the parsed answers, "
         "so it can be high while the model mostly fails to answer; read it with Answered and Accuracy."
     )
+    # three worked demos teach even the tiny model the ANSWER line
+    demo = {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"}
+    options: CoinFlipOptions
 
-    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--fewshot", type=int, default=0, help="number of worked demos in the prompt (default 0)")
-        parser.add_argument("--fewshot-seed", type=int, default=42, help="seed that picks the demos (default 42)")
-        parser.add_argument(
-            "--fewshot-data", type=Path, default=DATA_DIR / "validation.jsonl",
-            help="split the demos come from (default data/coin_flip/validation.jsonl)",
-        )
-
-    def add_judge_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--parse", choices=("strict", "lenient"), default="strict",
-            help="answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
-        )
-
-    def configure(self, args: argparse.Namespace) -> None:
-        super().configure(args)
+    def __init__(self, options: CoinFlipOptions | None = None):
+        super().__init__(options)
         self.demos = ""
-        if getattr(args, "fewshot", 0):
-            pool = self.load(args.fewshot_data)
-            if args.fewshot > len(pool):
-                raise BadInput(f"--fewshot {args.fewshot} is more than the {len(pool)} rows", args.fewshot_data)
-            picked = random.Random(args.fewshot_seed).sample(pool, args.fewshot)
+        fewshot, data = self.options.fewshot, self.options.fewshot_data
+        if fewshot:
+            pool = self.load(data)
+            if fewshot > len(pool):
+                raise BadInput(f"--fewshot {fewshot} is more than the {len(pool)} rows", data)
+            picked = random.Random(self.options.fewshot_seed).sample(pool, fewshot)
             self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
 
     def load(self, path: Path) -> list[Task]:
@@ -190,17 +190,17 @@ class CoinFlip(Benchmark):
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
         out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
-               "metadata": {"fewshot": self.args.fewshot}, "model": model.endpoint.model}
+               "metadata": {"fewshot": self.options.fewshot}, "model": model.endpoint.model}
         return await answer_into(out, model, messages)
 
     def is_judged(self, row: dict) -> bool:
-        return row.get("parse_mode") == self.args.parse  # another parse mode: grade again (it is free)
+        return row.get("parse_mode") == self.options.parse  # another parse mode: grade again (it is free)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        prediction = parse_answer(row.get("model_output") or "", self.args.parse)
+        prediction = parse_answer(row.get("model_output") or "", self.options.parse)
         correct = prediction is not None and prediction == row.get("target")
         return {**row, "prediction": prediction, "score": int(correct),
-                "judge_status": "ok" if prediction else "unparsed", "parse_mode": self.args.parse}
+                "judge_status": "ok" if prediction else "unparsed", "parse_mode": self.options.parse}
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tp = fp = fn = tn = unparsed = missing = yes = 0
@@ -231,8 +231,6 @@ class CoinFlip(Benchmark):
             "benchmark": self.name,
             "denominator": "accuracy and yes_ratio over all selected tasks (unparsed and missing count as wrong); "
             "precision, recall and F1 over parsed predictions, positive class YES",
-            "coverage": {"expected": total, "graded": total - missing, "missing": missing,
-                         "extra_rows_ignored": len(judged.keys() - {t.id for t in tasks})},
             "f1": ratio(2 * precision * recall, precision + recall),
             "accuracy": ratio(tp + tn, total),
             "precision": precision,
@@ -259,3 +257,6 @@ class CoinFlip(Benchmark):
             lines.append("  most answers unparsed: F1 covers only the parsed ones")
         lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")
         return "\n".join(lines)
+
+    def example_reply(self, prompt: str, seed: int) -> str:
+        return f"Tracking the coin.\nANSWER: {'YES' if seed % 3 else 'NO'}"

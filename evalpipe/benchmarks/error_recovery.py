@@ -9,8 +9,8 @@ finished call is kept, so a failed extraction never costs the reasoning again.
 The prompt strings are the reference eval's, reproduced verbatim so results stay comparable.
 """
 
-import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from ..checkpoint import StepCache
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..paths import PROJECT
-from .base import Benchmark, Task
+from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -38,6 +38,7 @@ FORMAT_HINTS = {
     "word_sorting": "\n\nAnswer with the sorted words, each lower case and separated by a single space.",
 }
 VARIATIONS = ("NR", "CR", "IR")
+SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"  # made by `make error-recovery-data`
 ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
 
 
@@ -99,29 +100,38 @@ def normalize(task: str, answer: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class ErrorRecoveryOptions:
+    reasoning_role: str = flag("assistant", "the given reasoning as the model's own turn (assistant, default) or as "
+                               "another's (user)", choices=("assistant", "user"))
+    final_answer_role: str = flag("system", "role of the answer-extraction prompt (default system)",
+                                  choices=("system", "user"))
+    mistake_notice: str = flag("none", f"add {MISTAKE_NOTICE!r} right after the given reasoning (immediate) or after "
+                               "the model's reasoning, followed by one more reasoning call (end); default none",
+                               choices=("none", "immediate", "end"))
+    mistake_notice_ir_only: bool = flag(False, "the notice only for IR")
+    chat_compat: str = flag("strict", "strict: messages exactly as the reference; merge: for chat templates that reject "
+                            "two assistant turns in a row or a system message mid-conversation", choices=("strict", "merge"))
+
+
 class ErrorRecovery(Benchmark):
     name = "error_recovery"
     default_data = PROJECT / "data" / "error_recovery" / "sample.jsonl"
-    judge_uses_llm = False
+    Options = ErrorRecoveryOptions
     score_fields = ("correct", "normalized_correct", "calls")
     aggregate_note = (
         "Correct rates over all selected problems (a missing variation counts as wrong); exact match with "
         "str(target) as the reference. Performance loss = 1 − IR/CR."
     )
+    options: ErrorRecoveryOptions
 
-    def add_infer_arguments(self, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("error recovery")
-        g.add_argument("--reasoning-role", choices=("assistant", "user"), default="assistant",
-                       help="the given reasoning as the model's own turn (assistant, default) or as another's (user)")
-        g.add_argument("--final-answer-role", choices=("system", "user"), default="system",
-                       help="role of the answer-extraction prompt (default system)")
-        g.add_argument("--mistake-notice", choices=("none", "immediate", "end"), default="none",
-                       help=f"add {MISTAKE_NOTICE!r} right after the given reasoning (immediate) or after the model's "
-                       "reasoning, followed by one more reasoning call (end); default none")
-        g.add_argument("--mistake-notice-ir-only", action="store_true", help="the notice only for IR")
-        g.add_argument("--chat-compat", choices=("strict", "merge"), default="strict",
-                       help="strict: messages exactly as the reference; merge: for chat templates that reject two "
-                       "assistant turns in a row or a system message mid-conversation")
+    @property  # type: ignore[override]
+    def demo(self) -> dict[str, str]:
+        """The reference's `small` variant if `make error-recovery-data` made it, else our own sample."""
+        settings = {"ARGS": "--max-tokens 32 --temperature 0.8"}
+        if SMALL.exists():
+            settings["DATA"] = str(SMALL.relative_to(PROJECT))
+        return settings
 
     # ---- which tasks
 
@@ -156,13 +166,13 @@ class ErrorRecovery(Benchmark):
     async def _call(self, model: "ChatClient", steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
         done = steps.get(task_id, step)
         if done is None:
-            reply = await model.complete(compat(messages, self.args.chat_compat))
+            reply = await model.complete(compat(messages, self.options.chat_compat))
             done = steps.put(task_id, step, {"text": reply.text, "usage": reply.usage, "latency_s": reply.latency_s,
                                              "finish_reason": reply.finish_reason})
         return done
 
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
-        p, a = task.row, self.args
+        p, a = task.row, self.options
         variation = p["variation"]
         notice = notice_position(variation, a.mistake_notice, a.mistake_notice_ir_only)
         messages = conversation(p, variation, a.reasoning_role)
@@ -251,10 +261,6 @@ class ErrorRecovery(Benchmark):
             str(k): {"problems": tally[(f"after:{k}", "NR")][2], **{var: rate(f"after:{k}", var) for var in VARIATIONS}}
             for k in afters
         }
-        missing = sum(c["missing"] for c in counts.values())
-        total = sum(c["total"] for c in counts.values())
-        out["coverage"] = {"expected": total, "graded": total - missing, "missing": missing,
-                           "extra_rows_ignored": len(judged.keys() - {t.id for t in tasks})}
         return out
 
     def headline(self, metrics: dict) -> dict[str, float | None]:
@@ -282,6 +288,12 @@ class ErrorRecovery(Benchmark):
         lines.append("by steps after the mistake: " + ", ".join(
             f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})" for k, v in metrics["by_steps_after_mistake"].items()))
         return "\n".join(lines)
+
+    def sample_rows(self, tasks: int) -> list[dict]:
+        return super().sample_rows(max(1, tasks // len(VARIATIONS)))  # each problem is one task per variation
+
+    def example_reply(self, prompt: str, seed: int) -> str:
+        return str(seed % 7 - 3) if FINAL_ANSWER_PROMPT in prompt else f"answer {seed}"
 
 
 def _call_record(call: dict) -> dict:

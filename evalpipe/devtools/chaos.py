@@ -24,16 +24,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import orjson
+
 from .. import jsonl
-from ..benchmarks import get, row_id
-from ..benchmarks.error_recovery import FINAL_ANSWER_PROMPT
+from ..benchmarks import REGISTRY, Benchmark, get, row_id
 from ..paths import PROJECT
 from .testserver import FakeOpenAI, Reply, Request
 
 KEY = "sk-chaos-" + "7f3a9c" * 4
 FAULTS = ("500", "502", "503", "429 Retry-After", "429 no Retry-After", "reset", "hang", "truncated body",
           "non-JSON body", "HTML with 200", "trickled body", "echoed key")
-BENCHES = ("clbench", "coin_flip", "error_recovery")
+BENCHES = tuple(REGISTRY)
 ANSWER_DELAY = 0.05  # seconds per request: long enough that a random kill lands mid-run
 
 
@@ -41,26 +42,13 @@ def _digest(request: Request) -> int:
     return int(hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:8], 16)
 
 
-def oracle(request: Request) -> Reply:
-    """Deterministic answers of every kind the three benchmarks ask for."""
-    reply = _answer(request)
-    reply.delay = ANSWER_DELAY
-    return reply
+def oracle_for(bench: Benchmark):
+    """A handler that gives deterministic, well-formed answers to every request the benchmark makes."""
 
+    def answer(request: Request) -> Reply:
+        return Reply(content=bench.example_reply(request.last_content, _digest(request)), delay=ANSWER_DELAY)
 
-def _answer(request: Request) -> Reply:
-    prompt, h = request.last_content, _digest(request)
-    if "Response to grade:" in prompt:
-        score = h % 2
-        n = prompt.count("\n", prompt.find("Rubrics:"), prompt.find("Response to grade:")) - 2
-        statuses = ["yes"] * max(n, 0) if score else ["no"] * max(n, 0)
-        return Reply(content=json.dumps({"Grading Rationale": f"r{h}", "List of Requirement Satisfaction Status": statuses,
-                                         "Overall Score": score}))
-    if 'ANSWER: [ANSWER]' in prompt:
-        return Reply(content=f"Tracking the coin.\nANSWER: {'YES' if h % 3 else 'NO'}")
-    if FINAL_ANSWER_PROMPT in prompt:
-        return Reply(content=str(h % 7 - 3))
-    return Reply(content=f"answer {h}")
+    return answer
 
 
 def faulty(handler, rate: float, rng: random.Random, counts: Counter):
@@ -95,21 +83,9 @@ def faulty(handler, rate: float, rng: random.Random, counts: Counter):
 
 
 def dataset(bench: str, work: Path, size: int) -> Path:
-    """A dataset of about `size` tasks made from the bundled data (copies get new task ids)."""
+    """A dataset of about `size` tasks, made by the benchmark from its bundled data."""
     path = work / f"{bench}-data.jsonl"
-    if bench == "coin_flip":
-        lines = (PROJECT / "data" / "coin_flip" / "test.jsonl").read_bytes().splitlines(keepends=True)[:size]
-    elif bench == "clbench":
-        base = [json.loads(line) for line in (PROJECT / "data" / "clbench" / "sample.jsonl").read_text().splitlines()]
-        lines = []
-        for i in range(size):
-            row = json.loads(json.dumps(base[i % len(base)]))
-            row["metadata"]["task_id"] = f"chaos-{i:04d}"
-            lines.append(json.dumps(row).encode() + b"\n")
-    else:  # error recovery: problems get their ids from their position, so copies are new problems
-        problems = (PROJECT / "data" / "error_recovery" / "sample.jsonl").read_bytes().splitlines(keepends=True)
-        lines = (problems * (size // 30 + 1))[: max(1, size // 3)]
-    path.write_bytes(b"".join(lines))
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in get(bench).sample_rows(size)))
     return path
 
 
@@ -122,7 +98,7 @@ class Chaos:
         self.kills_by_stage: Counter = Counter()
         self.outputs: list[str] = []
         self.log = log
-        self.server = FakeOpenAI(oracle).start()
+        self.server = FakeOpenAI(oracle_for(get(BENCHES[0]))).start()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_"))}
         self.env.update(OPENAI_BASE_URL=self.server.base_url, OPENAI_API_KEY=KEY)
 
@@ -178,7 +154,7 @@ class Chaos:
     def bench(self, bench: str) -> dict:
         extra = ["--input", str(dataset(bench, self.work, self.size))]
         clean, chaotic = self.work / bench / "clean", self.work / bench / "chaos"
-        self.server.handler = oracle
+        oracle = self.server.handler = oracle_for(get(bench))
         self.run_clean(self.cmd("infer", bench, clean, extra))
         self.run_clean(self.cmd("judge", bench, clean))
         self.run_clean(self.cmd("score", bench, clean))

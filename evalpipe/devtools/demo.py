@@ -17,30 +17,20 @@ from pathlib import Path
 from .. import benchmarks, cli, pipeline
 from . import localmodel
 from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
-from ..paths import PROJECT
 
 ROOT = Path("outputs") / "demo"
 RUNS = 2
 
-# What each benchmark runs in the demo, as make / pipeline settings.
-PLAN = {
-    "clbench": {"MAX_SAMPLES": "6", "ARGS": "--max-tokens 64 --temperature 0.8",
-                "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1"},
-    # three worked demos teach even the tiny model the ANSWER line
-    "coin_flip": {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"},
-    # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
-    "error_recovery": {"ARGS": "--max-tokens 32 --temperature 0.8"},
-}
-ER_SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"
+# The benchmarks in the demo, in registry order: those that say how to run on the local model.
+PLAN = [name for name, bench in benchmarks.REGISTRY.items() if bench().demo is not None]
 
 
 def settings(bench: str) -> dict[str, str]:
     """The pipeline settings of one benchmark on the local model: one call at a time, short answers."""
-    out = {"BENCH": bench, "MODEL": localmodel.MODEL_NAME, "WORKERS": "1", **PLAN[bench]}
-    if benchmarks.get(bench).judge_uses_llm:
+    chosen = benchmarks.get(bench)
+    out = {"BENCH": bench, "MODEL": localmodel.MODEL_NAME, "WORKERS": "1", **(chosen.demo or {})}
+    if chosen.judge_uses_llm:
         out["JUDGE_MODEL"] = localmodel.MODEL_NAME
-    if bench == "error_recovery" and ER_SMALL.exists():
-        out["DATA"] = str(ER_SMALL.relative_to(PROJECT))
     return out
 
 

@@ -1,31 +1,39 @@
 """judge: grade every inference row that has no final judge row yet.
 
-With --error-analysis (CL-bench), classify instead why each failed solution failed: the judge
-rows are the input and `error_analysis.jsonl` beside them the output.
+With --error-analysis (CL-bench), the error-analysis stage runs instead (stages/error_analysis.py):
+it reads the judge rows and shares this stage's judge model, flags and helpers.
 """
 
 import argparse
-import asyncio
 import gc
 import sys
+from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
 from pathlib import Path
 
-from .. import batch, batch_backend, cli, cost, dryrun, jsonl, lock, manifest, paths, runner
+from .. import cli, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
+from ..benchmarks.base import ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..llm import Endpoint
+from . import engine
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
 # Judge flags that change which rows are (re)judged, not what a judge row says.
-_NOT_IN_FINGERPRINT = ("model", "aws_region", "judge_prompt", "parse_attempts", "rejudge_parse_errors", "parse", "error_analysis")
+_NOT_IN_FINGERPRINT = (
+    "model", "aws_region", "judge_prompt", "parse_attempts", "rejudge_parse_errors", "parse", "error_analysis"
+)
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
+    """judge's own flags, --error-analysis where the benchmark offers it, and the endpoint's."""
     parser.add_argument("--model", help="the model whose answers are judged (for the default paths)")
     parser.add_argument(
         "--input",
         type=Path,
-        help="inference JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl; with --error-analysis the judge JSONL)",
+        help="inference JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl; "
+        "with --error-analysis the judge JSONL)",
     )
     parser.add_argument(
         "--output",
@@ -41,138 +49,163 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         help="add rows to an output judged under another configuration (judge model, parameters, prompt); "
         "without it such a rerun is refused",
     )
-    if bench.error_analysis_name:
+    if isinstance(bench, ErrorAnalysis):
         parser.add_argument(
             "--error-analysis",
             action="store_true",
             help="classify each failed solution's error types with the judge model (reads the judge rows)",
         )
     cli.add_endpoint_args(parser, upstream_max_retries=3)
-    bench.add_judge_arguments(parser)
-
-
-def _paths(bench: Benchmark, args, analysis: bool) -> tuple[Path, Path]:
-    first_file = "judge.jsonl" if analysis else "infer.jsonl"
-    if args.input is None:
-        if not args.model:
-            raise BadInput("give --input, or --model (and --run) to use the default output layout")
-        in_path = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / first_file
-    else:
-        in_path = args.input
-    if args.output is not None:
-        return in_path, args.output
-    if analysis:
-        return in_path, paths.error_analysis_path(in_path, bench.error_analysis_name)
-    if in_path.name == "infer.jsonl":
-        return in_path, in_path.with_name("judge.jsonl")
-    return in_path, Path("outputs") / f"{in_path.stem}_graded.jsonl"
 
 
 def main(argv: list[str]) -> int:
+    """judge.py: read the inference rows, then let the engine grade those without a final judge row."""
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
-    analysis = getattr(args, "error_analysis", False)
-    in_path, output = _paths(bench, args, analysis)
+    if getattr(args, "error_analysis", False):
+        from . import error_analysis  # it builds on this module's helpers
+
+        return error_analysis.main(bench, args)
+    in_path = input_path(bench, args, "infer.jsonl")
+    output = args.output or _default_output(in_path)
     if not in_path.exists():
-        raise BadInput(f"no such {'judge' if analysis else 'inference'} file (run {'judge' if analysis else 'infer'} first)", in_path)
-    uses_llm = bench.judge_uses_llm or analysis
-    if not uses_llm and args.backend == "batch":
-        print(f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do", file=sys.stderr)
+        raise BadInput("no such inference file (run infer first)", in_path)
+    if not bench.judge_uses_llm and args.backend == "batch":
+        print(f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
+              file=sys.stderr)
         args.backend = "online"
-    if uses_llm and "." in args.judge_model and (":" in args.judge_model or args.judge_model.startswith(_BEDROCK_PREFIXES)):
+    if bench.judge_uses_llm:
+        refuse_bedrock(args.judge_model)
+    rows = read_rows(in_path)
+    endpoint = judge_endpoint(args) if bench.judge_uses_llm else None
+    job = rows_job(
+        bench, args, in_path, output, rows, endpoint,
+        label="judge", stage="judge", prompts=bench.judge_prompts(), is_done=bench.is_judged, work=bench.grade,
+    )
+    return engine.run(job, args)
+
+
+def input_path(bench: Benchmark, args, first_file: str) -> Path:
+    """--input, else `first_file` in the run's folder of --model (BadInput without either)."""
+    if args.input is not None:
+        return args.input
+    if not args.model:
+        raise BadInput("give --input, or --model (and --run) to use the default output layout")
+    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / first_file
+
+
+def _default_output(in_path: Path) -> Path:
+    """judge.jsonl beside an infer.jsonl, else outputs/<input-name>_graded.jsonl as upstream."""
+    if in_path.name == "infer.jsonl":
+        return in_path.with_name("judge.jsonl")
+    return Path("outputs") / f"{in_path.stem}_graded.jsonl"
+
+
+def refuse_bedrock(judge_model: str) -> None:
+    """Refuse a model name that only AWS Bedrock serves: this pipeline speaks the OpenAI-compatible protocol."""
+    if "." in judge_model and (":" in judge_model or judge_model.startswith(_BEDROCK_PREFIXES)):
         raise BadInput(
-            f"{args.judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
+            f"{judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
             "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
         )
+
+
+def read_rows(in_path: Path) -> dict:
+    """The input's latest row per id, frozen out of the collector's sight."""
     rows = jsonl.latest_rows(in_path, row_id)
     gc.freeze()  # the loaded rows live to the end: keep the collector from rescanning them
-    endpoint = cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE") if uses_llm else None
-    if analysis:
-        label, prompts = "error analysis", bench.error_analysis_prompts()
-        rows = {k: row for k, row in rows.items() if bench.needs_error_analysis(row)}
-        is_done, work = bench.is_analyzed, bench.analyze_error
-    else:
-        label, prompts = "judge", bench.judge_prompts()
-        is_done, work = bench.is_judged, bench.grade
-    fingerprint = None  # a rule judge: nothing about the judge to keep apart
-    if uses_llm:
-        fingerprint = manifest.fingerprint(
-            args, {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}, _NOT_IN_FINGERPRINT
-        )
+    return rows
 
-    def pending_given(written: dict) -> list:
-        return [Task(id=k, row=row, line=0) for k, row in rows.items() if k not in written or not is_done(written[k])]
+
+def judge_endpoint(args) -> Endpoint:
+    """The judge model's endpoint: flags, then JUDGE_* variables, then OPENAI_* ones."""
+    return cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE")
+
+
+def rows_job(
+    bench: Benchmark, args, in_path: Path, output: Path, rows: dict, endpoint: Endpoint | None, *,
+    label: str, stage: str, prompts: list[str], is_done: Callable[[dict], bool], work: Callable[..., Awaitable[dict]],
+) -> engine.Job:
+    """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
+    the output's latest row for its id `is_done`; `work(row, client)` makes it."""
+    fingerprint = _fingerprint(args, endpoint, prompts)
 
     def announce(pending: list) -> None:
+        """Say how many of the input rows are done and how many this run does."""
         print(
             f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
             f"{len(pending)} to do → {output}",
             file=sys.stderr,
         )
 
-    if uses_llm and (args.export_batch or args.import_batch or args.backend == "batch") and hasattr(args, "parse_attempts"):
-        args.parse_attempts = 1  # one judge call per task and batch; --rejudge-parse-errors sends them again
-    if args.dry_run:  # reads only: no folder, no lock file, no manifest
-        pending = pending_given(jsonl.latest_rows(output, row_id))
-        announce(pending)
-        dryrun.estimate(
-            label, pending, lambda task, client: work(task.row, client), endpoint,
-            args.max_tokens, cost.load_prices(args.prices), first_call_only=True,
-        )
-        return EXIT_OK
+    stand_ins = _StandIns(label, bench, work)
+    return engine.Job(
+        label=label, output=output, endpoint=endpoint, fingerprint=fingerprint,
+        manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
+        total=("rows", len(rows)),
+        written=lambda: jsonl.latest_rows(output, row_id),
+        pending_given=lambda done: [
+            Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])
+        ],
+        announce=announce, session=stand_ins.session, first_call_only=True, rows_pending=True,
+        run_counts=stand_ins.counts, settle=stand_ins.settle,
+    )
 
-    with lock.exclusive(output):
-        done = jsonl.latest_rows(output, row_id)
-        in_batches = batch_backend.open_batches(output)
-        if uses_llm and (done or in_batches) and not args.allow_config_change:
-            manifest.refuse_if_changed(output, fingerprint)
-        batch_backend.refuse_other_engines(output, in_batches, args)
-        pending = pending_given(done)
-        announce(pending)
-        if args.export_batch:
-            return batch.export(label, pending, lambda task, client: work(task.row, client), endpoint, args.export_batch, args)
-        record = manifest.Record(
-            output,
-            {
-                "stage": "error_analysis" if analysis else "judge",
-                "benchmark": bench.name,
-                "input": str(in_path.resolve()),
-                "judge_model": args.judge_model if uses_llm else None,
-                "endpoint": endpoint.host if uses_llm else None,
-                "params": {**endpoint.params, **endpoint.extra_body} if uses_llm else {},
-                "fingerprint": fingerprint,
-            },
-        )
-        counts = {"rows": len(rows), "done_before": len(rows) - len(pending), "pending": len(pending)}
-        if not pending and not in_batches:
-            record.finish(**counts, written=0, failed=0)
-            return EXIT_OK
-        retry_later = set()  # rows this run wrote as stand-ins (every earlier one was pending again)
 
-        async def grade(task, client):
-            row = await work(task.row, client)
-            if bench.is_provisional(row):
-                retry_later.add(task.id)
+def _fingerprint(args, endpoint: Endpoint | None, prompts: list[str]) -> dict | None:
+    """What makes the rows what they are: the prompts and the flags that shape a judge request."""
+    if endpoint is None:
+        return None  # a rule judge: nothing about the judge to keep apart
+    inputs = {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}
+    return manifest.fingerprint(args, inputs, _NOT_IN_FINGERPRINT)
+
+
+def _record(
+    bench: Benchmark, args, stage: str, in_path: Path, endpoint: Endpoint | None, fingerprint: dict | None
+) -> dict:
+    """What the manifest records: the stage, the benchmark, the input, the judge model and its parameters."""
+    return {
+        "stage": stage,
+        "benchmark": bench.name,
+        "input": str(in_path.resolve()),
+        "judge_model": args.judge_model if endpoint else None,
+        "endpoint": endpoint.host if endpoint else None,
+        "params": {**endpoint.params, **endpoint.extra_body} if endpoint else {},
+        "fingerprint": fingerprint,
+    }
+
+
+class _StandIns:
+    """The rows a run writes as stand-ins (the judge API failed): the next run does them again."""
+
+    def __init__(self, label: str, bench: Benchmark, work: Callable[..., Awaitable[dict]]):
+        """Watch `work` for `label`, asking `bench` which rows are stand-ins."""
+        self.label, self.bench, self.work = label, bench, work
+        self.ids: set = set()  # of this run (every earlier one was pending again)
+
+    @contextmanager
+    def session(self, paying: bool):
+        """Yield the work on one task (an input row); a paying run notes each stand-in it writes."""
+
+        async def grade(task: Task, client) -> dict:
+            """The output row for the task's input row."""
+            row = await self.work(task.row, client)
+            if paying and self.bench.is_provisional(row):
+                self.ids.add(task.id)
             return row
 
-        if args.backend == "batch":
+        yield grade
 
-            def still_pending() -> list:
-                return pending_given(jsonl.latest_rows(output, row_id))
+    def counts(self, summary) -> dict:
+        """What the manifest records of them."""
+        return {"retry_later": len(self.ids)}
 
-            code = batch_backend.advance(
-                label, still_pending, grade, endpoint, output, args, current=lambda: jsonl.latest_rows(output, row_id)
+    def settle(self, code: int) -> int:
+        """Say how many rows the next run does again; a run that left stand-ins is incomplete."""
+        if self.ids:
+            print(
+                f"{self.label}: {len(self.ids)} rows will be done again on the next run (judge API failed)",
+                file=sys.stderr,
             )
-            record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
-            return code
-        if args.import_batch:
-            summary = batch.import_files(label, pending, grade, endpoint, args.import_batch, output, args, current=done)
-        else:
-            summary = asyncio.run(runner.run_with_client(label, endpoint, pending, output, args, grade))
-        record.finish(**counts, written=summary.written, failed=summary.failed, retry_later=len(retry_later))
-
-    code = runner.finish(label, summary, output)
-    if retry_later:
-        print(f"{label}: {len(retry_later)} rows will be done again on the next run (judge API failed)", file=sys.stderr)
-    if code == EXIT_OK and retry_later:
-        return EXIT_INCOMPLETE
-    return code
+        if code == EXIT_OK and self.ids:
+            return EXIT_INCOMPLETE
+        return code

@@ -9,7 +9,8 @@ import orjson
 
 from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import ACCOUNTING_FIELDS
+from ..benchmarks.base import ErrorAnalysis
+from ..rows import Coverage
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 
 
@@ -58,6 +59,31 @@ def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tu
     return tasks, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
 
 
+def coverage(bench: Benchmark, tasks: list[Task], judged: dict) -> tuple[Coverage, dict[str, int]]:
+    """How much of the selected tasks the judge rows cover, and the judge statuses among them."""
+    missing, statuses, to_rejudge = [], {}, 0
+    get = judged.get
+    for task in tasks:
+        row = get(task.id)
+        if row is None:
+            missing.append(task.id)
+            continue
+        status = row.get("judge_status", "ok")
+        statuses[status] = statuses.get(status, 0) + 1
+        to_rejudge += bench.is_provisional(row)
+    graded = len(tasks) - len(missing)
+    covered: Coverage = {"expected": len(tasks), "graded": graded, "missing": len(missing), "missing_ids": missing[:20],
+                         "extra_rows_ignored": len(judged) - graded, "to_rejudge": to_rejudge}
+    return covered, dict(sorted(statuses.items()))
+
+
+def summarize(bench: Benchmark, tasks: list[Task], judged: dict) -> dict:
+    """One run's metrics: the benchmark's own figures, then coverage and judge statuses."""
+    metrics = bench.metrics(tasks, judged)
+    metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged)
+    return metrics
+
+
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
     judge_path = _judge_path(bench, args)
@@ -67,13 +93,15 @@ def main(argv: list[str]) -> int:
                        + ")", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     prices = cost.load_prices(args.prices)
-    fields = bench.score_fields + ACCOUNTING_FIELDS
+    fields = (*bench.score_fields, "judge_status", *cost.ACCOUNTING_FIELDS)
     judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
-    metrics = bench.metrics(tasks, judged)
+    metrics = summarize(bench, tasks, judged)
     selected = {t.id for t in tasks}
     accounted = [judged]
-    analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name) if bench.error_analysis_name else None
+    analysis_path = None
+    if isinstance(bench, ErrorAnalysis):
+        analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
     if analysis_path is not None and analysis_path.exists():
         analyses = jsonl.latest_rows(analysis_path, row_id)
         metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
@@ -82,11 +110,9 @@ def main(argv: list[str]) -> int:
     for rows in accounted:
         for task_id, row in rows.items():
             if task_id in selected:
-                for call in bench.api_calls(row):
+                for call in cost.api_calls(row):
                     ledger.add(*call)
     metrics["cost"] = ledger.summary(prices)
-    provisional = [k for k, row in judged.items() if bench.is_provisional(row)] if bench.has_provisional else []
-    metrics["coverage"]["to_rejudge"] = len(set(provisional) & selected)
     metrics["selection"] = selection
     metrics["judge_file"] = str(judge_path)
     output = args.output

@@ -1,0 +1,126 @@
+"""The one sequence every API-calling stage runs (infer, judge, error analysis).
+
+A stage describes its job — what it writes, which tasks are still pending given what is written,
+the work on one task — and `run` does the rest, in this order:
+
+  --dry-run      reads only: count the calls and estimate their cost (no folder, lock or manifest)
+  lock           one writer per output; rows an earlier run could not write are added first
+  refuse         rows made under another configuration (the fingerprint), and any engine but the
+                 Batch API while Batch API batches are open
+  announce       how many tasks are done and how many pending
+  one engine     --export-batch (writes request files, no manifest), else between the manifest's
+                 start and finish: nothing to do, --backend batch, --import-batch, or online
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import batch, batch_backend, cost, dryrun, lock, manifest, runner
+from ..errors import EXIT_OK
+from ..llm import Endpoint
+
+# The work on one task: work(task, client) -> its row.
+Work = Callable[[Any, Any], Awaitable[dict]]
+# Yields the work for a run; True: a paid run's (it records what must be kept), False: for --dry-run and export.
+Session = Callable[[bool], AbstractContextManager[Work]]
+# What the output holds: the ids (a set), or the latest row per id (a dict, for a job with rows_pending).
+Written = Any
+
+
+@dataclass
+class Job:
+    """What one API-calling stage asks of the engine; the hooks at the end have defaults."""
+
+    label: str  # in messages, batch files and the failures side file: "infer", "judge", "error analysis"
+    output: Path
+    endpoint: Endpoint | None  # None: the stage makes no API calls (a rule judge)
+    fingerprint: dict | None  # what makes the rows what they are; None: nothing to keep apart
+    manifest: dict  # what the manifest records of this invocation
+    total: tuple[str, int]  # what the pending tasks are counted out of, e.g. ("selected", 100)
+    written: Callable[[], Written]  # what the output holds now: ids, or the latest row per id
+    pending_given: Callable[[Written], list]  # the tasks still to do, given `written()`
+    announce: Callable[[list], None]  # print what this invocation will do, given the pending tasks
+    session: Session
+    first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
+    rows_pending: bool = False  # a pending task can have a row already: the batch engines compare with it
+    also_paid_for: Callable[[], bool] = lambda: False  # paid-for work besides rows and open batches
+    run_counts: Callable[[runner.RunSummary], dict] = lambda summary: {}  # what the manifest adds of a run
+    settle: Callable[[int], int] = lambda code: code  # the last word on an online or import run's exit code
+
+
+def run(job: Job, args) -> int:
+    """Run the job's pending tasks through the engine the flags choose; return the exit code."""
+    if args.dry_run:
+        return _dry_run(job, args)
+    with lock.exclusive(job.output):
+        written = job.written()
+        in_batches = batch_backend.open_batches(job.output)
+        _refuse(job, args, written, in_batches)
+        pending = job.pending_given(written)
+        job.announce(pending)
+        if args.export_batch:
+            with job.session(False) as work:
+                return batch.export(job.label, pending, work, job.endpoint, args.export_batch, args)
+        record = manifest.Record(job.output, job.manifest)
+        counts = _counts(job, pending)
+        if not pending and not in_batches:
+            record.finish(**counts, written=0, failed=0)
+            return EXIT_OK
+        with job.session(True) as work:
+            if args.backend == "batch":
+                return _advance(job, args, work, record, counts)
+            summary = _calls(job, args, pending, work, written)
+        record.finish(**counts, written=summary.written, failed=summary.failed, **job.run_counts(summary))
+    return job.settle(runner.finish(job.label, summary, job.output))
+
+
+def _dry_run(job: Job, args) -> int:
+    """--dry-run: announce and estimate the pending calls; reads only (no folder, lock file or manifest)."""
+    pending = job.pending_given(job.written())
+    job.announce(pending)
+    with job.session(False) as work:
+        dryrun.estimate(
+            job.label, pending, work, job.endpoint, args.max_tokens, cost.load_prices(args.prices),
+            first_call_only=job.first_call_only,
+        )
+    return EXIT_OK
+
+
+def _refuse(job: Job, args, written: Written, in_batches: list[dict]) -> None:
+    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches."""
+    paid_for = written or in_batches or job.also_paid_for()
+    if job.fingerprint is not None and paid_for and not args.allow_config_change:
+        manifest.refuse_if_changed(job.output, job.fingerprint)
+    batch_backend.refuse_other_engines(job.output, in_batches, args)
+
+
+def _counts(job: Job, pending: list) -> dict:
+    """The manifest's counts before the run: the total, how many were done before, how many pending."""
+    name, total = job.total
+    return {name: total, "done_before": total - len(pending), "pending": len(pending)}
+
+
+def _advance(job: Job, args, work: Work, record: manifest.Record, counts: dict) -> int:
+    """--backend batch: advance the Batch API state file by a step (or more, with --batch-wait)."""
+
+    def still_pending() -> list:
+        """The tasks without a finished row now."""
+        return job.pending_given(job.written())
+
+    current = job.written if job.rows_pending else None
+    code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, args, current=current)
+    record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+    return code
+
+
+def _calls(job: Job, args, pending: list, work: Work, written: Written) -> runner.RunSummary:
+    """--import-batch: the rows the batch files complete; else the calls, online."""
+    if args.import_batch:
+        current = written if job.rows_pending else None
+        return batch.import_files(job.label, pending, work, job.endpoint, args.import_batch, job.output, args,
+                                  current=current)
+    return asyncio.run(runner.run_with_client(job.label, job.endpoint, pending, job.output, args, work))

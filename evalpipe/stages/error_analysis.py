@@ -1,0 +1,30 @@
+"""error analysis (`judge.py --error-analysis`, CL-bench): classify why each failed solution failed.
+
+The judge rows are the input and `<error_analysis_name>.jsonl` beside them the output; the judge
+model does the classifying, with judge.py's flags and endpoint. Resumable like every stage: a
+failed solution is pending until it has an analysis row its benchmark leaves as it is.
+"""
+
+from .. import paths
+from ..benchmarks import Benchmark
+from ..benchmarks.base import ErrorAnalysis
+from ..errors import BadInput
+from . import engine, judge
+
+
+def main(bench: Benchmark, args) -> int:
+    """Entered from judge.main with the parsed flags: let the engine classify every failed solution not yet analyzed."""
+    assert isinstance(bench, ErrorAnalysis)  # judge.py offers --error-analysis only then
+    in_path = judge.input_path(bench, args, "judge.jsonl")
+    output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
+    if not in_path.exists():
+        raise BadInput("no such judge file (run judge first)", in_path)
+    judge.refuse_bedrock(args.judge_model)
+    rows = judge.read_rows(in_path)
+    endpoint = judge.judge_endpoint(args)
+    failed = {k: row for k, row in rows.items() if bench.needs_error_analysis(row)}
+    job = judge.rows_job(
+        bench, args, in_path, output, failed, endpoint, label="error analysis", stage="error_analysis",
+        prompts=bench.error_analysis_prompts(), is_done=bench.is_analyzed, work=bench.analyze_error,
+    )
+    return engine.run(job, args)
