@@ -3,6 +3,7 @@
 Adding a benchmark is one module in this folder and one line below (docs/adding-a-benchmark.md).
 """
 
+from .arithmetic import Arithmetic
 from .base import Benchmark, ErrorAnalysis, Task, flag, row_id
 from .clbench import CLBench
 from .coin_flip import CoinFlip
@@ -12,6 +13,7 @@ REGISTRY: dict[str, type[Benchmark]] = {
     CLBench.name: CLBench,
     CoinFlip.name: CoinFlip,
     ErrorRecovery.name: ErrorRecovery,
+    Arithmetic.name: Arithmetic,
 }
 DEFAULT = CLBench.name  # what the stages run without --bench (the product's first benchmark)
 

@@ -1,0 +1,74 @@
+"""Arithmetic: two-number sums, differences and products, graded by exact match (no judge model).
+
+Not a published benchmark: the smallest complete one, written by following
+docs/adding-a-benchmark.md alone. The contract tests run it beside the real ones; a user can point
+it at an endpoint as a quick smoke test (`make infer judge score BENCH=arithmetic RUNS=1`).
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import jsonl
+from ..errors import BadInput
+from ..paths import PROJECT
+from .base import Benchmark, Task, answer_into, flag
+
+if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
+    from ..llm import ChatClient
+
+PROMPT = "Compute the answer. Reply with the number only.\n\n{question}"
+_NUMBER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class ArithmeticOptions:
+    last_number: bool = flag(False, "grade the last number in the reply instead of the whole reply", stage="judge")
+
+
+class Arithmetic(Benchmark):
+    name = "arithmetic"
+    default_data = PROJECT / "data" / "arithmetic" / "sample.jsonl"
+    Options = ArithmeticOptions
+    score_fields = ("score",)
+    options: ArithmeticOptions
+
+    def load(self, path: Path) -> list[Task]:
+        tasks, seen = [], set()
+        for line, row in jsonl.iter_rows(path):
+            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise BadInput("expected 'question' and 'answer' strings", path, line)
+            if not isinstance(row.get("id"), str) or row["id"] in seen:
+                raise BadInput(f"'id' must be a string seen once, got {row.get('id')!r}", path, line)
+            seen.add(row["id"])
+            tasks.append(Task(id=row["id"], row=row, line=line))
+        if not tasks:
+            raise BadInput("no tasks in the file", path)
+        return tasks
+
+    def infer_prompts(self) -> list[str]:
+        return [PROMPT]
+
+    async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
+        messages = [{"role": "user", "content": PROMPT.format(question=task.row["question"])}]
+        out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["answer"],
+               "metadata": {}, "model": model.endpoint.model}
+        return await answer_into(out, model, messages)
+
+    async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
+        reply = (row.get("model_output") or "").strip()
+        if self.options.last_number:
+            numbers = _NUMBER.findall(reply)
+            reply = numbers[-1] if numbers else ""
+        return {**row, "score": int(reply == row.get("target")), "judge_status": "ok" if reply else "empty_output"}
+
+    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        solved = sum(judged[t.id]["score"] for t in tasks if t.id in judged)
+        return {"benchmark": self.name, "score": solved / len(tasks) if tasks else 0.0, "solved": solved}
+
+    def sample_rows(self, tasks: int) -> list[dict]:
+        return [{**row, "id": f"copy-{i:04d}"} for i, row in enumerate(super().sample_rows(tasks))]
+
+    def example_reply(self, prompt: str, seed: int) -> str:
+        return str(seed % 200 - 100)

@@ -1,0 +1,132 @@
+"""Every registered benchmark keeps the contract: load → solve → grade → metrics, in process, against the
+loopback server answering with the benchmark's own example replies. A new benchmark is checked here
+by registering it; nothing in this file names one."""
+
+import asyncio
+import hashlib
+import json
+import math
+
+import pytest
+
+from evalpipe import benchmarks, cli, jsonl
+from evalpipe.benchmarks import ErrorAnalysis
+from evalpipe.checkpoint import StepCache
+from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.llm import ChatClient, Endpoint
+from evalpipe.stages import score
+
+from .conftest import API_KEY
+
+NAMES = list(benchmarks.REGISTRY)
+
+
+def replies_of(bench):
+    """The server answers every request with the benchmark's example reply, varied by the request."""
+
+    def answer(request):
+        seed = int(hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:8], 16)
+        return Reply(content=bench.example_reply(request.last_content, seed))
+
+    return answer
+
+
+@pytest.fixture(params=NAMES)
+def case(request, tmp_path):
+    bench = benchmarks.get(request.param)
+    server = FakeOpenAI(replies_of(bench)).start()
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b"".join(jsonl.dumps(row) + b"\n" for row in bench.sample_rows(6)))
+    yield bench, server, data, tmp_path
+    server.stop()
+
+
+def run_through(bench, server, data, tmp_path, n=4):
+    """The stages' calls, in process: load, select, solve n tasks, grade them, score the run."""
+    tasks = bench.select(bench.load(data), None)
+
+    async def go():
+        endpoint = Endpoint(model="m", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=1)
+        model = ChatClient(endpoint)
+        steps = StepCache(tmp_path / "infer.jsonl")
+        try:
+            answers = [await bench.solve(task, model, steps) for task in tasks[:n]]
+            judge = model if bench.judge_uses_llm else None
+            return answers, [await bench.grade(row, judge) for row in answers], model
+        finally:
+            steps.close()
+
+    answers, graded, _ = asyncio.run(go())
+    kept = {row["idx"]: {k: row[k] for k in (*bench.score_fields, "judge_status") if k in row} for row in graded}
+    return tasks, answers, graded, score.summarize(bench, tasks, kept)
+
+
+def test_load_gives_distinct_stable_ids(case):
+    bench, _, data, _ = case
+    first, again = bench.load(data), bench.load(data)
+    assert len(first) >= 4 and len({t.id for t in first}) == len(first)
+    assert [t.id for t in first] == [t.id for t in again]
+    assert [t.id for t in bench.select(first, 2)] == [t.id for t in bench.select(again, 2)]  # a prefix keeps its ids
+
+
+def test_solve_grade_metrics_against_the_server(case):
+    bench, server, data, tmp_path = case
+    tasks, answers, graded, metrics = run_through(bench, server, data, tmp_path)
+    ids = [t.id for t in tasks[:4]]
+    assert [row["idx"] for row in answers] == ids and [row["idx"] for row in graded] == ids
+    assert all(row.get("status") == "ok" and row.get("model") == "m" for row in answers)
+    assert all(row["score"] in (0, 1) and isinstance(row["judge_status"], str) for row in graded)
+    json.dumps(answers), json.dumps(graded)  # rows are plain JSON
+    cov = metrics["coverage"]
+    assert (cov["expected"], cov["graded"], cov["missing"]) == (len(tasks), 4, len(tasks) - 4)
+    assert sum(metrics["judge_status"].values()) == 4
+    figures = bench.headline(metrics)
+    assert figures and all(v is None or (0 <= v <= 1 and not math.isnan(v)) for v in figures.values())
+    text = bench.format_metrics(metrics)
+    assert isinstance(text, str) and str(cov["expected"]) in text
+    assert server.requests  # the calls really went over the wire
+
+
+def test_prompts_and_options_are_stable(case):
+    bench, *_ = case
+    other = type(bench)()
+    assert bench.infer_prompts() == other.infer_prompts() and bench.judge_prompts() == other.judge_prompts()
+    assert type(bench)(bench.options).options == bench.options
+
+
+def test_options_round_trip_through_the_flags(case):
+    bench, *_ = case
+    for stage, add_args in (("infer", _infer_args), ("judge", _judge_args)):
+        argv = ["--bench", bench.name, "--model", "m"]
+        rebuilt, args = cli.parser_for(stage, "", add_args, argv)
+        assert rebuilt.options == bench.options  # the defaults of the flags are the options' defaults
+
+
+@pytest.mark.parametrize("case", [n for n in NAMES if isinstance(benchmarks.get(n), ErrorAnalysis)], indirect=True)
+def test_error_analysis_capability(case):
+    bench, server, data, tmp_path = case
+    tasks, _, graded, _ = run_through(bench, server, data, tmp_path, n=len(bench.load(data)))
+    failed = [row for row in graded if bench.needs_error_analysis(row)]
+    assert failed, "the example replies should fail some tasks"
+
+    async def go():
+        judge = ChatClient(Endpoint(model="j", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=1))
+        return [await bench.analyze_error(row, judge) for row in failed]
+
+    analyses = {row["idx"]: row for row in asyncio.run(go())}
+    assert all(bench.is_analyzed(row) for row in analyses.values())
+    judged = {row["idx"]: row for row in graded}
+    figures = bench.error_analysis_metrics(tasks, judged, analyses)
+    assert json.dumps(figures)
+
+
+def _infer_args(parser, bench):
+    from evalpipe.stages import infer
+
+    infer._add_args(parser, bench)
+
+
+def _judge_args(parser, bench):
+    from evalpipe.stages import judge
+
+    judge._add_args(parser, bench)
