@@ -15,8 +15,8 @@ in any order changes nothing it should not.
 import asyncio
 import hashlib
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import orjson
 
@@ -69,14 +69,18 @@ def request_lines(pending: list, work: Work, endpoint: Endpoint) -> list[dict]:
     return lines
 
 
-def write_request_files(lines: list[dict], path: Path, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_BYTES) -> list[Path]:
+def write_request_files(
+    lines: list[dict], path: Path, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_BYTES
+) -> list[Path]:
     """Write `lines` to `path`, or to `<stem>-001<suffix>`, `-002`, ... when they exceed a file's limits."""
     parts: list[list[bytes]] = [[]]
     size = 0
     for line in lines:
         data = orjson.dumps(line) + b"\n"
         if len(data) > max_bytes:
-            raise BadInput(f"request {line['custom_id']} alone is {len(data):,} bytes, over the {max_bytes:,}-byte file limit")
+            raise BadInput(
+                f"request {line['custom_id']} alone is {len(data):,} bytes, over the {max_bytes:,}-byte file limit"
+            )
         if parts[-1] and (len(parts[-1]) >= max_requests or size + len(data) > max_bytes):
             parts.append([])
             size = 0
@@ -120,7 +124,9 @@ def read_results(paths: list[Path]) -> dict[str, dict]:
         for line_no, row in jsonl.iter_rows(path):
             cid = row.get("custom_id")
             if not isinstance(cid, str) or ("response" not in row and "error" not in row):
-                raise BadInput("not a batch output or error line (needs custom_id and response or error)", path, line_no)
+                raise BadInput(
+                    "not a batch output or error line (needs custom_id and response or error)", path, line_no
+                )
             if _ok(results.get(cid)) and not _ok(row):
                 continue
             results[cid] = row
@@ -183,7 +189,13 @@ BATCH_FLAG = {"infer": "batch", "judge": "judge_batch", "error analysis": "analy
 
 
 def import_files(
-    label: str, pending: list, work: Work, endpoint: Endpoint | None, paths: list[Path], output: Path, args,
+    label: str,
+    pending: list,
+    work: Work,
+    endpoint: Endpoint | None,
+    paths: list[Path],
+    output: Path,
+    args,
     current: dict | None = None,
 ):
     """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
@@ -193,7 +205,11 @@ def import_files(
     redact.register(endpoint.api_key)
     results = read_results(paths)
     side = runner.failures_path(output)
-    recorded = {(r.get("idx"), r.get("error")) for _, r in jsonl.iter_rows(side, torn_tail_ok=True)} if side.exists() else set()
+    recorded = (
+        {(r.get("idx"), r.get("error")) for _, r in jsonl.iter_rows(side, torn_tail_ok=True)}
+        if side.exists()
+        else set()
+    )
 
     async def replay(task):
         try:
@@ -213,6 +229,15 @@ def import_files(
     if paths:
         print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
     return asyncio.run(
-        runner.run(pending, len(pending), replay, output, workers=1, label=label,
-                   grace_s=args.grace, log_every_s=args.log_every, progress=args.progress)
+        runner.run(
+            pending,
+            len(pending),
+            replay,
+            output,
+            workers=1,
+            label=label,
+            grace_s=args.grace,
+            log_every_s=args.log_every,
+            progress=args.progress,
+        )
     )

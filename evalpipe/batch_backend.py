@@ -19,8 +19,8 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import orjson
 
@@ -51,8 +51,11 @@ class State:
                 body = orjson.loads(self.path.read_bytes())
                 self.batches, self.submissions = body["batches"], body.get("submissions", {})
             except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-                raise BadInput(f"unreadable batch state ({exc}); it lists batches you may have paid for: "
-                               "repair it rather than deleting it", self.path) from None
+                raise BadInput(
+                    f"unreadable batch state ({exc}); it lists batches you may have paid for: "
+                    "repair it rather than deleting it",
+                    self.path,
+                ) from None
 
     def save(self) -> None:
         body = {"batches": self.batches, "submissions": self.submissions}
@@ -109,7 +112,9 @@ def advance(
             passes += 1
             changed |= _collect(label, client, state, pending_now, work, endpoint, output, args, current)
             if changed:
-                batch.import_files(label, pending_now(), work, endpoint, [], output, args, current() if current else None)
+                batch.import_files(
+                    label, pending_now(), work, endpoint, [], output, args, current() if current else None
+                )
                 _submit(label, client, state, pending_now(), work, endpoint, output, args)
                 changed = False
             running = state.open_batches()
@@ -128,8 +133,10 @@ def advance(
         status = getattr(exc, "status_code", None)
         if status is not None and status < 500 and status not in (408, 409, 429):
             raise BadInput(f"the Batch API rejected a request: {describe(exc)}") from None
-        print(f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later",
-              file=sys.stderr)
+        print(
+            f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later",
+            file=sys.stderr,
+        )
         return EXIT_INCOMPLETE
     if running:
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
@@ -137,8 +144,11 @@ def advance(
         return EXIT_WAITING
     left = pending_now()
     if left:
-        print(f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
-              f"(see {output.name}.failed.jsonl)", file=sys.stderr)
+        print(
+            f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
+            f"(see {output.name}.failed.jsonl)",
+            file=sys.stderr,
+        )
         return EXIT_INCOMPLETE
     return EXIT_OK
 
@@ -161,7 +171,11 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
         if info.status == "failed":
             entry.update(imported=True, errors=info.errors.model_dump() if info.errors else None)
             state.save()
-            reasons = "; ".join(f"{e.code}: {e.message}" for e in (info.errors.data or [])) if info.errors else "no reason given"
+            reasons = (
+                "; ".join(f"{e.code}: {e.message}" for e in (info.errors.data or []))
+                if info.errors
+                else "no reason given"
+            )
             raise BadInput(f"batch {entry['id']} failed validation ({reasons}); fix the cause and run again")
         downloaded = []
         for kind, file_id in (("output", info.output_file_id), ("errors", info.error_file_id)):
@@ -172,13 +186,16 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
                 downloaded.append(target)
         entry["files"] = [str(p) for p in downloaded]
         if downloaded:
-            summary = batch.import_files(label, pending_now(), work, endpoint, downloaded, output, args,
-                                         current() if current else None)
+            summary = batch.import_files(
+                label, pending_now(), work, endpoint, downloaded, output, args, current() if current else None
+            )
             if summary.interrupted or summary.refused:
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
-            print(f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
-                  f"{summary.failed} failed", file=sys.stderr)
+            print(
+                f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, {summary.failed} failed",
+                file=sys.stderr,
+            )
             _sync(StepCache.path_for(output))  # imported steps reach the disk before the batch counts as imported
         entry["imported"] = True
         state.save()
@@ -207,7 +224,8 @@ def _submit(label, client, state: State, pending: list, work, endpoint, output, 
         for _, line in jsonl.iter_rows(entry["input"]):
             in_flight.add(line["custom_id"])
     lines = [
-        line for line in batch.request_lines(pending, work, endpoint)
+        line
+        for line in batch.request_lines(pending, work, endpoint)
         if line["custom_id"] not in in_flight and state.submissions.get(line["custom_id"], 0) < MAX_SUBMISSIONS
     ]
     if not lines:
@@ -217,8 +235,12 @@ def _submit(label, client, state: State, pending: list, work, endpoint, output, 
     for path in paths:
         ids = [line["custom_id"] for _, line in jsonl.iter_rows(path)]
         uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
-        entry = {"input": str(path), "input_file_id": uploaded.id, "requests": len(ids),
-                 "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        entry = {
+            "input": str(path),
+            "input_file_id": uploaded.id,
+            "requests": len(ids),
+            "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         state.batches.append(entry)
         for cid in ids:
             state.submissions[cid] = state.submissions.get(cid, 0) + 1
@@ -226,7 +248,9 @@ def _submit(label, client, state: State, pending: list, work, endpoint, output, 
         try:
             # no SDK retries: a retried create whose first response was lost would make a second batch
             created = client.with_options(max_retries=0).batches.create(
-                input_file_id=uploaded.id, endpoint=batch.URL, completion_window="24h",
+                input_file_id=uploaded.id,
+                endpoint=batch.URL,
+                completion_window="24h",
                 metadata={"evalpipe_output": str(output)[-500:]},
             )
         except Exception:

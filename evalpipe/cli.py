@@ -9,8 +9,8 @@ import sys
 import traceback
 import typing
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import benchmarks, redact
 from .errors import EXIT_INTERRUPTED, UNWRITABLE_ERRNOS, BadInput, OutputUnwritable, StageError
@@ -72,7 +72,8 @@ def parser_for(
 
     parser = build(bench)
     if known.bench is None:
-        parser.format_help = lambda: _help_with_other_benchmarks(build, bench)  # what -h prints; parsing is unchanged
+        # what -h prints; parsing is unchanged. A deliberate override on this one instance (not a stubs problem)
+        parser.format_help = lambda: _help_with_other_benchmarks(build, bench)  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     if per_run and args.run < 1:
         parser.error("--run must be 1 or more")
@@ -109,17 +110,23 @@ def _stage_parser(
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{stage}.py", description=description)
     parser.add_argument(
-        "--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY),
+        "--bench",
+        default=benchmarks.DEFAULT,
+        choices=list(benchmarks.REGISTRY),
         help=f"benchmark (default: {benchmarks.DEFAULT})",
     )
     if per_run:
-        parser.add_argument("--run", type=int, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)")
+        parser.add_argument(
+            "--run", type=int, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)"
+        )
         parser.add_argument(
             "--label",
             help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
             "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
         )
-    parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)")
+    parser.add_argument(
+        "--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)"
+    )
     add_args(parser, bench)
     add_benchmark_flags(parser, bench, stage)
     return parser
@@ -142,7 +149,11 @@ def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse
 
 def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: int | None = None) -> None:
     g = parser.add_argument_group("endpoint and generation")
-    g.add_argument("--base-url", help="OpenAI-compatible endpoint URL (default: $OPENAI_BASE_URL; for judge.py $JUDGE_BASE_URL first; else OpenAI)")
+    g.add_argument(
+        "--base-url",
+        help="OpenAI-compatible endpoint URL "
+        "(default: $OPENAI_BASE_URL; for judge.py $JUDGE_BASE_URL first; else OpenAI)",
+    )
     g.add_argument("--api-key", help="API key (default: from the environment; never written anywhere)")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     g.add_argument(
@@ -151,8 +162,12 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         default=6 if upstream_max_retries is None else upstream_max_retries,
         help="retries of a transient failure (429, 5xx, timeout, connection) per call (default %(default)s)",
     )
-    g.add_argument("--max-retry-seconds", type=float, default=900.0, help="cap on the time one call spends retrying (default 900)")
-    g.add_argument("--backoff", type=float, default=1.0, help="first backoff wait in seconds, doubled per retry (default 1)")
+    g.add_argument(
+        "--max-retry-seconds", type=float, default=900.0, help="cap on the time one call spends retrying (default 900)"
+    )
+    g.add_argument(
+        "--backoff", type=float, default=1.0, help="first backoff wait in seconds, doubled per retry (default 1)"
+    )
     g.add_argument("--backoff-max", type=float, default=60.0, help="longest backoff wait in seconds (default 60)")
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
@@ -174,24 +189,64 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         action="store_true",
         help="print how many calls the pending tasks need and an estimate of their tokens and cost; send nothing",
     )
-    g.add_argument("--prices", type=Path, help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)")
+    g.add_argument(
+        "--prices",
+        type=Path,
+        help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)",
+    )
     b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
-    b.add_argument("--export-batch", type=Path, metavar="FILE",
-                   help="write the next call of every pending task as OpenAI batch request lines and exit")
-    b.add_argument("--import-batch", type=Path, nargs="+", metavar="FILE",
-                   help="write the rows that batch output/error files complete (any order, any subset; idempotent)")
-    b.add_argument("--backend", choices=("online", "batch"), default="online",
-                   help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
-                   "(exit 75 while waiting)")
-    b.add_argument("--batch-wait", type=float, default=0.0, help="with --backend batch, keep polling up to S seconds (default 0)")
-    b.add_argument("--batch-poll", type=float, default=30.0, help="first wait between polls in seconds, doubled up to 300 (default 30)")
+    b.add_argument(
+        "--export-batch",
+        type=Path,
+        metavar="FILE",
+        help="write the next call of every pending task as OpenAI batch request lines and exit",
+    )
+    b.add_argument(
+        "--import-batch",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="write the rows that batch output/error files complete (any order, any subset; idempotent)",
+    )
+    b.add_argument(
+        "--backend",
+        choices=("online", "batch"),
+        default="online",
+        help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
+        "(exit 75 while waiting)",
+    )
+    b.add_argument(
+        "--batch-wait", type=float, default=0.0, help="with --backend batch, keep polling up to S seconds (default 0)"
+    )
+    b.add_argument(
+        "--batch-poll",
+        type=float,
+        default=30.0,
+        help="first wait between polls in seconds, doubled up to 300 (default 30)",
+    )
     b.add_argument("--batch-max-requests", type=int, default=50_000, help="requests per batch file (default 50,000)")
-    b.add_argument("--batch-max-bytes", type=int, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)")
+    b.add_argument(
+        "--batch-max-bytes", type=int, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
+    )
     g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
-    g.add_argument("--grace", type=float, default=10.0, help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)")
-    g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal (default 30)")
-    g.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
-                   help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)")
+    g.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)",
+    )
+    g.add_argument(
+        "--log-every",
+        type=float,
+        default=30.0,
+        help="seconds between progress lines when not on a terminal (default 30)",
+    )
+    g.add_argument(
+        "--progress",
+        choices=("auto", "bar", "log"),
+        default="auto",
+        help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)",
+    )
 
 
 def _extra_body(text: str | None) -> dict:
@@ -304,12 +359,18 @@ def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, 
         missing, fix = "", "pass its key with --api-key (any value for a server that needs no key)"
     elif prefixes.index(url_source.removesuffix("_BASE_URL")) < prefixes.index(key_prefix):
         wanted = url_source.replace("_BASE_URL", "_API_KEY")  # e.g. JUDGE_BASE_URL set, JUDGE_API_KEY not
-        missing, fix = f" but {wanted} is not set", f"set {wanted} (any value for a server that needs no key) or pass --api-key"
+        missing, fix = (
+            f" but {wanted} is not set",
+            f"set {wanted} (any value for a server that needs no key) or pass --api-key",
+        )
     else:
-        wanted = f"{key_prefix}_BASE_URL"  # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
+        # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
+        wanted = f"{key_prefix}_BASE_URL"
         missing, fix = f" but {wanted} is not set", f"set {wanted} to the endpoint {key_var} is for, or pass --api-key"
-    return (f"{url_source} points to {redact.url(url)}{missing}; the key in {key_var} belongs to {redact.url(home)} "
-            f"and is not sent to another host: {fix}")
+    return (
+        f"{url_source} points to {redact.url(url)}{missing}; the key in {key_var} belongs to {redact.url(home)} "
+        f"and is not sent to another host: {fix}"
+    )
 
 
 def _sdk_environment_headers(url: str, url_source: str) -> dict[str, str | None]:
@@ -322,5 +383,6 @@ def _sdk_environment_headers(url: str, url_source: str) -> dict[str, str | None]
         if colon:
             found[name.strip()] = value.strip()
     at_home = _origin(url, url_source) == _origin(_key_home("OPENAI"), "OPENAI_BASE_URL")
-    return {name: value if at_home and value and name.lower() != "authorization" else None
-            for name, value in found.items()}
+    return {
+        name: value if at_home and value and name.lower() != "authorization" else None for name, value in found.items()
+    }

@@ -20,8 +20,18 @@ _SNAPSHOT = re.compile(r"(.+?)(?:-\d{4}-\d{2}-\d{2}|-\d{4}|-latest|@[\w.-]+)$")
 DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"
 TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
 # What score reads of every judge row for calls, tokens, latency and cost (besides a benchmark's score_fields).
-ACCOUNTING_FIELDS = ("model", "usage", "latency_s", "calls", "batch", "judge_model", "judge_usage", "judge_latency_s",
-                     "judge_attempts", "judge_batch")
+ACCOUNTING_FIELDS = (
+    "model",
+    "usage",
+    "latency_s",
+    "calls",
+    "batch",
+    "judge_model",
+    "judge_usage",
+    "judge_latency_s",
+    "judge_attempts",
+    "judge_batch",
+)
 
 
 @dataclass
@@ -108,7 +118,13 @@ class Ledger:
         self.stages: dict[str, _StageTally] = {}
 
     def add(
-        self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls: int = 1, batch: bool = False
+        self,
+        stage: str,
+        model: str | None,
+        usage: dict | None,
+        latency_s: float | None,
+        calls: int = 1,
+        batch: bool = False,
     ) -> None:
         # called once per call of a run (millions): kept to plain dict operations
         tally = self.stages.get(stage)
@@ -129,7 +145,8 @@ class Ledger:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
         total, unpriced = 0.0, set()
         for stage, tally in self.stages.items():
-            cost, tokens = 0.0, {}
+            cost = 0.0
+            tokens: dict[str, int] = {}
             for (model, batch), usages in tally.usages.items():
                 counts = {key: sum(u.get(key, 0) for u in usages) for key in TOKEN_KEYS}
                 for key, value in counts.items():
@@ -170,7 +187,9 @@ def format_summary(summary: dict) -> str:
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")
-    lines.append(f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)")
+    lines.append(
+        f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)"
+    )
     return "\n".join(lines)
 
 
@@ -192,9 +211,25 @@ def api_calls(row: dict) -> list[ApiCall]:
     elif "usage" in row or "latency_s" in row:
         out.append(ApiCall("infer", get("model"), get("usage"), get("latency_s"), 1, batch))
     if "judge_usage" in row or "judge_latency_s" in row:
-        out.append(ApiCall("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"),
-                           get("judge_attempts", 1), bool(get("judge_batch"))))
+        out.append(
+            ApiCall(
+                "judge",
+                get("judge_model"),
+                get("judge_usage"),
+                get("judge_latency_s"),
+                get("judge_attempts", 1),
+                bool(get("judge_batch")),
+            )
+        )
     if "analysis_model" in row:
-        out.append(ApiCall("error_analysis", get("analysis_model"), get("analysis_usage"), get("analysis_latency_s"),
-                           get("analysis_attempts", 1), bool(get("analysis_batch"))))
+        out.append(
+            ApiCall(
+                "error_analysis",
+                get("analysis_model"),
+                get("analysis_usage"),
+                get("analysis_latency_s"),
+                get("analysis_attempts", 1),
+                bool(get("analysis_batch")),
+            )
+        )
     return out

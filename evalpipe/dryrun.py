@@ -9,7 +9,7 @@ next prompt at that length).
 
 import asyncio
 import sys
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from . import cost
 from .llm import Completion, Endpoint
@@ -78,7 +78,9 @@ def estimate(
     usage = {"prompt_tokens": prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
     price = prices.cost(endpoint.model, usage) if endpoint is not None else 0.0
     result = {"tasks": len(pending), "calls": calls, **usage, "cost_usd": price}
-    assumed = f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
+    assumed = (
+        f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
+    )
     if endpoint is None:
         priced = "no API calls (a rule-based judge)"
     elif price is None:

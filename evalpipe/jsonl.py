@@ -13,8 +13,9 @@ import itertools
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, cast
 
 import orjson
 
@@ -50,7 +51,7 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
     with f:
         first = f.readline()
         if first.startswith(BOM):
-            first = first[len(BOM):]
+            first = first[len(BOM) :]
         loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
         for lineno, raw in enumerate(itertools.chain((first,), f), 1):
             try:
@@ -190,7 +191,9 @@ class Appender:
     def _failed(self, exc: OSError) -> Exception:
         """Cut off what a failed append wrote of its row; return the error to raise."""
         if self._fd < 0:
-            return self._error  # an earlier failure could not be undone: nothing is written any more
+            # an earlier failure could not be undone: nothing is written any more. (After close(), _error
+            # may still be None, and an append then raises TypeError; the cast leaves that as it was.)
+            return cast(Exception, self._error)
         try:
             os.ftruncate(self._fd, self._size)
         except OSError:

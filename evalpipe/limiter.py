@@ -30,7 +30,7 @@ class AdaptiveLimit:
                     break
                 try:
                     await asyncio.wait_for(self._changed.wait(), wait if wait > 0 else None)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             self.in_flight += 1
         return self

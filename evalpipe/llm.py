@@ -22,9 +22,10 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from . import redact
@@ -244,7 +245,8 @@ class ChatClient:
         try:
             response = await self._client.chat.completions.create(
                 model=self.endpoint.model,
-                messages=messages,
+                # the benchmarks build plain dicts; the SDK sends them as they are
+                messages=cast(list[ChatCompletionMessageParam], messages),
                 extra_body=self.endpoint.extra_body or None,
                 **self.endpoint.params,
             )
@@ -267,8 +269,9 @@ class ChatClient:
             exc = state.outcome.exception()
             if not isinstance(exc, openai.RateLimitError):
                 failures += 1
-            if self._unreachable_so_far(exc) and (attempts >= UNREACHABLE_TRIES
-                                                 or time.monotonic() - started >= CONNECT_TIMEOUT):
+            if self._unreachable_so_far(exc) and (
+                attempts >= UNREACHABLE_TRIES or time.monotonic() - started >= CONNECT_TIMEOUT
+            ):
                 return True
             return failures > self.endpoint.max_retries or time.monotonic() - started >= self.endpoint.max_retry_seconds
 
@@ -300,14 +303,18 @@ class ChatClient:
         url, source = self.endpoint.host, self.endpoint.base_url_source
         if self._unreachable_so_far(exc):
             return EndpointUnreachable(
-                f"cannot reach {url}: {connect_failure(exc)}; "
-                f"is the server running, and is {source} right?"
+                f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
             )
         if _status(exc) == 404 and not _mentions_model(exc):
             path = urllib.parse.urlsplit(url).path.rstrip("/")
-            hint = (f"the URL may be missing /v1: try {url.rstrip('/')}/v1" if not path.endswith("/v1")
-                    else f"check the path in {source}")
-            return EndpointUnreachable(f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}")
+            hint = (
+                f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
+                if not path.endswith("/v1")
+                else f"check the path in {source}"
+            )
+            return EndpointUnreachable(
+                f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}"
+            )
         return None
 
     async def aclose(self) -> None:
@@ -330,10 +337,7 @@ def completion_from(response: Any, latency_s: float | None, attempts: int) -> Co
 def usage_dict(usage: Any) -> dict[str, int]:
     if usage is None:
         return {}
-    out = {
-        "prompt_tokens": usage.prompt_tokens or 0,
-        "completion_tokens": usage.completion_tokens or 0,
-    }
+    out = {"prompt_tokens": usage.prompt_tokens or 0, "completion_tokens": usage.completion_tokens or 0}
     details = getattr(usage, "completion_tokens_details", None)
     reasoning = getattr(details, "reasoning_tokens", None) if details else None
     if reasoning:

@@ -30,16 +30,18 @@ def exclusive(output: str | os.PathLike):
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise Locked(
-                f"{output} is being written by another run (pid {holder}); "
-                "this run exits without touching it"
+                f"{output} is being written by another run (pid {holder}); this run exits without touching it"
             ) from None
         with writing(lock_path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         recovered = jsonl.recover_rescued(output)
         if recovered:
-            print(f"{output}: recovered {recovered} rows that an earlier run could not write, "
-                  f"from {jsonl.rescue_path(output)}", file=sys.stderr)
+            print(
+                f"{output}: recovered {recovered} rows that an earlier run could not write, "
+                f"from {jsonl.rescue_path(output)}",
+                file=sys.stderr,
+            )
         yield
     finally:
         os.close(fd)

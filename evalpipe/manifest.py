@@ -10,8 +10,8 @@ import hashlib
 import os
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import orjson
 
@@ -46,12 +46,16 @@ def sha256_texts(texts: Iterable[str]) -> str:
 def git_commit() -> str | None:
     """The project's commit, with `-dirty` when tracked files differ from it; None outside git."""
     try:
-        head = subprocess.run(["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        head = subprocess.run(
+            ["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         if head.returncode != 0:
             return None
         dirty = subprocess.run(
             ["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -83,7 +87,7 @@ class Record:
     def __init__(self, output: Path, info: dict):
         self.output = output
         previous = read(output) or {}
-        self.history = previous.get("history", [])[-(_HISTORY_KEPT - 1):]
+        self.history = previous.get("history", [])[-(_HISTORY_KEPT - 1) :]
         self.info = {
             "evalpipe_version": __version__,
             "git_commit": git_commit(),
@@ -114,9 +118,32 @@ class Record:
 
 # Flags that change how a run goes, not what its rows are: left out of the fingerprint.
 OPERATIONAL = {
-    "api_key", "base_url", "workers", "timeout", "max_retries", "max_retry_seconds", "backoff", "backoff_max",
-    "grace", "log_every", "progress", "output", "outputs_dir", "input", "run", "label", "max_samples", "allow_config_change",
-    "dry_run", "prices", "export_batch", "import_batch", "backend", "batch_wait", "batch_poll", "batch_max_requests",
+    "api_key",
+    "base_url",
+    "workers",
+    "timeout",
+    "max_retries",
+    "max_retry_seconds",
+    "backoff",
+    "backoff_max",
+    "grace",
+    "log_every",
+    "progress",
+    "output",
+    "outputs_dir",
+    "input",
+    "run",
+    "label",
+    "max_samples",
+    "allow_config_change",
+    "dry_run",
+    "prices",
+    "export_batch",
+    "import_batch",
+    "backend",
+    "batch_wait",
+    "batch_poll",
+    "batch_max_requests",
     "batch_max_bytes",
     "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text
     "fewshot_data",  # the demos picked from it are in prompt_sha256

@@ -104,19 +104,30 @@ def _flag(plan: Plan, var: str, flag: str) -> list[str]:
 def command(plan: Plan, stage: str) -> list[str]:
     """The stage script's command line for this plan (without --run)."""
     script = {"error-analysis": "judge"}.get(stage, stage)
-    cmd = [sys.executable, str(PROJECT / f"{script}.py"), *_flag(plan, "BENCH", "--bench"),
-           *_flag(plan, "OUTPUTS", "--outputs-dir")]
+    cmd = [
+        sys.executable,
+        str(PROJECT / f"{script}.py"),
+        *_flag(plan, "BENCH", "--bench"),
+        *_flag(plan, "OUTPUTS", "--outputs-dir"),
+    ]
     if stage == "aggregate":
         return cmd + _flag(plan, "RUNS", "--runs")
     cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flag(plan, "LABEL", "--label")]
     if stage == "infer":
-        return cmd + [*_flag(plan, "DATA", "--input"), *_flag(plan, "MAX_SAMPLES", "--max-samples"),
-                      *_flag(plan, "WORKERS", "--workers"), *shlex.split(plan.get("ARGS") or "")]
+        return cmd + [
+            *_flag(plan, "DATA", "--input"),
+            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
+            *_flag(plan, "WORKERS", "--workers"),
+            *shlex.split(plan.get("ARGS") or ""),
+        ]
     if stage == "score":
         return cmd + [*_flag(plan, "DATA", "--data"), *_flag(plan, "MAX_SAMPLES", "--max-samples")]
-    return cmd + [*(["--error-analysis"] if stage == "error-analysis" else []),
-                  *_flag(plan, "JUDGE_MODEL", "--judge-model"), *_flag(plan, "WORKERS", "--workers"),
-                  *shlex.split(plan.get("JUDGE_ARGS") or "")]
+    return cmd + [
+        *(["--error-analysis"] if stage == "error-analysis" else []),
+        *_flag(plan, "JUDGE_MODEL", "--judge-model"),
+        *_flag(plan, "WORKERS", "--workers"),
+        *shlex.split(plan.get("JUDGE_ARGS") or ""),
+    ]
 
 
 class _Signals:
@@ -188,14 +199,18 @@ def run(plan: Plan) -> int:
                 worst = EXIT_INCOMPLETE
                 continue
             if rc == EXIT_WAITING:
-                print(f"pipeline: {stage} submitted batches, still waiting (exit 75); run the same command again later",
-                      file=sys.stderr)
+                print(
+                    f"pipeline: {stage} submitted batches, still waiting (exit 75); run the same command again later",
+                    file=sys.stderr,
+                )
                 return rc
             if rc != EXIT_OK:
                 print(f"pipeline: {stage} stopped with exit code {rc}; later stages not run", file=sys.stderr)
                 return rc
     if worst == EXIT_INCOMPLETE:
-        print("pipeline: incomplete (exit 3): some tasks are not done yet; rerun the same command later", file=sys.stderr)
+        print(
+            "pipeline: incomplete (exit 3): some tasks are not done yet; rerun the same command later", file=sys.stderr
+        )
     return worst
 
 

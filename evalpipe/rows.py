@@ -77,7 +77,7 @@ class ApiCall(NamedTuple):
 
     stage: str  # "infer", "judge" or "error_analysis"
     model: str | None
-    usage: Usage | None
+    usage: dict | None  # a Usage
     latency_s: float | None
     calls: int  # attempts it took
     via_batch: bool

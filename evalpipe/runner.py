@@ -11,9 +11,10 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Iterable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -115,7 +116,7 @@ class _Rescue:
 async def run(
     tasks: Iterable,
     total: int,
-    work: Callable[[object], Awaitable[dict]],
+    work: Callable[[object], Awaitable[dict | None]],
     output: Path,
     *,
     workers: int,
@@ -135,7 +136,7 @@ async def run(
         return summary
     queue = iter(tasks)
     stop = asyncio.Event()
-    progress = _Progress(label, total, log_every_s, progress)
+    meter = _Progress(label, total, log_every_s, progress)
     failures = None
     rescue = _Rescue(output, summary)
     started = time.monotonic()
@@ -160,7 +161,9 @@ async def run(
         try:
             if failures is None:
                 failures = jsonl.Appender(failures_path(output))
-            failures.append({"idx": task.id, "stage": label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            failures.append(
+                {"idx": task.id, "stage": label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            )
         except OutputUnwritable as exc:
             stop_writing(exc)  # the task stays pending all the same: the next run retries it
 
@@ -181,7 +184,7 @@ async def run(
                     row = await work(task)
                 except CallFailed as exc:
                     record_failure(task, str(exc))
-                    progress.update(failed=True)
+                    meter.update(failed=True)
                 except EndpointRefused as exc:
                     summary.refused = summary.refused or exc
                     stop.set()
@@ -194,7 +197,7 @@ async def run(
                         summary.skipped += 1
                     else:
                         write(row)
-                    progress.update()
+                    meter.update()
                 if stop.is_set():
                     return
 
@@ -218,7 +221,8 @@ async def run(
             loop.add_signal_handler(sig, on_signal, sig.name)
         try:
             stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait([all_done, stopper], return_when=asyncio.FIRST_COMPLETED)
+            first: list[asyncio.Future[Any]] = [all_done, stopper]
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
             if not all_done.done():
                 _, still_running = await asyncio.wait([all_done], timeout=grace_s)
@@ -231,7 +235,7 @@ async def run(
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            progress.close()
+            meter.close()
             rescue.close()
             if failures is not None:
                 failures.close()

@@ -63,7 +63,11 @@ class Stage:
     def __call__(self, script, *args, timeout=120, check=None):
         proc = subprocess.run(
             [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
-            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout,
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check is not None:
             assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -72,7 +76,11 @@ class Stage:
     def popen(self, script, *args):
         return subprocess.Popen(
             [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
-            cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
 

@@ -1,6 +1,5 @@
 """Bad input: one clear line naming file and line, exit 2, and earlier results untouched."""
 
-
 import pytest
 
 from .conftest import SAMPLE, read_jsonl, write_jsonl
@@ -16,15 +15,26 @@ def with_bad_row(tmp_path, mutate):
     return path
 
 
-@pytest.mark.parametrize("mutate, line, message", [
-    (lambda rows: rows[4]["metadata"].update(task_id=rows[1]["metadata"]["task_id"]), 5, "appears again (first on line 2)"),
-    (lambda rows: rows[3]["metadata"].pop("task_id"), 4, "no 'metadata.task_id'"),
-    (lambda rows: rows[6].pop("messages"), 7, "no 'messages' key"),
-    (lambda rows: rows[6].update(messages="hello"), 7, "'messages' must be a non-empty list"),
-    (lambda rows: rows[2]["messages"].insert(1, {"role": "wizard", "content": "x"}), 3, "role 'wizard'"),
-    (lambda rows: rows[2]["messages"].append({"role": "assistant", "content": "x"}), 3, "must end with a user turn"),
-    (lambda rows: rows[8].update(rubrics="be good"), 9, "'rubrics' must be a list"),
-])
+@pytest.mark.parametrize(
+    "mutate, line, message",
+    [
+        (
+            lambda rows: rows[4]["metadata"].update(task_id=rows[1]["metadata"]["task_id"]),
+            5,
+            "appears again (first on line 2)",
+        ),
+        (lambda rows: rows[3]["metadata"].pop("task_id"), 4, "no 'metadata.task_id'"),
+        (lambda rows: rows[6].pop("messages"), 7, "no 'messages' key"),
+        (lambda rows: rows[6].update(messages="hello"), 7, "'messages' must be a non-empty list"),
+        (lambda rows: rows[2]["messages"].insert(1, {"role": "wizard", "content": "x"}), 3, "role 'wizard'"),
+        (
+            lambda rows: rows[2]["messages"].append({"role": "assistant", "content": "x"}),
+            3,
+            "must end with a user turn",
+        ),
+        (lambda rows: rows[8].update(rubrics="be good"), 9, "'rubrics' must be a list"),
+    ],
+)
 def test_bad_dataset_rows(server, stage, tmp_path, mutate, line, message):
     data = with_bad_row(tmp_path, mutate)
     out = tmp_path / "infer.jsonl"

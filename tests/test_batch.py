@@ -32,15 +32,22 @@ def engine(server, request_file, output_file, error_file):
     for n, line in enumerate(read_jsonl(request_file)):
         assert line["method"] == "POST" and line["url"] == "/v1/chat/completions"
         request = urllib.request.Request(
-            server.base_url + "/chat/completions", data=json.dumps(line["body"]).encode(), method="POST",
-            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+            server.base_url + "/chat/completions",
+            data=json.dumps(line["body"]).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 status, body = response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             status, body = exc.code, json.loads(exc.read())
-        result = {"id": f"batch_req_{n}", "custom_id": line["custom_id"],
-                  "response": {"status_code": status, "request_id": f"req_{n}", "body": body}, "error": None}
+        result = {
+            "id": f"batch_req_{n}",
+            "custom_id": line["custom_id"],
+            "response": {"status_code": status, "request_id": f"req_{n}", "body": body},
+            "error": None,
+        }
         (outputs if status == 200 else errors).append(result)
     output_file.write_text("".join(json.dumps(r) + "\n" for r in outputs))
     error_file.write_text("".join(json.dumps(r) + "\n" for r in errors))
@@ -50,7 +57,9 @@ def engine(server, request_file, output_file, error_file):
 def without_latency(row):
     row = {k: v for k, v in row.items() if k not in NOT_COMPARED}
     if isinstance(row.get("calls"), dict):
-        row["calls"] = {name: {k: v for k, v in call.items() if k != "latency_s"} for name, call in row["calls"].items()}
+        row["calls"] = {
+            name: {k: v for k, v in call.items() if k != "latency_s"} for name, call in row["calls"].items()
+        }
     return row
 
 
@@ -64,8 +73,15 @@ def round_trip(stage, server, tmp_path, script, out, *flags, rounds=1):
         req = tmp_path / f"{out}.req{n}.jsonl"
         stage(script, *flags, "--output", out, "--export-batch", req, check=0)
         engine(server, req, tmp_path / f"{out}.out{n}.jsonl", tmp_path / f"{out}.err{n}.jsonl")
-        stage(script, *flags, "--output", out, "--import-batch", tmp_path / f"{out}.err{n}.jsonl",
-              tmp_path / f"{out}.out{n}.jsonl")
+        stage(
+            script,
+            *flags,
+            "--output",
+            out,
+            "--import-batch",
+            tmp_path / f"{out}.err{n}.jsonl",
+            tmp_path / f"{out}.out{n}.jsonl",
+        )
 
 
 def test_clbench_export_import_gives_the_rows_of_an_online_run(server, stage, tmp_path):
@@ -83,8 +99,11 @@ def test_clbench_export_import_gives_the_rows_of_an_online_run(server, stage, tm
     assert rows_by_id(tmp_path / "judge.jsonl") == rows_by_id(tmp_path / "online-judge.jsonl")
     assert len(server.chat_requests()) == 2 * online_calls  # the engine's calls; import sent nothing
     # the same tokens; batch calls are priced with the table's batch discount
-    (tmp_path / "prices.json").write_text(json.dumps(
-        {"batch_discount": 0.5, "models": {"m": {"input": 1.0, "output": 2.0}, "j": {"input": 3.0, "output": 4.0}}}))
+    (tmp_path / "prices.json").write_text(
+        json.dumps(
+            {"batch_discount": 0.5, "models": {"m": {"input": 1.0, "output": 2.0}, "j": {"input": 3.0, "output": 4.0}}}
+        )
+    )
     costs = {}
     for name in ("judge.jsonl", "online-judge.jsonl"):
         stage("score", "--input", name, "--prices", "prices.json", "--output", "s.json", check=0)
@@ -123,7 +142,16 @@ def test_error_recovery_chains_reasoning_then_extraction_batches(server, stage, 
     assert len(extraction) == 30 and all(line["body"]["messages"][-1]["role"] == "system" for line in extraction)
     engine(server, tmp_path / "r2.jsonl", tmp_path / "o2.jsonl", tmp_path / "e2.jsonl")
     # both output files, in any order: the reasoning answers are not mistaken for extraction answers
-    stage("infer", *flags, "--output", "infer.jsonl", "--import-batch", tmp_path / "o2.jsonl", tmp_path / "o1.jsonl", check=0)
+    stage(
+        "infer",
+        *flags,
+        "--output",
+        "infer.jsonl",
+        "--import-batch",
+        tmp_path / "o2.jsonl",
+        tmp_path / "o1.jsonl",
+        check=0,
+    )
     assert rows_by_id(tmp_path / "infer.jsonl") == rows_by_id(tmp_path / "online.jsonl")
 
 
@@ -153,20 +181,44 @@ def test_judge_import_is_idempotent_for_provisional_rows(server, stage, tmp_path
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--export-batch", "req.jsonl", check=0)
     engine(server, tmp_path / "req.jsonl", tmp_path / "out.jsonl", tmp_path / "err.jsonl")
     for _ in range(2):
-        proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--import-batch", "err.jsonl", "out.jsonl")
+        proc = stage(
+            "judge", "--input", "infer.jsonl", "--judge-model", "j", "--import-batch", "err.jsonl", "out.jsonl"
+        )
         assert proc.returncode == 3
     rows = read_jsonl(tmp_path / "judge.jsonl")
     assert len(rows) == 3 and {r["judge_status"] for r in rows} == {"api_error"}
 
 
 def test_export_splits_at_the_file_limits(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--export-batch", "b.jsonl", "--batch-max-requests", "5", check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--export-batch",
+        "b.jsonl",
+        "--batch-max-requests",
+        "5",
+        check=0,
+    )
     parts = sorted(tmp_path.glob("b-*.jsonl"))
     assert [p.name for p in parts] == ["b-001.jsonl", "b-002.jsonl", "b-003.jsonl"]
     assert [len(read_jsonl(p)) for p in parts] == [5, 5, 2]
     sizes = [len(line) + 1 for p in parts for line in p.read_text().splitlines()]
     limit = max(sizes) * 2 + 1
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--export-batch", "s.jsonl", "--batch-max-bytes", limit, check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--export-batch",
+        "s.jsonl",
+        "--batch-max-bytes",
+        limit,
+        check=0,
+    )
     parts = sorted(tmp_path.glob("s-*.jsonl"))
     assert all(p.stat().st_size <= limit for p in parts) and sum(len(read_jsonl(p)) for p in parts) == 12
 
@@ -195,8 +247,20 @@ def test_backend_batch_cron_steps_exit_75_until_done(server, stage, tmp_path):
 
 def test_backend_batch_resumes_polling_after_a_kill(server, stage, tmp_path):
     server.batch_polls_to_finish = 6
-    args = [sys.executable, str(ROOT / "infer.py"), "--model", "m", "--output", "infer.jsonl", "--backend", "batch",
-            "--batch-wait", "60", "--batch-poll", "0.2"]
+    args = [
+        sys.executable,
+        str(ROOT / "infer.py"),
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--backend",
+        "batch",
+        "--batch-wait",
+        "60",
+        "--batch-poll",
+        "0.2",
+    ]
     proc = subprocess.Popen(args, cwd=tmp_path, env=stage.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     state = tmp_path / "infer.jsonl.batch.json"
     deadline = time.monotonic() + 30
@@ -229,7 +293,10 @@ def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_th
     done = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
     assert done.returncode == 0, done.stderr
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
-        ("expired", 12), ("expired", 7), ("completed", 2)]
+        ("expired", 12),
+        ("expired", 7),
+        ("completed", 2),
+    ]
     rows = read_jsonl(tmp_path / "infer.jsonl")
     assert len(rows) == 12 and len({r["idx"] for r in rows}) == 12
 
@@ -237,13 +304,37 @@ def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_th
 def test_backend_batch_for_the_judge_and_error_recovery_chains(server, stage, tmp_path):
     server.batch_polls_to_finish = 1
     backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
-    proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--backend", "batch", "--batch-wait", "30",
-                 "--batch-poll", "0.05")
+    proc = stage(
+        "judge",
+        "--input",
+        "infer.jsonl",
+        "--judge-model",
+        "j",
+        "--backend",
+        "batch",
+        "--batch-wait",
+        "30",
+        "--batch-poll",
+        "0.05",
+    )
     assert proc.returncode == 0, proc.stderr
     assert {r["judge_status"] for r in read_jsonl(tmp_path / "judge.jsonl")} == {"ok"}
     server.handler = er_handler()
-    proc = stage("infer", "--bench", "error_recovery", "--model", "m", "--output", "er.jsonl", "--backend", "batch",
-                 "--batch-wait", "30", "--batch-poll", "0.05")
+    proc = stage(
+        "infer",
+        "--bench",
+        "error_recovery",
+        "--model",
+        "m",
+        "--output",
+        "er.jsonl",
+        "--backend",
+        "batch",
+        "--batch-wait",
+        "30",
+        "--batch-poll",
+        "0.05",
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(read_jsonl(tmp_path / "er.jsonl")) == 30 and server.chat_requests() == []
     assert [b["request_counts"]["total"] for b in server.batches()][-2:] == [30, 30]  # reasoning, then extraction
@@ -257,14 +348,28 @@ def test_backend_batch_without_a_batch_api_is_exit_4(server, stage, tmp_path):
 
 
 def test_vllm_style_error_lines_are_read(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--export-batch", "req.jsonl", check=0)
+    stage(
+        "infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--export-batch", "req.jsonl", check=0
+    )
     lines = read_jsonl(tmp_path / "req.jsonl")
-    errors = [{"id": "vllm-1", "custom_id": lines[0]["custom_id"], "response": {"status_code": 400, "request_id": "r"},
-               "error": "This model's maximum context length is 2048 tokens"},
-              {"id": "vllm-2", "custom_id": lines[1]["custom_id"], "response": {"status_code": 500, "request_id": "r",
-               "body": {"error": "engine crashed"}}, "error": None}]
+    errors = [
+        {
+            "id": "vllm-1",
+            "custom_id": lines[0]["custom_id"],
+            "response": {"status_code": 400, "request_id": "r"},
+            "error": "This model's maximum context length is 2048 tokens",
+        },
+        {
+            "id": "vllm-2",
+            "custom_id": lines[1]["custom_id"],
+            "response": {"status_code": 500, "request_id": "r", "body": {"error": "engine crashed"}},
+            "error": None,
+        },
+    ]
     (tmp_path / "err.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--import-batch", "err.jsonl")
+    proc = stage(
+        "infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--import-batch", "err.jsonl"
+    )
     assert proc.returncode == 3, proc.stderr
     [row] = read_jsonl(tmp_path / "infer.jsonl")
     assert row["status"] == "context_length"  # final, as online

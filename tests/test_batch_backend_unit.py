@@ -13,14 +13,7 @@ import pytest
 from evalpipe import batch, batch_backend, jsonl, runner
 from evalpipe.batch_backend import MAX_SUBMISSIONS, State, advance, open_batches, refuse_other_engines, state_path
 from evalpipe.devtools.testserver import Reply
-from evalpipe.errors import (
-    EXIT_INCOMPLETE,
-    EXIT_OK,
-    EXIT_WAITING,
-    BadInput,
-    EndpointRefused,
-    EndpointUnreachable,
-)
+from evalpipe.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
 from evalpipe.llm import Endpoint
 
 from .conftest import API_KEY, read_jsonl
@@ -49,9 +42,18 @@ def pending_for(out, tasks=TASKS):
 
 
 def args(**kw) -> Namespace:
-    base = {"batch_wait": 0.0, "batch_poll": 0.01, "max_retries": 0, "batch_max_requests": 50_000,
-            "batch_max_bytes": 200 * 1024 * 1024, "grace": 5.0, "log_every": 30.0, "progress": "log",
-            "backend": "batch", "dry_run": False}
+    base = {
+        "batch_wait": 0.0,
+        "batch_poll": 0.01,
+        "max_retries": 0,
+        "batch_max_requests": 50_000,
+        "batch_max_bytes": 200 * 1024 * 1024,
+        "grace": 5.0,
+        "log_every": 30.0,
+        "progress": "log",
+        "backend": "batch",
+        "dry_run": False,
+    }
     return Namespace(**{**base, **kw})
 
 
@@ -168,7 +170,10 @@ def test_expired_batches_keep_their_answers_and_the_rest_is_sent_again(server, t
     out = tmp_path / "infer.jsonl"
     assert go(server, out, batch_wait=20) == EXIT_OK
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
-        ("expired", 5), ("expired", 3), ("completed", 1)]
+        ("expired", 5),
+        ("expired", 3),
+        ("completed", 1),
+    ]
     assert sorted(r["idx"] for r in read_jsonl(out)) == [t.id for t in TASKS]
 
 
@@ -206,7 +211,9 @@ def upload_requests(server, tmp_path, out):
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
     uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
     entry = {"input": str(path), "input_file_id": uploaded.id, "requests": len(lines)}
-    state_path(out).write_text(json.dumps({"batches": [entry], "submissions": {l["custom_id"]: 1 for l in lines}}))
+    state_path(out).write_text(
+        json.dumps({"batches": [entry], "submissions": {line["custom_id"]: 1 for line in lines}})
+    )
     return client, uploaded
 
 

@@ -38,7 +38,7 @@ def test_every_fault_kind_is_survived(tmp_path):
         for kind in chaos.FAULTS:
             served = {"n": 0}
 
-            def once_then_good(request, kind=kind):
+            def once_then_good(request, kind=kind, served=served):
                 served["n"] += 1
                 if served["n"] % 2:  # every other request gets the fault
                     handler = chaos.faulty(ORACLE, 1.0, _Fixed(kind), run.faults)
@@ -77,8 +77,11 @@ def test_a_50_mb_line_is_read_and_becomes_a_context_length_row(server, stage, tm
     rows = read_jsonl(SAMPLE)[:2]
     rows[1]["messages"][-1]["content"] = "x" * 50_000_000
     (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    server.handler = lambda r: (Reply.error(400, "maximum context length exceeded", code="context_length_exceeded")
-                                if len(r.last_content) > 1_000_000 else scripted(r))
+    server.handler = lambda r: (
+        Reply.error(400, "maximum context length exceeded", code="context_length_exceeded")
+        if len(r.last_content) > 1_000_000
+        else scripted(r)
+    )
     stage("infer", "--model", "m", "--input", "big.jsonl", "--output", "o.jsonl", check=0, timeout=300)
     statuses = sorted(r["status"] for r in read_jsonl(tmp_path / "o.jsonl"))
     assert statuses == ["context_length", "ok"]
@@ -88,7 +91,11 @@ def test_sigint_mid_run_keeps_finished_rows(server, stage, tmp_path):
     server.handler = lambda r: Reply(content="a", delay=0.3)
     proc = stage.popen("infer", "--model", "m", "--output", "o.jsonl", "--workers", "2")
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").stat().st_size == 0:
+    while (
+        time.monotonic() < deadline
+        and not (tmp_path / "o.jsonl").exists()
+        or (tmp_path / "o.jsonl").stat().st_size == 0
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -117,12 +124,22 @@ def test_model_names_map_to_safe_folders_inside_outputs(server, stage, tmp_path,
 
 def test_outputs_follow_the_umask_but_are_never_world_writable(server, env, tmp_path):
     def run(mask, out):
-        subprocess.run([sys.executable, str(ROOT / "infer.py"), "--model", "m", "--max-samples", "2",
-                        "--outputs-dir", str(out)], env=env, cwd=tmp_path, check=True, capture_output=True,
-                       preexec_fn=lambda: os.umask(mask))
-        subprocess.run([sys.executable, str(ROOT / "judge.py"), "--model", "m", "--judge-model", "j",
-                        "--outputs-dir", str(out)], env=env, cwd=tmp_path, check=True, capture_output=True,
-                       preexec_fn=lambda: os.umask(mask))
+        subprocess.run(
+            [sys.executable, str(ROOT / "infer.py"), "--model", "m", "--max-samples", "2", "--outputs-dir", str(out)],
+            env=env,
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            preexec_fn=lambda: os.umask(mask),
+        )
+        subprocess.run(
+            [sys.executable, str(ROOT / "judge.py"), "--model", "m", "--judge-model", "j", "--outputs-dir", str(out)],
+            env=env,
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            preexec_fn=lambda: os.umask(mask),
+        )
         return [p for p in out.rglob("*")]
 
     for path in run(0o000, tmp_path / "open"):

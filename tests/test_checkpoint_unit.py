@@ -53,7 +53,11 @@ def test_a_reopened_cache_holds_what_the_last_run_put(tmp_path):
     again.put("t2", "reasoning", {"text": "b"})
     again.close()
     assert [(r["idx"], r["step"]) for r in read_jsonl(StepCache.path_for(out))] == [
-        ("t1", "reasoning"), ("t1", "extraction"), (7, "reasoning"), ("t2", "reasoning")]  # appended, not rewritten
+        ("t1", "reasoning"),
+        ("t1", "extraction"),
+        (7, "reasoning"),
+        ("t2", "reasoning"),
+    ]  # appended, not rewritten
 
 
 def test_the_latest_put_of_a_step_wins_now_and_after_reopening(tmp_path):

@@ -33,7 +33,13 @@ def test_infer_help_without_bench_lists_the_other_benchmarks_flags(capsys):
     coin_flip = shown["coin_flip options (with --bench coin_flip)"]
     assert "--fewshot FEWSHOT" in coin_flip and "--fewshot-seed" in coin_flip and "--fewshot-data" in coin_flip
     error_recovery = shown["error_recovery options (with --bench error_recovery)"]
-    for flag in ("--reasoning-role", "--final-answer-role", "--mistake-notice", "--mistake-notice-ir-only", "--chat-compat"):
+    for flag in (
+        "--reasoning-role",
+        "--final-answer-role",
+        "--mistake-notice",
+        "--mistake-notice-ir-only",
+        "--chat-compat",
+    ):
         assert flag in error_recovery
     assert "--model" not in coin_flip + error_recovery  # the flags every benchmark has are listed once
     assert not any("clbench options" in title for title in shown)  # the default benchmark's are in place already

@@ -9,11 +9,18 @@ import subprocess
 import pytest
 
 from evalpipe.benchmarks.base import Task
-from evalpipe.benchmarks.coin_flip import FEW_SHOT_HEADER, ZERO_SHOT, CoinFlip, CoinFlipOptions, parse_answer, worked_example
-from evalpipe.stages import score
+from evalpipe.benchmarks.coin_flip import (
+    FEW_SHOT_HEADER,
+    ZERO_SHOT,
+    CoinFlip,
+    CoinFlipOptions,
+    parse_answer,
+    worked_example,
+)
 from evalpipe.datasets import coin_flip as gen
-from evalpipe.errors import BadInput
 from evalpipe.devtools.testserver import Reply
+from evalpipe.errors import BadInput
+from evalpipe.stages import score
 
 from .conftest import ROOT, read_jsonl, write_jsonl
 
@@ -22,25 +29,30 @@ DATA = ROOT / "data" / "coin_flip"
 
 # ---- parse rules
 
-@pytest.mark.parametrize("text, strict, lenient", [
-    ("Reasoning...\nANSWER: YES", "YES", "YES"),
-    ("ANSWER: no", "NO", "NO"),
-    ("Answer: yes", None, "YES"),
-    ("**ANSWER: YES**", None, "YES"),
-    ("ANSWER: YES.", None, "YES"),
-    ("ANSWER: NO\nwait, let me recount\nANSWER: YES", "YES", "YES"),
-    ("ANSWER:\nNO", "NO", "NO"),
-    ("ANSWER: YES, the coin is heads up", None, "YES"),
-    ("ANSWER: MAYBE", None, None),
-    ("The coin is heads up. YES", None, None),
-    ("", None, None),
-])
+
+@pytest.mark.parametrize(
+    "text, strict, lenient",
+    [
+        ("Reasoning...\nANSWER: YES", "YES", "YES"),
+        ("ANSWER: no", "NO", "NO"),
+        ("Answer: yes", None, "YES"),
+        ("**ANSWER: YES**", None, "YES"),
+        ("ANSWER: YES.", None, "YES"),
+        ("ANSWER: NO\nwait, let me recount\nANSWER: YES", "YES", "YES"),
+        ("ANSWER:\nNO", "NO", "NO"),
+        ("ANSWER: YES, the coin is heads up", None, "YES"),
+        ("ANSWER: MAYBE", None, None),
+        ("The coin is heads up. YES", None, None),
+        ("", None, None),
+    ],
+)
 def test_parse_rules(text, strict, lenient):
     assert parse_answer(text, "strict") == strict
     assert parse_answer(text, "lenient") == lenient
 
 
 # ---- metrics
+
 
 def bench(parse="strict"):
     return CoinFlip(CoinFlipOptions(parse=parse))
@@ -58,8 +70,10 @@ def scored(golds, outputs):
 
 def test_metrics_by_hand():
     # TP, unparsed gold-YES (not a false negative), FP, TN, FN, unparsed gold-NO
-    m = scored(["YES", "YES", "NO", "NO", "YES", "NO"],
-               ["ANSWER: YES", "no idea", "ANSWER: YES", "ANSWER: NO", "ANSWER: NO", "ANSWER: perhaps"])
+    m = scored(
+        ["YES", "YES", "NO", "NO", "YES", "NO"],
+        ["ANSWER: YES", "no idea", "ANSWER: YES", "ANSWER: NO", "ANSWER: NO", "ANSWER: perhaps"],
+    )
     assert m["confusion"] == {"tp": 1, "fp": 1, "fn": 1, "tn": 1} and m["unparsed"] == 2
     assert m["accuracy"] == 2 / 6  # unparsed count as wrong
     assert (m["precision"], m["recall"], m["f1"]) == (0.5, 0.5, 0.5)
@@ -72,11 +86,14 @@ def test_missing_rows_count_as_wrong_and_are_reported():
     assert (m["precision"], m["recall"], m["f1"]) == (1.0, 1.0, 1.0)
 
 
-@pytest.mark.parametrize("golds, outputs", [
-    (["YES", "NO"], ["gibberish", "more gibberish"]),  # nothing parsed: every ratio is 0/0
-    (["NO", "NO"], ["ANSWER: NO", "ANSWER: NO"]),  # no YES predicted, no YES gold
-    (["YES", "YES"], ["ANSWER: NO", "ANSWER: NO"]),  # precision 0/0, recall 0
-])
+@pytest.mark.parametrize(
+    "golds, outputs",
+    [
+        (["YES", "NO"], ["gibberish", "more gibberish"]),  # nothing parsed: every ratio is 0/0
+        (["NO", "NO"], ["ANSWER: NO", "ANSWER: NO"]),  # no YES predicted, no YES gold
+        (["YES", "YES"], ["ANSWER: NO", "ANSWER: NO"]),  # precision 0/0, recall 0
+    ],
+)
 def test_zero_divisions_are_zero(golds, outputs):
     m = scored(golds, outputs)
     assert m["precision"] == 0.0 and m["f1"] == 0.0 and m["yes_ratio"] == 0.0
@@ -90,17 +107,24 @@ def test_empty_selection_is_all_zero():
 
 # ---- templates and few-shot
 
+
 def test_zero_shot_template_is_evalscopes():
     assert len(ZERO_SHOT.replace("{question}", "")) == 360
     assert ZERO_SHOT.startswith("\nSolve the following coin flip problem step by step.")
-    assert ZERO_SHOT.endswith('the answer YES or NO to the problem.\n\nReasoning:\n')
+    assert ZERO_SHOT.endswith("the answer YES or NO to the problem.\n\nReasoning:\n")
 
 
 def test_worked_examples_track_every_person():
-    q = "Q: A coin is heads up. ana flips the coin. bo does not flip the coin. cy flips the coin.  Is the coin still heads up?"
+    q = (
+        "Q: A coin is heads up. ana flips the coin. bo does not flip the coin. cy flips the coin.  "
+        "Is the coin still heads up?"
+    )
     demo = worked_example(q, "YES")
     assert demo.startswith(q + "\n\nReasoning:\nThe coin starts heads up. ana flips the coin, so it is now tails up.")
-    assert "bo does not flip the coin, so it stays tails up." in demo and "cy flips the coin, so it is now heads up." in demo
+    assert (
+        "bo does not flip the coin, so it stays tails up." in demo
+        and "cy flips the coin, so it is now heads up." in demo
+    )
     assert demo.endswith("\nANSWER: YES")
     with pytest.raises(ValueError):
         worked_example(q, "NO")
@@ -123,6 +147,7 @@ def test_fewshot_prompt_structure_and_seeded_choice():
 
 # ---- generator
 
+
 def test_generator_is_deterministic_and_matches_the_committed_files(tmp_path):
     gen.write_splits(tmp_path)
     for split in ("test", "validation"):
@@ -140,7 +165,9 @@ def test_generator_statistics_match_the_recorded_ones():
 
 
 def test_generated_questions_are_well_formed_and_answers_follow_parity():
-    pattern = re.compile(r"^Q: A coin is heads up\.((?: [a-z]+ (?:flips|does not flip) the coin\.){2,4})  Is the coin still heads up\?$")
+    pattern = re.compile(
+        r"^Q: A coin is heads up\.((?: [a-z]+ (?:flips|does not flip) the coin\.){2,4})  Is the coin still heads up\?$"
+    )
     for row in read_jsonl(DATA / "test.jsonl") + read_jsonl(DATA / "validation.jsonl"):
         m = pattern.match(row["question"])
         assert m, row
@@ -152,6 +179,7 @@ def test_generated_questions_are_well_formed_and_answers_follow_parity():
 
 # ---- loader
 
+
 def test_loader_reads_json_exports_with_stable_ids(tmp_path):
     rows = read_jsonl(DATA / "test.jsonl")[:5]
     (tmp_path / "a.json").write_text(json.dumps(rows))
@@ -162,7 +190,9 @@ def test_loader_reads_json_exports_with_stable_ids(tmp_path):
 
 
 def test_loader_errors_name_the_line(tmp_path):
-    write_jsonl(tmp_path / "bad.jsonl", [{"question": "Q: x", "answer": "yes"}, {"question": "Q: y", "answer": "maybe"}])
+    write_jsonl(
+        tmp_path / "bad.jsonl", [{"question": "Q: x", "answer": "yes"}, {"question": "Q: y", "answer": "maybe"}]
+    )
     with pytest.raises(BadInput, match=r"bad.jsonl:2: 'answer' must be yes or no"):
         CoinFlip().load(tmp_path / "bad.jsonl")
 
@@ -175,6 +205,7 @@ def test_parquet_without_pyarrow_is_a_clear_error(tmp_path):
 
 
 # ---- the pipeline
+
 
 def answer_by_parity(request):
     """Right on questions with an even number of people, wrong (but well-formed) otherwise."""
@@ -193,9 +224,26 @@ def answer_by_parity(request):
 def test_make_pipeline_for_coin_flip(server, env, tmp_path):
     server.handler = answer_by_parity
     proc = subprocess.run(
-        ["make", "-s", "-C", str(ROOT), "infer", "judge", "score", "aggregate", "BENCH=coin_flip",
-         f"OUTPUTS={tmp_path}", "MODEL=m", "RUNS=2", "MAX_SAMPLES=60", "WORKERS=8"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            "make",
+            "-s",
+            "-C",
+            str(ROOT),
+            "infer",
+            "judge",
+            "score",
+            "aggregate",
+            "BENCH=coin_flip",
+            f"OUTPUTS={tmp_path}",
+            "MODEL=m",
+            "RUNS=2",
+            "MAX_SAMPLES=60",
+            "WORKERS=8",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = read_jsonl(DATA / "test.jsonl")[:60]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from evalpipe import jsonl
-from evalpipe.errors import EXIT_UNWRITABLE, OutputUnwritable
 from evalpipe.devtools.testserver import Reply
+from evalpipe.errors import EXIT_UNWRITABLE, OutputUnwritable
 
 from .conftest import ROOT, SAMPLE, read_jsonl, write_jsonl
 
@@ -31,7 +31,12 @@ def run_script(script, *args, env, cwd, **how):
     """A stage script as a subprocess; `how`: more subprocess.run arguments (preexec_fn, user, group)."""
     return subprocess.run(
         [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=60, **how,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **how,
     )
 
 
@@ -69,8 +74,10 @@ def test_a_write_cut_short_leaves_the_file_exactly_as_before(tmp_path, monkeypat
         assert len(calls) == 2  # the short write, then the rest of the row
         assert path.read_bytes() == before
         message = str(failed.value)
-        assert message.startswith(f"cannot write {path}: No space left on device; free space on the file system "
-                                   f"holding {tmp_path} (e.g. df -h {tmp_path}), then rerun the same command")
+        assert message.startswith(
+            f"cannot write {path}: No space left on device; free space on the file system "
+            f"holding {tmp_path} (e.g. df -h {tmp_path}), then rerun the same command"
+        )
         out.append({"idx": "c", "text": "after"})  # the same appender goes on at the right place
     assert [row["idx"] for _, row in jsonl.iter_rows(path)] == ["a", "c"]
 
@@ -79,7 +86,8 @@ def test_permission_errors_say_which_folder_to_fix(tmp_path):
     err = OutputUnwritable(tmp_path / "new" / "deeper" / "score.json", OSError(errno.EROFS, os.strerror(errno.EROFS)))
     assert str(err) == (
         f"cannot write {tmp_path}/new/deeper/score.json: Read-only file system; the folder {tmp_path} is read-only "
-        "or not writable by this user: fix its permissions or choose another output folder (--outputs-dir, make's OUTPUTS=)"
+        "or not writable by this user: fix its permissions or choose another output folder "
+        "(--outputs-dir, make's OUTPUTS=)"
     )
 
 
@@ -113,8 +121,11 @@ def test_disk_full_mid_run_keeps_the_rows_in_flight_and_the_rerun_adds_them(serv
     try:
         proc = run_script(*command, env=env, cwd=tmp_path, preexec_fn=limit_file_size(limit))
         line = assert_one_error_line(
-            proc, "infer", f"cannot write {out}: File too large; free space on the file system holding {out.parent}",
-            "rerun the same command", f"3 finished answers were kept in {rescue}",
+            proc,
+            "infer",
+            f"cannot write {out}: File too large; free space on the file system holding {out.parent}",
+            "rerun the same command",
+            f"3 finished answers were kept in {rescue}",
         )
         assert "lost" not in line
         assert out.read_bytes().endswith(b"\n")
@@ -155,8 +166,13 @@ def _child_works(probe_dir: Path, **how) -> bool:
         "ok = not os.access(sys.argv[2], os.W_OK); sys.exit(0 if ok else 1)"
     )
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(probe_dir)], cwd=probe_dir,
-                              capture_output=True, timeout=60, **how)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(ROOT), str(probe_dir)],
+            cwd=probe_dir,
+            capture_output=True,
+            timeout=60,
+            **how,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return proc.returncode == 0
@@ -183,9 +199,11 @@ def unprivileged(tmp_path):
                 yield workspace, how
                 break
         else:
-            pytest.skip(f"running as root, and neither uid {NOBODY} can run {sys.executable} with the project "
-                        f"{ROOT} (a parent folder is closed to it) nor can capabilities be dropped: "
-                        "root would ignore the folder's mode")
+            pytest.skip(
+                f"running as root, and neither uid {NOBODY} can run {sys.executable} with the project "
+                f"{ROOT} (a parent folder is closed to it) nor can capabilities be dropped: "
+                "root would ignore the folder's mode"
+            )
     finally:
         for folder, _, _ in os.walk(workspace):
             os.chmod(folder, 0o755)
@@ -199,9 +217,19 @@ def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env
     run_dir.mkdir(parents=True)
     judged = []
     for row in read_jsonl(SAMPLE)[:3]:
-        judged.append({"idx": row["metadata"]["task_id"], "messages": row["messages"], "model_output": "x",
-                       "rubrics": row["rubrics"], "metadata": row["metadata"], "grading_rationale": "",
-                       "requirement_status": [], "score": 1, "judge_status": "ok"})
+        judged.append(
+            {
+                "idx": row["metadata"]["task_id"],
+                "messages": row["messages"],
+                "model_output": "x",
+                "rubrics": row["rubrics"],
+                "metadata": row["metadata"],
+                "grading_rationale": "",
+                "requirement_status": [],
+                "score": 1,
+                "judge_status": "ok",
+            }
+        )
     write_jsonl(run_dir / "judge.jsonl", judged)
     os.chmod(run_dir / "judge.jsonl", 0o644)
     os.chmod(run_dir, 0o555)
@@ -209,15 +237,21 @@ def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env
 
     proc = run_script("infer", "--model", "m", "--outputs-dir", "outputs", "--max-samples", "3", **kwargs)
     assert_one_error_line(
-        proc, "infer", "cannot write outputs/clbench/m/run-1/infer.jsonl.lock: Permission denied; "
+        proc,
+        "infer",
+        "cannot write outputs/clbench/m/run-1/infer.jsonl.lock: Permission denied; "
         "the folder outputs/clbench/m/run-1 is read-only or not writable by this user: fix its permissions "
         "or choose another output folder (--outputs-dir, make's OUTPUTS=)",
     )
     assert server.chat_requests() == []
 
-    proc = run_script("score", "--model", "m", "--outputs-dir", "outputs", "--data", SAMPLE, "--max-samples", "3", **kwargs)
+    proc = run_script(
+        "score", "--model", "m", "--outputs-dir", "outputs", "--data", SAMPLE, "--max-samples", "3", **kwargs
+    )
     assert_one_error_line(
-        proc, "score", "cannot write outputs/clbench/m/run-1/score.json: Permission denied; "
+        proc,
+        "score",
+        "cannot write outputs/clbench/m/run-1/score.json: Permission denied; "
         "the folder outputs/clbench/m/run-1 is read-only",
     )
     assert sorted(p.name for p in run_dir.iterdir()) == ["judge.jsonl"]

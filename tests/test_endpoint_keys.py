@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from evalpipe import cli
+from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.llm import Endpoint
 from evalpipe.stages import infer as infer_stage
-from evalpipe.devtools.testserver import FakeOpenAI
 
 from .conftest import API_KEY, read_jsonl, scripted
 from .test_results import with_analyst
@@ -84,8 +84,10 @@ def test_judge_key_without_judge_base_url_is_not_sent_to_openai_base_url(server,
     stage.env["JUDGE_API_KEY"] = JUDGE_KEY  # meant for OpenAI; the URL would fall back to A
     proc = judge(stage)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
-    assert (f"OPENAI_BASE_URL points to {server.base_url} but JUDGE_BASE_URL is not set; the key in JUDGE_API_KEY "
-            "belongs to https://api.openai.com/v1") in proc.stderr
+    assert (
+        f"OPENAI_BASE_URL points to {server.base_url} but JUDGE_BASE_URL is not set; the key in JUDGE_API_KEY "
+        "belongs to https://api.openai.com/v1"
+    ) in proc.stderr
     assert len(server.requests) == before
     assert_no_key_in(proc)
 
@@ -133,15 +135,37 @@ def test_infer_refuses_when_the_key_belongs_to_openai(other, stage):
 
 @pytest.mark.e2e
 def test_infer_with_an_explicit_key_goes_where_pointed(server, other, stage):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2,
-          "--base-url", other.base_url, "--api-key", EXPLICIT_KEY, check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--max-samples",
+        2,
+        "--base-url",
+        other.base_url,
+        "--api-key",
+        EXPLICIT_KEY,
+        check=0,
+    )
     assert keys_received(other) == {f"Bearer {EXPLICIT_KEY}"} and server.requests == []
 
 
 @pytest.mark.e2e
 def test_infer_on_the_same_origin_keeps_the_env_key(server, stage):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2,
-          "--base-url", server.base_url + "/", check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--max-samples",
+        2,
+        "--base-url",
+        server.base_url + "/",
+        check=0,
+    )
     assert keys_received(server) == {f"Bearer {API_KEY}"}
 
 
@@ -229,7 +253,11 @@ def test_sdk_environment_headers_go_only_where_the_openai_key_belongs(sdk_enviro
     send_with_sdk_options(endpoint_for())
     home = server.requests[-1].headers
     assert home["authorization"] == f"Bearer {API_KEY}"  # the chosen key, not OPENAI_CUSTOM_HEADERS' one
-    assert (home["openai-organization"], home["openai-project"], home["x-team-token"]) == ("org-team", "proj-team", "t0ken")
+    assert (home["openai-organization"], home["openai-project"], home["x-team-token"]) == (
+        "org-team",
+        "proj-team",
+        "t0ken",
+    )
 
     send_with_sdk_options(endpoint_for("--base-url", other.base_url, "--api-key", EXPLICIT_KEY))
     away = other.requests[-1].headers

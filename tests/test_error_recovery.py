@@ -9,10 +9,17 @@ import time
 import pytest
 
 from evalpipe.benchmarks.error_recovery import (
-    FINAL_ANSWER_PROMPT, FORMAT_HINTS, MISTAKE_NOTICE, TASK_DESCRIPTION, ErrorRecovery, compat, normalize)
-from evalpipe.stages import score
+    FINAL_ANSWER_PROMPT,
+    FORMAT_HINTS,
+    MISTAKE_NOTICE,
+    TASK_DESCRIPTION,
+    ErrorRecovery,
+    compat,
+    normalize,
+)
 from evalpipe.datasets import error_recovery as conv
 from evalpipe.devtools.testserver import Reply
+from evalpipe.stages import score
 
 from .conftest import ROOT, SHARED, read_jsonl
 
@@ -25,18 +32,26 @@ BY_QUESTION = {p["question"]: p for p in PROBLEMS}
 
 # ---- converter
 
+
 @pytest.mark.skipif(not BBM.exists(), reason="../shared/data/big-bench-mistake is not here")
 def test_converter_on_the_real_files_matches_the_reference_data_files():
     variants = conv.convert(BBM)
     counts = {t: sum(r["task"] == t for r in variants["main"]) for t in conv.TASKS}
-    assert counts == {"multistep_arithmetic": 201, "tracking_shuffled_objects": 246, "word_sorting": 239,
-                      "logical_deduction": 250, "dyck_languages": 500}
+    assert counts == {
+        "multistep_arithmetic": 201,
+        "tracking_shuffled_objects": 246,
+        "word_sorting": 239,
+        "logical_deduction": 250,
+        "dyck_languages": 500,
+    }
     assert [r["task"] for r in variants["medium"]] == [t for t in conv.TASKS for _ in range(50)]
     assert variants["small"] == [r for t in conv.TASKS for r in [x for x in variants["main"] if x["task"] == t][:2]]
     # sha256 of the reference eval's data files (their git-lfs pointers): our bytes are theirs
-    reference = {"main": "8fda8fddd6a63d6b84ee4b6a8934bcedcada67e3fcd5df64041f14c04d774be3",
-                 "medium": "d5c591504d282ca7763d7abe407958da1ea06d6dc62be4808ba4fa97ff5f3cb2",
-                 "small": "3e55b1af640b26eff5661c83c7ff6bf52040ea062c9a71ba16069e2305fdb362"}
+    reference = {
+        "main": "8fda8fddd6a63d6b84ee4b6a8934bcedcada67e3fcd5df64041f14c04d774be3",
+        "medium": "d5c591504d282ca7763d7abe407958da1ea06d6dc62be4808ba4fa97ff5f3cb2",
+        "small": "3e55b1af640b26eff5661c83c7ff6bf52040ea062c9a71ba16069e2305fdb362",
+    }
     for name, rows in variants.items():
         assert hashlib.sha256(conv.encode(rows)).hexdigest() == reference[name], name
 
@@ -46,33 +61,45 @@ def test_converter_on_our_sample_selects_orders_and_types_as_the_reference():
     assert conv.encode(rows) == SAMPLE.read_bytes()
     assert [r["task"] for r in rows] == [t for t in conv.TASKS for _ in range(2)]
     first = rows[0]
-    assert list(first) == ["question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps",
-                           "target", "task"]
+    assert list(first) == [
+        "question",
+        "correct_steps",
+        "incorrect_step",
+        "mistake_index",
+        "num_ground_truth_steps",
+        "target",
+        "task",
+    ]
     assert first["mistake_index"] == 2.0 and isinstance(first["mistake_index"], float)
     assert first["target"] == -7 and isinstance(first["target"], int)
     assert all(isinstance(r["target"], str) for r in rows if r["task"] != "multistep_arithmetic")
     dyck = [r for r in rows if r["task"] == "dyck_languages"][0]
-    assert dyck["question"].startswith("Given the following sequence of opening and closing brackets, provide the "
-                                       "minimal sequence of additional brackets that would balance the original sequence:\n")
+    assert dyck["question"].startswith(
+        "Given the following sequence of opening and closing brackets, provide the "
+        "minimal sequence of additional brackets that would balance the original sequence:\n"
+    )
     ws = [r for r in rows if r["task"] == "word_sorting"]
     assert ws[0]["question"] == "Sort the following list of words alphabetically:\nthistle marrow tundra gazebo"
-    assert b'falcon\\/kite' in SAMPLE.read_bytes()  # the reference's encoding escapes "/"
+    assert b"falcon\\/kite" in SAMPLE.read_bytes()  # the reference's encoding escapes "/"
     with pytest.raises(Exception, match="needs 50 rows per task"):
         conv.convert(BBM_SAMPLE, ("medium",))
 
 
 @pytest.mark.e2e
 def test_make_error_recovery_data(tmp_path):
-    out = subprocess.run(["make", "-s", "-C", str(ROOT), "error-recovery-data", f"BBM_DIR={BBM_SAMPLE}"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "error-recovery-data", f"BBM_DIR={BBM_SAMPLE}"], capture_output=True, text=True
+    )
     # the sample has too few rows for the medium variant: a clear error, nothing half-written
     assert out.returncode != 0 and "medium variant needs 50 rows per task" in out.stdout + out.stderr
 
 
 # ---- messages on the wire
 
+
 def er_handler(server_calls=None):
     """Reasoning: a fixed text. Extraction: right for NR and CR, wrong for IR."""
+
     def handler(request):
         msgs = request.messages
         if FINAL_ANSWER_PROMPT in msgs[-1]["content"]:
@@ -81,6 +108,7 @@ def er_handler(server_calls=None):
             ir = "\n".join(problem["correct_steps"]) + "\n" + problem["incorrect_step"]
             return Reply(content="WRONG" if given is not None and ir in given else str(problem["target"]))
         return Reply(content=f"reasoning after {len(msgs)} messages")
+
     return handler
 
 
@@ -89,8 +117,12 @@ def run_infer(stage, *flags, output="infer.jsonl", check=0):
 
 
 def calls_for(server, problem, variation_content=None):
-    return [r.messages for r in server.chat_requests() if r.messages[1]["content"] == problem["question"]
-            and (variation_content is None or (len(r.messages) > 2 and r.messages[2]["content"] == variation_content))]
+    return [
+        r.messages
+        for r in server.chat_requests()
+        if r.messages[1]["content"] == problem["question"]
+        and (variation_content is None or (len(r.messages) > 2 and r.messages[2]["content"] == variation_content))
+    ]
 
 
 @pytest.mark.e2e
@@ -119,8 +151,18 @@ def test_reference_options_change_roles_and_notices(server, stage):
     server.handler = er_handler()
     p = PROBLEMS[0]
     correct = "\n".join(p["correct_steps"])
-    run_infer(stage, "--max-samples", "1", "--reasoning-role", "user", "--final-answer-role", "user",
-              "--mistake-notice", "immediate", output="a.jsonl")
+    run_infer(
+        stage,
+        "--max-samples",
+        "1",
+        "--reasoning-role",
+        "user",
+        "--final-answer-role",
+        "user",
+        "--mistake-notice",
+        "immediate",
+        output="a.jsonl",
+    )
     requests = [r.messages for r in server.chat_requests()]
     notice = {"role": "user", "content": MISTAKE_NOTICE}
     cr = [m for m in requests if len(m) > 2 and m[2] == {"role": "user", "content": correct}]
@@ -143,14 +185,25 @@ def test_chat_compat_merge_never_sends_two_turns_of_a_role_or_a_late_system(serv
         roles = [m["role"] for m in request.messages]
         assert all(a != b for a, b in zip(roles, roles[1:])), roles
         assert "system" not in roles[1:]
-    assert compat([{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-                   {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"},
-                   {"role": "system", "content": "f"}], "merge") == [
-        {"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "a\n\nb"}, {"role": "user", "content": "f"}]
+    assert compat(
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "system", "content": "f"},
+        ],
+        "merge",
+    ) == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a\n\nb"},
+        {"role": "user", "content": "f"},
+    ]
 
 
 # ---- resume between the two calls
+
 
 @pytest.mark.e2e
 def test_kill_between_the_two_calls_repeats_only_the_extraction(server, stage, tmp_path):
@@ -160,7 +213,9 @@ def test_kill_between_the_two_calls_repeats_only_the_extraction(server, stage, t
         return Reply(content=f"paid reasoning {len(request.messages)}")
 
     server.handler = slow_extraction
-    proc = stage.popen("infer", "--bench", "error_recovery", "--model", "m", "--output", "infer.jsonl", "--workers", "4")
+    proc = stage.popen(
+        "infer", "--bench", "error_recovery", "--model", "m", "--output", "infer.jsonl", "--workers", "4"
+    )
     steps_file = tmp_path / "infer.jsonl.steps.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (steps_file.exists() and steps_file.read_bytes().count(b"\n") >= 4):
@@ -201,16 +256,20 @@ def test_failed_extraction_is_retried_next_run_without_new_reasoning(server, sta
 
 # ---- grading and metrics
 
-@pytest.mark.parametrize("task, answer, target, exact, normalized", [
-    ("multistep_arithmetic", "-7", "-7", True, True),
-    ("multistep_arithmetic", " -7.0\n", "-7", False, True),
-    ("logical_deduction", "B", "(B)", False, True),
-    ("logical_deduction", "(B) The green book", "(B)", False, True),
-    ("tracking_shuffled_objects", "(C)", "(B)", False, False),
-    ("word_sorting", "Apple banana.", "apple banana", False, True),
-    ("dyck_languages", "} ) )", "} ) )", True, True),
-    ("dyck_languages", "}))", "} ) )", False, True),
-])
+
+@pytest.mark.parametrize(
+    "task, answer, target, exact, normalized",
+    [
+        ("multistep_arithmetic", "-7", "-7", True, True),
+        ("multistep_arithmetic", " -7.0\n", "-7", False, True),
+        ("logical_deduction", "B", "(B)", False, True),
+        ("logical_deduction", "(B) The green book", "(B)", False, True),
+        ("tracking_shuffled_objects", "(C)", "(B)", False, False),
+        ("word_sorting", "Apple banana.", "apple banana", False, True),
+        ("dyck_languages", "} ) )", "} ) )", True, True),
+        ("dyck_languages", "}))", "} ) )", False, True),
+    ],
+)
 def test_exact_and_normalised_match(task, answer, target, exact, normalized):
     assert (answer == target) is exact
     assert (normalize(task, answer) == normalize(task, target)) is normalized
@@ -220,9 +279,25 @@ def test_exact_and_normalised_match(task, answer, target, exact, normalized):
 def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
     server.handler = er_handler()
     proc = subprocess.run(
-        ["make", "-s", "-C", str(ROOT), "infer", "judge", "score", "aggregate", "BENCH=error_recovery",
-         f"OUTPUTS={tmp_path}", "MODEL=m", "RUNS=2"],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            "make",
+            "-s",
+            "-C",
+            str(ROOT),
+            "infer",
+            "judge",
+            "score",
+            "aggregate",
+            "BENCH=error_recovery",
+            f"OUTPUTS={tmp_path}",
+            "MODEL=m",
+            "RUNS=2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     score = json.loads((tmp_path / "error_recovery" / "m" / "run-1" / "score.json").read_text())
     assert (score["NR_correct_rate"], score["CR_correct_rate"], score["IR_correct_rate"]) == (1.0, 1.0, 0.0)

@@ -2,7 +2,6 @@
 variables, run variants, dry runs and the local server's lines."""
 
 import json
-import os
 import shlex
 import signal
 import socket
@@ -29,30 +28,40 @@ def closed_port() -> int:
 
 
 def make(env, *words, timeout=300):
-    return subprocess.run(["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def runner(env, *words, timeout=300):
-    return subprocess.run([sys.executable, "-m", "evalpipe.pipeline", *map(str, words)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---- 1. a dead endpoint fails in seconds, with its own exit code
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("url, reason", [
-    (f"http://127.0.0.1:{closed_port()}/v1", "connection refused"),
-    ("http://no-such-host.invalid/v1", "unknown host"),
-])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        (f"http://127.0.0.1:{closed_port()}/v1", "connection refused"),
+        ("http://no-such-host.invalid/v1", "unknown host"),
+    ],
+)
 def test_a_dead_endpoint_stops_in_seconds(stage, tmp_path, url, reason):
     stage.env["OPENAI_BASE_URL"] = url
     started = time.monotonic()
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
     assert proc.returncode == 69, proc.stderr
     assert time.monotonic() - started < 20
-    [line] = [l for l in proc.stderr.splitlines() if "error" in l]
+    [line] = [said for said in proc.stderr.splitlines() if "error" in said]
     assert line.startswith(f"infer: error: cannot reach {url}: {reason}") and "OPENAI_BASE_URL" in line
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "infer.jsonl.failed.jsonl").exists()  # no task is blamed for it
@@ -172,8 +181,17 @@ def test_an_incomplete_infer_lets_judge_and_score_go_on_and_ends_with_3(server, 
 def test_waiting_batches_stop_before_the_next_stage_with_75(env, tmp_path):
     with FakeOpenAI(scripted, batch_polls_to_finish=5) as srv:
         env["OPENAI_BASE_URL"] = srv.base_url
-        proc = runner(env, "infer", "judge", "score", "MODEL=m", f"OUTPUTS={tmp_path}", "RUNS=2", "MAX_SAMPLES=2",
-                      "ARGS=--backend batch")
+        proc = runner(
+            env,
+            "infer",
+            "judge",
+            "score",
+            "MODEL=m",
+            f"OUTPUTS={tmp_path}",
+            "RUNS=2",
+            "MAX_SAMPLES=2",
+            "ARGS=--backend batch",
+        )
     assert proc.returncode == 75, proc.stderr
     assert len(list(tmp_path.rglob("infer.jsonl.batch.json"))) == 2  # both runs submitted
     assert not list(tmp_path.rglob("judge.jsonl*"))
@@ -188,8 +206,14 @@ def test_sigterm_to_the_runner_stops_the_stage_cleanly(server, env, tmp_path):
 
     server.handler = slow
     words = ["infer", "judge", "score", "MODEL=m", "JUDGE_MODEL=j", f"OUTPUTS={tmp_path}", "RUNS=1", "WORKERS=2"]
-    proc = subprocess.Popen([sys.executable, "-m", "evalpipe.pipeline", *words], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evalpipe.pipeline", *words],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     infer_rows = tmp_path / "clbench" / "m" / "run-1" / "infer.jsonl"
     deadline = time.monotonic() + 30
     while not (infer_rows.exists() and infer_rows.read_bytes().count(b"\n") >= 2) and time.monotonic() < deadline:
@@ -211,15 +235,18 @@ def test_sigterm_to_the_runner_stops_the_stage_cleanly(server, env, tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("word, message", [
-    ("RUNS=-1", "RUNS=-1: expected a whole number of 1 or more"),
-    ("RUNS=three", "RUNS=three: expected a whole number of 1 or more"),
-    ("RUNS=0", "RUNS=0: expected a whole number of 1 or more"),
-    ("MAX_SAMPLES=0", "MAX_SAMPLES=0: expected a whole number of 1 or more"),
-    ("WORKERS=many", "WORKERS=many: expected a whole number of 1 or more"),
-    ("BENCH=nope", "BENCH=nope: unknown benchmark"),
-    ("ARGS=--x 'open", "ARGS=--x 'open: No closing quotation"),
-])
+@pytest.mark.parametrize(
+    "word, message",
+    [
+        ("RUNS=-1", "RUNS=-1: expected a whole number of 1 or more"),
+        ("RUNS=three", "RUNS=three: expected a whole number of 1 or more"),
+        ("RUNS=0", "RUNS=0: expected a whole number of 1 or more"),
+        ("MAX_SAMPLES=0", "MAX_SAMPLES=0: expected a whole number of 1 or more"),
+        ("WORKERS=many", "WORKERS=many: expected a whole number of 1 or more"),
+        ("BENCH=nope", "BENCH=nope: unknown benchmark"),
+        ("ARGS=--x 'open", "ARGS=--x 'open: No closing quotation"),
+    ],
+)
 def test_bad_make_variables_get_one_line_and_exit_2(env, tmp_path, word, message):
     proc = make(env, "infer", "judge", "score", "aggregate", f"OUTPUTS={tmp_path}", word)
     assert proc.returncode == 2
@@ -234,8 +261,19 @@ def test_paths_with_spaces_work_in_every_target(server, env, tmp_path):
     data.parent.mkdir()
     data.write_bytes(COIN_FLIP.read_bytes())
     out = tmp_path / "out dir"
-    proc = make(env, "infer", "judge", "score", "aggregate", "BENCH=coin_flip", "MODEL=m", "RUNS=1", "MAX_SAMPLES=5",
-                f"DATA={data}", f"OUTPUTS={out}")
+    proc = make(
+        env,
+        "infer",
+        "judge",
+        "score",
+        "aggregate",
+        "BENCH=coin_flip",
+        "MODEL=m",
+        "RUNS=1",
+        "MAX_SAMPLES=5",
+        f"DATA={data}",
+        f"OUTPUTS={out}",
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(read_jsonl(out / "coin_flip" / "m" / "run-1" / "judge.jsonl")) == 5
     proc = make(env, "report", f"OUTPUTS={out}")
@@ -265,12 +303,34 @@ def test_allow_config_change_that_adds_no_row_changes_nothing(server, stage, tmp
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
     manifest = tmp_path / "infer.jsonl.manifest.json"
     recorded = json.loads(manifest.read_text())["fingerprint"]
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", "--temperature", "0.5",
-          "--allow-config-change", check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--max-samples",
+        "3",
+        "--temperature",
+        "0.5",
+        "--allow-config-change",
+        check=0,
+    )
     assert json.loads(manifest.read_text())["fingerprint"] == recorded
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)  # not refused
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", "--temperature", "0.5",
-          "--allow-config-change", check=0)  # adds a row: the new configuration is the record now
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--max-samples",
+        "4",
+        "--temperature",
+        "0.5",
+        "--allow-config-change",
+        check=0,
+    )  # adds a row: the new configuration is the record now
     assert json.loads(manifest.read_text())["fingerprint"]["temperature"] == 0.5
 
 

@@ -75,7 +75,9 @@ def test_salvaged_replies_count_and_say_how(server, stage, tmp_path):
     server.handler = chatty_judge
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     rows = judged(tmp_path)
-    assert {(r["judge_status"], r["judge_salvage"], r["score"]) for r in rows.values()} == {("salvaged", "fenced_json", 1)}
+    assert {(r["judge_status"], r["judge_salvage"], r["score"]) for r in rows.values()} == {
+        ("salvaged", "fenced_json", 1)
+    }
     assert judge_calls(server) == 2
 
 
@@ -93,4 +95,7 @@ def test_a_retry_after_parse_failure_keeps_the_usage_of_every_call(server, stage
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     row = judged(tmp_path)[IDS[0]]
     assert (row["judge_status"], row["judge_attempts"], row["judge_usage"]) == (
-        "ok", 2, {"prompt_tokens": 200, "completion_tokens": 20})
+        "ok",
+        2,
+        {"prompt_tokens": 200, "completion_tokens": 20},
+    )

@@ -18,7 +18,8 @@ def test_fenced_json_inside_prose_is_salvaged():
 
 
 def test_json_inside_prose_is_salvaged_and_the_last_verdict_wins():
-    text = f"First thought: {json.dumps({**GOOD, 'Overall Score': 1})} but on reflection {json.dumps({**GOOD, 'Overall Score': 0})}"
+    first, second = json.dumps({**GOOD, "Overall Score": 1}), json.dumps({**GOOD, "Overall Score": 0})
+    text = f"First thought: {first} but on reflection {second}"
     v = parse_judge_reply(text, 2)
     assert (v.how, v.score) == ("json_in_prose", 0)
 

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EndpointRefused
 from evalpipe.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
-from evalpipe.devtools.testserver import Reply
 
 from .conftest import API_KEY
 
@@ -15,8 +15,15 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 
 def call(server, **kw):
-    settings = dict(model="m", base_url=server.base_url, api_key=API_KEY, timeout=2, max_retries=3,
-                    backoff_initial=0.05, backoff_max=0.2)
+    settings = dict(
+        model="m",
+        base_url=server.base_url,
+        api_key=API_KEY,
+        timeout=2,
+        max_retries=3,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+    )
     settings.update(kw)
 
     async def go():
@@ -40,9 +47,20 @@ def sequence(*replies):
 
 
 def test_success_records_usage_and_sends_parameters(server):
-    server.handler = sequence(Reply(content="hello", usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-                                                         "completion_tokens_details": {"reasoning_tokens": 2}}))
-    done = call(server, params={"temperature": 0.2, "max_tokens": 50, "reasoning_effort": "low"}, extra_body={"top_k": 5})
+    server.handler = sequence(
+        Reply(
+            content="hello",
+            usage={
+                "prompt_tokens": 7,
+                "completion_tokens": 3,
+                "total_tokens": 10,
+                "completion_tokens_details": {"reasoning_tokens": 2},
+            },
+        )
+    )
+    done = call(
+        server, params={"temperature": 0.2, "max_tokens": 50, "reasoning_effort": "low"}, extra_body={"top_k": 5}
+    )
     assert (done.text, done.finish_reason, done.attempts) == ("hello", "stop", 1)
     assert done.usage == {"prompt_tokens": 7, "completion_tokens": 3, "reasoning_tokens": 2}
     body = server.chat_requests()[0].body
@@ -89,7 +107,9 @@ def test_connection_reset_is_retried(server):
 
 
 def test_context_length_is_final_without_retry(server):
-    server.handler = sequence(Reply.error(400, "This model's maximum context length is 8192 tokens", code="context_length_exceeded"))
+    server.handler = sequence(
+        Reply.error(400, "This model's maximum context length is 8192 tokens", code="context_length_exceeded")
+    )
     with pytest.raises(ContextTooLong):
         call(server)
     assert len(server.chat_requests()) == 1
@@ -102,12 +122,15 @@ def test_other_400_fails_at_once(server):
     assert len(server.chat_requests()) == 1
 
 
-@pytest.mark.parametrize("reply", [
-    Reply.error(401, "bad key"),
-    Reply.error(403, "forbidden"),
-    Reply.error(404, "model not found"),
-    Reply.error(429, "You exceeded your current quota", code="insufficient_quota"),
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply.error(401, "bad key"),
+        Reply.error(403, "forbidden"),
+        Reply.error(404, "model not found"),
+        Reply.error(429, "You exceeded your current quota", code="insufficient_quota"),
+    ],
+)
 def test_refusals_stop_without_retry(server, reply):
     server.handler = sequence(reply)
     with pytest.raises(EndpointRefused):

@@ -22,8 +22,18 @@ def test_real_model_through_every_stage(stage, tmp_path):
         stage.env.pop("OPENAI_API_KEY", None)
         common = ["--outputs-dir", tmp_path / "out", "--model", localmodel.MODEL_NAME]
         stage("infer", *common, "--max-samples", "2", "--max-tokens", "24", check=0, timeout=300)
-        stage("judge", *common, "--judge-model", localmodel.MODEL_NAME, "--max-tokens", "48", "--parse-attempts", "1",
-              check=0, timeout=300)
+        stage(
+            "judge",
+            *common,
+            "--judge-model",
+            localmodel.MODEL_NAME,
+            "--max-tokens",
+            "48",
+            "--parse-attempts",
+            "1",
+            check=0,
+            timeout=300,
+        )
         stage("score", *common, check=0)
     run = tmp_path / "out" / "clbench" / localmodel.MODEL_NAME / "run-1"
     rows = read_jsonl(run / "judge.jsonl")

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.e2e
 def without_site_packages(*args, cwd=ROOT):
     """`python -S`: the standard library only, as a system python without the project's packages."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    return subprocess.run([sys.executable, "-S", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-S", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("script", ["infer", "judge", "score", "aggregate"])

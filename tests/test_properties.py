@@ -9,7 +9,7 @@ from evalpipe import jsonl
 from evalpipe.benchmarks.clbench import Verdict, parse_judge_reply
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
     max_leaves=8,
 )
@@ -30,7 +30,7 @@ def test_a_file_cut_anywhere_reads_as_a_prefix_and_repairs(tmp_path_factory, row
         for r in more:
             out.append(r)
     after = [r for _, r in jsonl.iter_rows(path)]  # strict: no torn line is left
-    assert after[: len(read)] == read and after[len(after) - len(more):] == more
+    assert after[: len(read)] == read and after[len(after) - len(more) :] == more
     assert len(after) in (len(read) + len(more), len(read) + 1 + len(more))
 
 
@@ -47,10 +47,17 @@ prose = st.text(alphabet=st.characters(blacklist_characters='{}"`'), max_size=80
 
 
 @settings(max_examples=200, deadline=None)
-@given(before=prose, after=prose, score=st.sampled_from([0, 1]), statuses=st.lists(st.sampled_from(["yes", "no"]), max_size=6),
-       fenced=st.booleans())
+@given(
+    before=prose,
+    after=prose,
+    score=st.sampled_from([0, 1]),
+    statuses=st.lists(st.sampled_from(["yes", "no"]), max_size=6),
+    fenced=st.booleans(),
+)
 def test_a_verdict_inside_any_prose_is_found(before, after, score, statuses, fenced):
-    obj = json.dumps({"Grading Rationale": "r", "List of Requirement Satisfaction Status": statuses, "Overall Score": score})
+    obj = json.dumps(
+        {"Grading Rationale": "r", "List of Requirement Satisfaction Status": statuses, "Overall Score": score}
+    )
     body = f"```json\n{obj}\n```" if fenced else obj
     v = parse_judge_reply(f"{before}\n{body}\n{after}", len(statuses))
     assert isinstance(v, Verdict) and v.score == score and v.statuses == statuses

@@ -11,10 +11,7 @@ from .conftest import ROOT, SAMPLE
 
 README = ROOT / "README.md"
 # Commands this test does not run, and what runs them instead.
-EXERCISED_ELSEWHERE = {
-    "make demo": "make demo itself (and tests/test_local_model.py)",
-    "make test": "CI: .ci/run",
-}
+EXERCISED_ELSEWHERE = {"make demo": "make demo itself (and tests/test_local_model.py)", "make test": "CI: .ci/run"}
 CRON_PREFIX = "cd /path/to/evalpipe && "
 
 
@@ -55,8 +52,13 @@ def test_every_readme_command_runs(server, env, tmp_path):
         assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
         ran.append(line)
     for words in later:
-        proc = subprocess.run(["make", "-s", "-C", str(ROOT), *words[1:], f"OUTPUTS={out}"], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            ["make", "-s", "-C", str(ROOT), *words[1:], f"OUTPUTS={out}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         ran.append(" ".join(words))
     assert (out / "report.md").exists()

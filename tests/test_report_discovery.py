@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from evalpipe.results import leaderboard
-from evalpipe.errors import BadInput
 from evalpipe.devtools.testserver import Reply
+from evalpipe.errors import BadInput
+from evalpipe.results import leaderboard
 
 from .conftest import ROOT, read_jsonl
 
@@ -59,8 +59,14 @@ def run_pipeline(stage, root, model, runs):
 
 
 def leaderboard_run(env, cwd, outputs):
-    return subprocess.run([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
-                          cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.e2e
@@ -122,11 +128,22 @@ def check_coin_flip_leaderboard(outputs, score_out):
 
 # ---- which folders count as results roots (no API calls: score.json files written by hand)
 
+
 def put_score(root, bench="coin_flip", model="m", run=1):
     d = root / bench / model / f"run-{run}"
     d.mkdir(parents=True)
-    (d / "score.json").write_text(json.dumps({"f1": 1.0, "accuracy": 1.0, "precision": 1.0, "recall": 1.0,
-                                              "yes_ratio": 0.5, "coverage": {"expected": 2, "missing": 0}}))
+    (d / "score.json").write_text(
+        json.dumps(
+            {
+                "f1": 1.0,
+                "accuracy": 1.0,
+                "precision": 1.0,
+                "recall": 1.0,
+                "yes_ratio": 0.5,
+                "coverage": {"expected": 2, "missing": 0},
+            }
+        )
+    )
 
 
 def test_discovery_bounds(tmp_path):

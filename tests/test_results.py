@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from evalpipe import cost
-from evalpipe.results import stats
 from evalpipe.devtools.testserver import Reply
+from evalpipe.results import stats
 
 from .conftest import API_KEY, ROOT, SAMPLE, read_jsonl, scripted, write_jsonl
 
@@ -51,8 +51,14 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
     path = tmp_path / "infer.jsonl.manifest.json"
     first = json.loads(path.read_text())
     assert first["benchmark"] == "clbench" and first["model"] == "m" and first["params"] == {"temperature": 0.3}
-    assert first["counts"] == {"selected": 4, "done_before": 0, "pending": 4, "written": 4, "failed": 0,
-                               "interrupted": False}
+    assert first["counts"] == {
+        "selected": 4,
+        "done_before": 0,
+        "pending": 4,
+        "written": 4,
+        "failed": 0,
+        "interrupted": False,
+    }
     assert first["started_at"] <= first["ended_at"] and first["endpoint"] == server.base_url
     assert "git_commit" in first and "prompt_sha256" in first["fingerprint"]
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "6", "--temperature", "0.3", check=0)
@@ -82,16 +88,34 @@ def test_judge_refuses_to_mix_judge_configurations(server, stage, tmp_path):
     # operational flags and the re-judging switches are not a different configuration
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--workers", "2", "--parse-attempts", "1", check=0)
     assert len(read_jsonl(tmp_path / "judge.jsonl")) == 6
-    stage("judge", "--input", "infer.jsonl", "--judge-model", "k", "--allow-config-change", "--rejudge-parse-errors", check=0)
+    stage(
+        "judge",
+        "--input",
+        "infer.jsonl",
+        "--judge-model",
+        "k",
+        "--allow-config-change",
+        "--rejudge-parse-errors",
+        check=0,
+    )
 
 
 # ---------------------------------------------------------------- tokens, latency and cost
 
 
 def test_cost_arithmetic_and_price_lookup():
-    prices = cost.Prices(models={"gpt-x": {"input": 2.0, "cached_input": 0.5, "output": 8.0},
-                                 "gpt-x-mini": {"input": 0.2, "output": 0.8}})
-    usage = {"prompt_tokens": 1_000_000, "cached_tokens": 400_000, "completion_tokens": 250_000, "reasoning_tokens": 100_000}
+    prices = cost.Prices(
+        models={
+            "gpt-x": {"input": 2.0, "cached_input": 0.5, "output": 8.0},
+            "gpt-x-mini": {"input": 0.2, "output": 0.8},
+        }
+    )
+    usage = {
+        "prompt_tokens": 1_000_000,
+        "cached_tokens": 400_000,
+        "completion_tokens": 250_000,
+        "reasoning_tokens": 100_000,
+    }
     # 600k uncached × 2 + 400k cached × 0.5 + 250k × 8 (reasoning is inside completion) per million
     assert math.isclose(prices.cost("gpt-x", usage), 1.2 + 0.2 + 2.0)
     assert prices.price_for("gpt-x-mini-2026-01-01") == prices.models["gpt-x-mini"]  # longest listed stem
@@ -150,26 +174,38 @@ def dry_run_figures(stderr: str) -> dict:
     prompt = int(re.search(r"prompt tokens\s+≈ ([\d,]+)", stderr).group(1).replace(",", ""))
     completion = int(re.search(r"completion tokens ≈ ([\d,]+)", stderr).group(1).replace(",", ""))
     dollars = re.search(r"≈ \$([\d,.]+)", stderr)
-    return {"calls": calls, "prompt": prompt, "completion": completion,
-            "cost": float(dollars.group(1).replace(",", "")) if dollars else None}
+    return {
+        "calls": calls,
+        "prompt": prompt,
+        "completion": completion,
+        "cost": float(dollars.group(1).replace(",", "")) if dollars else None,
+    }
 
 
 @pytest.mark.e2e
 def test_dry_run_counts_and_prices_without_sending_anything(server, stage, tmp_path):
     prices = prices_file(tmp_path, m={"input": 2.0, "output": 10.0})
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-tokens", "100", "--dry-run", "--prices", prices)
+    proc = stage(
+        "infer", "--model", "m", "--output", "infer.jsonl", "--max-tokens", "100", "--dry-run", "--prices", prices
+    )
     assert proc.returncode == 0, proc.stderr
     chars = sum(len(m["content"]) for t in TASKS for m in t["messages"])
     got = dry_run_figures(proc.stderr)
-    assert got == {"calls": 12, "prompt": chars // 4, "completion": 1200,
-                   "cost": round((chars // 4 * 2 + 1200 * 10) / 1e6, 4)}
+    assert got == {
+        "calls": 12,
+        "prompt": chars // 4,
+        "completion": 1200,
+        "cost": round((chars // 4 * 2 + 1200 * 10) / 1e6, 4),
+    }
     assert server.requests == [] and not (tmp_path / "infer.jsonl").exists()
     # after a partial run only the pending tasks count; the judge estimates one call per non-empty answer
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", check=0)
     sent = len(server.requests)
     got = dry_run_figures(stage("infer", "--model", "m", "--output", "infer.jsonl", "--dry-run", check=0).stderr)
     assert got["calls"] == 7 and got["completion"] == 7 * 1000 and got["cost"] is None  # no price for "m"
-    got = dry_run_figures(stage("judge", "--input", "infer.jsonl", "--judge-model", "gpt-4o-mini", "--dry-run", check=0).stderr)
+    got = dry_run_figures(
+        stage("judge", "--input", "infer.jsonl", "--judge-model", "gpt-4o-mini", "--dry-run", check=0).stderr
+    )
     assert got["calls"] == 5 and got["cost"] is not None
     assert len(server.requests) == sent and not (tmp_path / "judge.jsonl").exists()
 
@@ -224,8 +260,20 @@ def test_error_analysis_classifies_each_failed_solution_and_score_reports_shares
 def test_error_analysis_fallbacks_match_the_judge(server, stage, tmp_path):
     run = run_judged(stage, tmp_path)
     failed = [r for r in read_jsonl(run / "judge.jsonl") if r["score"] == 0]
-    analyze = ["judge", "--model", "m", "--outputs-dir", "out", "--error-analysis", "--judge-model", "j",
-               "--max-retries", "0", "--backoff", "0.01"]
+    analyze = [
+        "judge",
+        "--model",
+        "m",
+        "--outputs-dir",
+        "out",
+        "--error-analysis",
+        "--judge-model",
+        "j",
+        "--max-retries",
+        "0",
+        "--backoff",
+        "0.01",
+    ]
     server.handler = with_analyst(analysis=lambda r: Reply.error(503, "analyst down"))
     proc = stage(*analyze)
     assert proc.returncode == 3 and "done again on the next run" in proc.stderr
@@ -239,14 +287,18 @@ def test_error_analysis_fallbacks_match_the_judge(server, stage, tmp_path):
     calls = len(server.chat_requests())
     stage(*analyze, check=0)
     assert len(server.chat_requests()) == calls  # parse errors stay unless asked
-    server.handler = with_analyst(analysis=lambda r: Reply(
-        content='Sure.\n```json\n{"error_types": ["refusal"], "reason": "declined"}\n```'))
+    server.handler = with_analyst(
+        analysis=lambda r: Reply(content='Sure.\n```json\n{"error_types": ["refusal"], "reason": "declined"}\n```')
+    )
     stage(*analyze, "--rejudge-parse-errors", check=0)
     latest = {r["idx"]: r for r in read_jsonl(run / "error_analysis.jsonl")}
     assert {(r["analysis_status"], tuple(r["error_types"])) for r in latest.values()} == {("salvaged", ("Refusal",))}
     assert len(latest) == len(failed)
-    server.handler = with_analyst(analysis=lambda r: Reply.error(400, "This model's maximum context length is 8 tokens",
-                                                                 code="context_length_exceeded"))
+    server.handler = with_analyst(
+        analysis=lambda r: Reply.error(
+            400, "This model's maximum context length is 8 tokens", code="context_length_exceeded"
+        )
+    )
     stage(*analyze, "--output", run / "ea2.jsonl", check=0)
     assert {r["analysis_status"] for r in read_jsonl(run / "ea2.jsonl")} == {"judge_context_length"}
 
@@ -264,10 +316,18 @@ def write_score(root, bench, model, run, metrics, infer_fp=None, judge_fp=None):
 
 
 def clbench_metrics(overall, expected=10, shares=None):
-    cats = ["Domain Knowledge Reasoning", "Rule System Application", "Procedural Task Execution",
-            "Empirical Discovery & Simulation"]
-    m = {"overall": {"solving_rate": overall}, "by_category": {c: {"solving_rate": overall} for c in cats},
-         "coverage": {"expected": expected, "missing": 0}, "cost": {"cost_usd": 0.25}}
+    cats = [
+        "Domain Knowledge Reasoning",
+        "Rule System Application",
+        "Procedural Task Execution",
+        "Empirical Discovery & Simulation",
+    ]
+    m = {
+        "overall": {"solving_rate": overall},
+        "by_category": {c: {"solving_rate": overall} for c in cats},
+        "coverage": {"expected": expected, "missing": 0},
+        "cost": {"cost_usd": 0.25},
+    }
     if shares:
         m["error_analysis"] = {"analyzed": 5, "share": shares}
     return m
@@ -278,12 +338,33 @@ def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     root = tmp_path / "outputs"
     shares = {"Context Ignored": 0.6, "Context Misused": 0.4, "Format Error": 0.2, "Refusal": 0.0}
     for run, overall in enumerate([0.5, 0.6, 0.7], 1):
-        write_score(root, "clbench", "model-a", run, clbench_metrics(overall, shares=shares),
-                    infer_fp={"model": "a", "temperature": 0.0}, judge_fp={"judge_model": "j"})
-    write_score(root, "clbench", "model-b", 1, clbench_metrics(0.8), infer_fp={"model": "b", "temperature": 0.0},
-                judge_fp={"judge_model": "j"})
-    write_score(root, "clbench", "model-b", 2, clbench_metrics(0.9, expected=8),
-                infer_fp={"model": "b", "temperature": 0.7}, judge_fp={"judge_model": "j"})
+        write_score(
+            root,
+            "clbench",
+            "model-a",
+            run,
+            clbench_metrics(overall, shares=shares),
+            infer_fp={"model": "a", "temperature": 0.0},
+            judge_fp={"judge_model": "j"},
+        )
+    write_score(
+        root,
+        "clbench",
+        "model-b",
+        1,
+        clbench_metrics(0.8),
+        infer_fp={"model": "b", "temperature": 0.0},
+        judge_fp={"judge_model": "j"},
+    )
+    write_score(
+        root,
+        "clbench",
+        "model-b",
+        2,
+        clbench_metrics(0.9, expected=8),
+        infer_fp={"model": "b", "temperature": 0.7},
+        judge_fp={"judge_model": "j"},
+    )
     proc = stage("aggregate", "--outputs-dir", root)
     assert proc.returncode == 3
     assert "model-b: run-2 infer configuration differs from run-1 (temperature: 0.0 → 0.7)" in proc.stderr
@@ -302,8 +383,15 @@ def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     assert "\\begin{tabular}" in tex and "Empirical Discovery \\& Simulation" in tex and "$60.0 \\pm 10.0$" in tex
     assert "\\caption{clbench: mean $\\pm$ sample std ($n-1$) over runs, in percent}" in tex and "−" not in tex
     header = (root / "clbench" / "aggregate.csv").read_text().splitlines()[0].split(",")
-    assert header[:7] == ["model", "runs", "Overall mean %", "Overall std % (sample)", "Overall stderr %",
-                          "Overall ci95 low %", "Overall ci95 high %"]
+    assert header[:7] == [
+        "model",
+        "runs",
+        "Overall mean %",
+        "Overall std % (sample)",
+        "Overall stderr %",
+        "Overall ci95 low %",
+        "Overall ci95 high %",
+    ]
     # a different judge for another model: the leaderboard is not comparable, and says so
     write_score(root, "clbench", "model-c", 1, clbench_metrics(0.1), judge_fp={"judge_model": "other"})
     assert "different judge configurations" in stage("aggregate", "--outputs-dir", root).stderr
@@ -352,16 +440,36 @@ def test_without_matplotlib_the_tables_still_come_out(stage, tmp_path):
 def test_make_report_builds_every_benchmark(tmp_path, env):
     root = tmp_path / "outputs"
     write_score(root, "clbench", "model-a", 1, clbench_metrics(0.5))
-    write_score(root, "coin_flip", "model-a", 1, {"f1": 0.5, "accuracy": 0.5, "precision": 0.5, "recall": 0.5,
-                                                  "yes_ratio": 0.5, "coverage": {"expected": 4, "missing": 0}})
-    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "report", f"OUTPUTS={root}"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    write_score(
+        root,
+        "coin_flip",
+        "model-a",
+        1,
+        {
+            "f1": 0.5,
+            "accuracy": 0.5,
+            "precision": 0.5,
+            "recall": 0.5,
+            "yes_ratio": 0.5,
+            "coverage": {"expected": 4, "missing": 0},
+        },
+    )
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "report", f"OUTPUTS={root}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = (root / "report.md").read_text()
     assert "## clbench" in report and "## coin_flip" in report and "(coin_flip/aggregate.tex)" in report
     assert "![clbench aggregate.png](clbench/aggregate.png)" in report
-    assert all((root / b / f"aggregate.{ext}").exists() for b in ("clbench", "coin_flip")
-               for ext in ("md", "csv", "json", "tex", "png"))
+    assert all(
+        (root / b / f"aggregate.{ext}").exists()
+        for b in ("clbench", "coin_flip")
+        for ext in ("md", "csv", "json", "tex", "png")
+    )
 
 
 def test_t_quantiles():

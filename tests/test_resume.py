@@ -20,6 +20,7 @@ def slow(delay):
         reply = scripted(request)
         reply.delay = delay
         return reply
+
     return handler
 
 
@@ -68,8 +69,12 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_result(server, stage
         # only the tasks without a row were asked again (plus at most the ones in flight at the kill)
         assert len(server.chat_requests()) - before == 12 - written
         rows = read_jsonl(target)
-        assert Counter(r["idx"] for r in rows) == Counter(r["idx"] for r in (clean_infer if script == "infer" else clean_judge))
-    assert {k: comparable(v) for k, v in by_id(read_jsonl(out)).items()} == {k: comparable(v) for k, v in by_id(clean_infer).items()}
+        assert Counter(r["idx"] for r in rows) == Counter(
+            r["idx"] for r in (clean_infer if script == "infer" else clean_judge)
+        )
+    assert {k: comparable(v) for k, v in by_id(read_jsonl(out)).items()} == {
+        k: comparable(v) for k, v in by_id(clean_infer).items()
+    }
     judged = by_id(read_jsonl(out.with_name("judge.jsonl")))
     assert {k: v["score"] for k, v in judged.items()} == {k: v["score"] for k, v in by_id(clean_judge).items()}
 
@@ -137,7 +142,9 @@ def test_context_length_is_a_final_row_judged_zero_without_a_call(server, stage,
 
     def handler(request):
         if request.last_content == long_task:
-            return Reply.error(400, "This model's maximum context length is 4096 tokens", code="context_length_exceeded")
+            return Reply.error(
+                400, "This model's maximum context length is 4096 tokens", code="context_length_exceeded"
+            )
         return scripted(request)
 
     server.handler = handler
@@ -167,8 +174,22 @@ def test_a_rerun_under_another_configuration_is_refused(server, stage, tmp_path)
     stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", "--temperature", "0.2", check=0)
     before = (tmp_path / "infer.jsonl").read_bytes()
     # more samples, other workers and retries: the same run, resumed
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", "--temperature", "0.2",
-          "--workers", "3", "--max-retries", "2", check=0)
+    stage(
+        "infer",
+        "--model",
+        "m",
+        "--output",
+        "infer.jsonl",
+        "--max-samples",
+        "5",
+        "--temperature",
+        "0.2",
+        "--workers",
+        "3",
+        "--max-retries",
+        "2",
+        check=0,
+    )
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 5
     before = (tmp_path / "infer.jsonl").read_bytes()
     proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.7")

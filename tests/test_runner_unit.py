@@ -16,14 +16,7 @@ import pytest
 
 from evalpipe import runner
 from evalpipe.devtools.testserver import Reply
-from evalpipe.errors import (
-    EXIT_INCOMPLETE,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    CallFailed,
-    EndpointRefused,
-    OutputUnwritable,
-)
+from evalpipe.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
 from evalpipe.llm import Endpoint
 
 from .conftest import API_KEY, read_jsonl
@@ -232,7 +225,7 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
         return {"idx": task.id}
 
     run(tasks(3), work, tmp_path / "out.jsonl", workers=1, log_every_s=0, label="judge")
-    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("judge: ")]
+    lines = [said for said in capsys.readouterr().err.splitlines() if said.startswith("judge: ")]
     assert lines[-1].startswith("judge: 3/3 finished, 1 failed, ")
 
 
@@ -266,7 +259,9 @@ def test_run_with_client_sends_one_call_per_task_and_writes_its_answer(server, t
 
 
 def test_run_with_client_http_failures_become_side_file_rows(server, tmp_path):
-    server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content == "question 2" else Reply("ok")
+    server.handler = lambda r: (
+        Reply.error(400, "unsupported content") if r.last_content == "question 2" else Reply("ok")
+    )
     out = tmp_path / "out.jsonl"
     summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(4), out, args(), ask))
     assert sorted(r["idx"] for r in read_jsonl(out)) == ["t0", "t1", "t3"]

@@ -9,17 +9,31 @@ from .conftest import SAMPLE, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
-CATS = ["Domain Knowledge Reasoning", "Rule System Application", "Procedural Task Execution",
-        "Empirical Discovery & Simulation"]
+CATS = [
+    "Domain Knowledge Reasoning",
+    "Rule System Application",
+    "Procedural Task Execution",
+    "Empirical Discovery & Simulation",
+]
 
 
 def judged_rows(scores):
     """Judge rows for the first len(scores) sample tasks with the given scores."""
     rows = []
     for row, score in zip(read_jsonl(SAMPLE), scores):
-        rows.append({"idx": row["metadata"]["task_id"], "messages": row["messages"], "model_output": "x",
-                     "rubrics": row["rubrics"], "metadata": row["metadata"], "grading_rationale": "",
-                     "requirement_status": [], "score": score, "judge_status": "ok"})
+        rows.append(
+            {
+                "idx": row["metadata"]["task_id"],
+                "messages": row["messages"],
+                "model_output": "x",
+                "rubrics": row["rubrics"],
+                "metadata": row["metadata"],
+                "grading_rationale": "",
+                "requirement_status": [],
+                "score": score,
+                "judge_status": "ok",
+            }
+        )
     return rows
 
 
@@ -30,14 +44,26 @@ def test_missing_rows_count_as_zero_and_the_graded_rate_is_beside_it(stage, tmp_
     proc = stage("score", "--input", "judge.jsonl", "--data", SAMPLE)
     assert proc.returncode == 3 and "4 selected tasks have no judge row" in proc.stderr
     score = json.loads((tmp_path / "score.json").read_text())
-    assert score["overall"] == {"total": 12, "score_1": 5, "score_0": 3, "missing": 4,
-                                "solving_rate": 5 / 12, "solving_rate_graded": 5 / 8}
+    assert score["overall"] == {
+        "total": 12,
+        "score_1": 5,
+        "score_0": 3,
+        "missing": 4,
+        "solving_rate": 5 / 12,
+        "solving_rate_graded": 5 / 8,
+    }
     assert score["coverage"]["missing"] == 4 and score["coverage"]["graded"] == 8
     # the sample interleaves the categories (DKR, RSA, PTE, EDS, DKR, ...): DKR [0, 0, missing],
     # RSA [1, 1, missing], PTE [1, 0, missing], EDS [1, 1, missing]
     assert score["by_category"][CATS[0]]["score_1"] == 0
-    assert score["by_category"][CATS[2]] == {"total": 3, "score_1": 1, "score_0": 1, "missing": 1,
-                                            "solving_rate": 1 / 3, "solving_rate_graded": 1 / 2}
+    assert score["by_category"][CATS[2]] == {
+        "total": 3,
+        "score_1": 1,
+        "score_0": 1,
+        "missing": 1,
+        "solving_rate": 1 / 3,
+        "solving_rate_graded": 1 / 2,
+    }
     assert score["by_category"][CATS[3]]["solving_rate"] == 2 / 3
     assert sum(v["total"] for v in score["by_sub_category"].values()) == 12
     assert "rate (graded)" in proc.stdout and "41.7" in proc.stdout
@@ -53,9 +79,11 @@ def test_max_samples_limits_the_expected_set(stage, tmp_path):
 def write_run(root, model, run, overall, cats):
     d = root / "clbench" / model / f"run-{run}"
     d.mkdir(parents=True)
-    metrics = {"overall": {"solving_rate": overall},
-               "by_category": {c: {"solving_rate": r} for c, r in zip(CATS, cats)},
-               "coverage": {"expected": 10, "missing": 0}}
+    metrics = {
+        "overall": {"solving_rate": overall},
+        "by_category": {c: {"solving_rate": r} for c, r in zip(CATS, cats)},
+        "coverage": {"expected": 10, "missing": 0},
+    }
     (d / "score.json").write_text(json.dumps(metrics))
 
 

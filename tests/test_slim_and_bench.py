@@ -22,9 +22,22 @@ def test_slim_rows_judge_the_same_and_expand_back(server, stage, tmp_path):
         stage("judge", "--input", f"{d}/infer.jsonl", "--judge-model", "j", check=0)
     scores = [{r["idx"]: r["score"] for r in read_jsonl(tmp_path / d / "judge.jsonl")} for d in ("full", "slim")]
     assert scores[0] == scores[1]
-    proc = subprocess.run([sys.executable, "-m", "evalpipe.expand", "--data", str(SAMPLE), "--input",
-                           str(tmp_path / "slim/infer.jsonl"), "--output", str(tmp_path / "expanded.jsonl")],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalpipe.expand",
+            "--data",
+            str(SAMPLE),
+            "--input",
+            str(tmp_path / "slim/infer.jsonl"),
+            "--output",
+            str(tmp_path / "expanded.jsonl"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     expanded = {r["idx"]: r for r in read_jsonl(tmp_path / "expanded.jsonl")}
     for row in full:
@@ -33,10 +46,23 @@ def test_slim_rows_judge_the_same_and_expand_back(server, stage, tmp_path):
 
 
 def test_the_benchmark_script_runs_in_tiny_mode():
-    proc = subprocess.run([sys.executable, "-m", "evalpipe.devtools.bench", "--tiny"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalpipe.devtools.bench", "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # tiny sizes are too small for the targets: only that every part ran and printed its figure
     assert "| figure | measured | target | met |" in proc.stdout, proc.stdout + proc.stderr
-    for part in ("overhead", "wide", "rate-limited (with Retry-After)", "rate-limited (without Retry-After)",
-                 "resume", "slim rows", "score.py", "aggregate.py"):
+    for part in (
+        "overhead",
+        "wide",
+        "rate-limited (with Retry-After)",
+        "rate-limited (without Retry-After)",
+        "resume",
+        "slim rows",
+        "score.py",
+        "aggregate.py",
+    ):
         assert part in proc.stdout, part

@@ -34,8 +34,12 @@ def client_for(server, **kw):
 
 
 def request_line(custom_id, prompt, model=MODEL, url="/v1/chat/completions"):
-    return {"custom_id": custom_id, "method": "POST", "url": url,
-            "body": {"model": model, "messages": [{"role": "user", "content": prompt}]}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": url,
+        "body": {"model": model, "messages": [{"role": "user", "content": prompt}]},
+    }
 
 
 def jsonl(rows):
@@ -48,8 +52,9 @@ def batch_input(n):
 
 def start_batch(client, content, **kw):
     uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
-    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h", **kw)
+    return client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", **kw
+    )
 
 
 def poll_until_finished(client, batch_id, limit=20):
@@ -74,7 +79,12 @@ def test_upload_retrieve_content_list_and_delete_round_trip(make_server, tmp_pat
     uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
     assert uploaded.id.startswith("file-")
     assert (uploaded.object, uploaded.bytes, uploaded.filename, uploaded.purpose, uploaded.status) == (
-        "file", len(content), "input.jsonl", "batch", "processed")
+        "file",
+        len(content),
+        "input.jsonl",
+        "batch",
+        "processed",
+    )
     assert uploaded.created_at > 0 and uploaded.expires_at > uploaded.created_at
 
     assert client.files.retrieve(uploaded.id) == uploaded
@@ -98,6 +108,7 @@ def test_upload_retrieve_content_list_and_delete_round_trip(make_server, tmp_pat
 def test_upload_with_chunked_transfer_encoding(make_server):
     class UnsizedStream(io.BytesIO):
         """A file whose length httpx cannot learn up front, so it sends the body chunked."""
+
         name = "streamed.jsonl"
 
         def tell(self):
@@ -110,15 +121,22 @@ def test_upload_with_chunked_transfer_encoding(make_server):
     assert server.file_content(uploaded.id) == content
 
 
-@pytest.mark.parametrize("filename, content, says", [
-    ("input.jsonl", b"{not json}\n", "Line 1"),
-    ("input.jsonl", jsonl([{"method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL}}]), "custom_id"),
-    ("input.jsonl", jsonl([request_line("a", "x"), {**request_line("b", "y"), "method": "GET"}]), "method"),
-    ("input.jsonl", jsonl([request_line("a", "x"), {**request_line("b", "y"), "body": "text"}]), "body"),
-    ("input.jsonl", jsonl([request_line("same", "x"), request_line("same", "y")]), "custom_id"),
-    ("input.jsonl", b"\n", "empty"),
-    ("input.txt", batch_input(1), ".jsonl"),
-])
+@pytest.mark.parametrize(
+    "filename, content, says",
+    [
+        ("input.jsonl", b"{not json}\n", "Line 1"),
+        (
+            "input.jsonl",
+            jsonl([{"method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL}}]),
+            "custom_id",
+        ),
+        ("input.jsonl", jsonl([request_line("a", "x"), {**request_line("b", "y"), "method": "GET"}]), "method"),
+        ("input.jsonl", jsonl([request_line("a", "x"), {**request_line("b", "y"), "body": "text"}]), "body"),
+        ("input.jsonl", jsonl([request_line("same", "x"), request_line("same", "y")]), "custom_id"),
+        ("input.jsonl", b"\n", "empty"),
+        ("input.txt", batch_input(1), ".jsonl"),
+    ],
+)
 def test_invalid_batch_uploads_are_rejected_with_400(make_server, filename, content, says):
     server = make_server()
     with pytest.raises(openai.BadRequestError) as caught:
@@ -140,7 +158,12 @@ def test_batch_completes_with_scripted_answers_and_usage(make_server):
     created = start_batch(client, content, metadata={"run": "r1"})
     assert created.id.startswith("batch_")
     assert (created.object, created.status, created.endpoint, created.completion_window, created.model) == (
-        "batch", "validating", "/v1/chat/completions", "24h", MODEL)
+        "batch",
+        "validating",
+        "/v1/chat/completions",
+        "24h",
+        MODEL,
+    )
     assert created.request_counts.total == 0 and created.output_file_id is None and created.error_file_id is None
     assert created.metadata == {"run": "r1"} and created.expires_at == created.created_at + 24 * 3600
 
@@ -223,8 +246,9 @@ def test_all_requests_failing_leaves_no_output_file(make_server):
 def test_faults_are_ignored_for_batch_lines(make_server):
     client = client_for(make_server(lambda request: Reply(content="fine", delay=30, hang=True, reset=True)))
     _, done = poll_until_finished(client, start_batch(client, batch_input(2)).id)
-    assert [line["response"]["body"]["choices"][0]["message"]["content"]
-            for line in file_lines(client, done.output_file_id)] == ["fine", "fine"]
+    assert [
+        line["response"]["body"]["choices"][0]["message"]["content"] for line in file_lines(client, done.output_file_id)
+    ] == ["fine", "fine"]
 
 
 def test_expired_batch_keeps_partial_output(make_server):
@@ -286,8 +310,13 @@ def test_failed_validation(make_server):
 
 def test_lines_for_another_endpoint_or_model_fail_validation(make_server):
     client = client_for(make_server())
-    content = jsonl([request_line("a", "x"), request_line("b", "y", url="/v1/embeddings"),
-                     request_line("c", "z", model="other-model")])
+    content = jsonl(
+        [
+            request_line("a", "x"),
+            request_line("b", "y", url="/v1/embeddings"),
+            request_line("c", "z", model="other-model"),
+        ]
+    )
     _, done = poll_until_finished(client, start_batch(client, content).id)
     assert done.status == "failed"
     assert {(e.code, e.line) for e in done.errors.data} == {("invalid_url", 2), ("mismatched_model", None)}
@@ -307,9 +336,13 @@ def test_create_rejects_unknown_file_and_unsupported_endpoint(make_server):
 
 def test_unknown_ids_are_404(make_server):
     client = client_for(make_server())
-    calls = [lambda: client.files.retrieve("file-nope"), lambda: client.files.content("file-nope"),
-             lambda: client.files.delete("file-nope"), lambda: client.batches.retrieve("batch_nope"),
-             lambda: client.batches.cancel("batch_nope")]
+    calls = [
+        lambda: client.files.retrieve("file-nope"),
+        lambda: client.files.content("file-nope"),
+        lambda: client.files.delete("file-nope"),
+        lambda: client.batches.retrieve("batch_nope"),
+        lambda: client.batches.cancel("batch_nope"),
+    ]
     for call in calls:
         with pytest.raises(openai.NotFoundError) as caught:
             call()
@@ -331,8 +364,9 @@ def test_async_client_end_to_end(make_server):
     async def go():
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as client:
             uploaded = await client.files.create(file=("input.jsonl", batch_input(2)), purpose="batch")
-            batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                                completion_window="24h")
+            batch = await client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
             while batch.status not in ("completed", "failed", "expired", "cancelled"):
                 batch = await client.batches.retrieve(batch.id)
             content = await client.files.content(batch.output_file_id)

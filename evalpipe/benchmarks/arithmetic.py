@@ -52,8 +52,14 @@ class Arithmetic(Benchmark):
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         messages = [{"role": "user", "content": PROMPT.format(question=task.row["question"])}]
-        out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["answer"],
-               "metadata": {}, "model": model.endpoint.model}
+        out = {
+            "idx": task.id,
+            "messages": messages,
+            "model_output": "",
+            "target": task.row["answer"],
+            "metadata": {},
+            "model": model.endpoint.model,
+        }
         return await answer_into(out, model, messages)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:

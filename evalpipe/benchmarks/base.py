@@ -24,7 +24,9 @@ VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 @dataclass(slots=True)
 class Task:
-    id: str
+    """One task of a dataset, as `load` read it."""
+
+    id: str | int  # unique in the dataset; rows carry it as `idx`
     row: dict  # the dataset row as read
     line: int  # where it was read, for error messages
 
@@ -139,7 +141,9 @@ class Benchmark:
     def format_metrics(self, metrics: dict) -> str:
         """The table score prints for one run (`metrics` includes score's `coverage`). Default: the headline."""
         cov = metrics["coverage"]
-        lines = [f"{self.name}: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing (counted as wrong)"]
+        lines = [
+            f"{self.name}: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing (counted as wrong)"
+        ]
         lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
         return "\n".join(lines)
 

@@ -7,14 +7,15 @@ requirement_status and score. Our extra keys come after those.
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .. import jsonl, cost
-from ..results import tables
-from ..paths import PROJECT
+from .. import cost, jsonl
 from ..errors import BadInput, CallFailed, ContextTooLong
+from ..paths import PROJECT
+from ..results import tables
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -48,7 +49,7 @@ RESPONSE>>>
 
 Answer with one JSON object and nothing else, with exactly these keys:
 {{"Grading Rationale": "<one short sentence per rubric>", "List of Requirement Satisfaction Status": ["yes" or "no", one per rubric, in order], "Overall Score": <0 or 1>}}
-"""
+"""  # noqa: E501 (the prompt's one JSON line, verbatim)
 
 
 # judge_status values; the first two are real grades, the rest are conservative zero scores
@@ -79,6 +80,7 @@ def rubrics_text(rubrics: Any) -> str:
 
 
 # ---------------------------------------------------------------- judge reply parsing
+
 
 class Verdict:
     def __init__(self, score: int, rationale: str, statuses: list, how: str, notes: list[str]):
@@ -162,7 +164,7 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
     reasons = []
     try:
         obj = json.loads(_strip_outer_fence(text))
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         reasons.append(f"not JSON ({exc.msg})")
     else:
         if isinstance(obj, dict):
@@ -303,8 +305,9 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
         if not isinstance(types, list):
             reasons.append("no 'Error Types' list")
             continue
-        known = [_TYPE_BY_NAME.get(str(t).strip().lower()) for t in types]
-        if not types or None in known:
+        named = [_TYPE_BY_NAME.get(str(t).strip().lower()) for t in types]
+        known = [t for t in named if t is not None]
+        if not types or len(known) < len(named):
             reasons.append(f"'Error Types' must be one or more of {list(ERROR_TYPES)}, got {types!r}")
             continue
         reason = fields.get("reason", "")
@@ -330,12 +333,15 @@ def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: st
 
 @dataclass(frozen=True)
 class CLBenchOptions:
-    judge_prompt: Path | None = flag(None, "prompt template file used verbatim; {rubrics} and {response} are replaced",
-                                     stage="judge")
-    parse_attempts: int = flag(3, "judge calls per task while the reply cannot be parsed (default 3, as upstream)",
-                               stage="judge")
-    rejudge_parse_errors: bool = flag(False, "also judge again the rows whose judge reply could not be parsed",
-                                      stage="judge")
+    judge_prompt: Path | None = flag(
+        None, "prompt template file used verbatim; {rubrics} and {response} are replaced", stage="judge"
+    )
+    parse_attempts: int = flag(
+        3, "judge calls per task while the reply cannot be parsed (default 3, as upstream)", stage="judge"
+    )
+    rejudge_parse_errors: bool = flag(
+        False, "also judge again the rows whose judge reply could not be parsed", stage="judge"
+    )
 
 
 class CLBench(ErrorAnalysis, Benchmark):
@@ -345,8 +351,11 @@ class CLBench(ErrorAnalysis, Benchmark):
     judge_uses_llm = True
     score_fields = ("score", "judge_status")
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
-    demo = {"MAX_SAMPLES": "6", "ARGS": "--max-tokens 64 --temperature 0.8",
-            "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1"}
+    demo = {
+        "MAX_SAMPLES": "6",
+        "ARGS": "--max-tokens 64 --temperature 0.8",
+        "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
+    }
     options: CLBenchOptions
 
     def __init__(self, options: CLBenchOptions | None = None):
@@ -364,7 +373,8 @@ class CLBench(ErrorAnalysis, Benchmark):
     # ---- which tasks
 
     def load(self, path: Path) -> list[Task]:
-        tasks, seen = [], {}
+        tasks: list[Task] = []
+        seen: dict[str | int, int] = {}
         for line, row in jsonl.iter_rows(path):
             messages = row.get("messages")
             if messages is None:
@@ -376,9 +386,7 @@ class CLBench(ErrorAnalysis, Benchmark):
                     raise BadInput(f"messages[{i}] must be an object with a 'content' string", path, line)
                 if msg.get("role") not in VALID_ROLES:
                     raise BadInput(
-                        f"messages[{i}] has role {msg.get('role')!r}; expected one of {sorted(VALID_ROLES)}",
-                        path,
-                        line,
+                        f"messages[{i}] has role {msg.get('role')!r}; expected one of {sorted(VALID_ROLES)}", path, line
                     )
             if messages[-1]["role"] != "user":
                 raise BadInput("'messages' must end with a user turn", path, line)
@@ -433,10 +441,14 @@ class CLBench(ErrorAnalysis, Benchmark):
             if row.get("status") == "context_length":
                 why = "the prompt exceeded the model's context: score 0 without a judge call"
             return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
+        assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
         asked = await ask_judge(
-            judge, self.judge_prompt(rubrics, output), lambda text: parse_judge_reply(text, n_rubrics), self.options.parse_attempts
+            judge,
+            self.judge_prompt(rubrics, output),
+            lambda text: parse_judge_reply(text, n_rubrics),
+            self.options.parse_attempts,
         )
         accounts = dict(
             judge_model=judge.endpoint.model,
@@ -461,7 +473,9 @@ class CLBench(ErrorAnalysis, Benchmark):
             API_ERROR: "judge API call failed after retries: score 0 (judged again on the next run)",
             PARSE_ERROR: f"judge reply unparseable after {asked.attempts} attempts: score 0",
         }[asked.status]
-        return _graded(row, rationale=why, statuses=[], score=0, status=asked.status, judge_error=asked.error, **accounts)
+        return _graded(
+            row, rationale=why, statuses=[], score=0, status=asked.status, judge_error=asked.error, **accounts
+        )
 
     # ---- why failed solutions failed (optional: judge.py --error-analysis)
 
@@ -477,10 +491,15 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     def error_analysis_prompt(self, judge_row: dict) -> str:
         messages = judge_row.get("messages") or [
-            {"role": "user", "content": "(not available: the inference rows were written with --slim; "
-             "`python -m evalpipe.expand` joins the messages back)"}
+            {
+                "role": "user",
+                "content": "(not available: the inference rows were written with --slim; "
+                "`python -m evalpipe.expand` joins the messages back)",
+            }
         ]
-        task = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
+        task = next(
+            (m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), ""
+        )
         task = task if isinstance(task, str) else json.dumps(task, ensure_ascii=False)
         if len(task) > ANALYSIS_TASK_CHARS:
             cut = len(task) - ANALYSIS_TASK_CHARS
@@ -498,7 +517,9 @@ class CLBench(ErrorAnalysis, Benchmark):
         )
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        asked = await ask_judge(judge, self.error_analysis_prompt(judge_row), parse_error_types, self.options.parse_attempts)
+        asked = await ask_judge(
+            judge, self.error_analysis_prompt(judge_row), parse_error_types, self.options.parse_attempts
+        )
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
@@ -523,9 +544,9 @@ class CLBench(ErrorAnalysis, Benchmark):
                 continue
             failed += 1
             analysis = analyses.get(task.id)
-            status = analysis.get("analysis_status") if analysis else "not_analyzed"
+            status = str(analysis.get("analysis_status")) if analysis else "not_analyzed"
             statuses[status] = statuses.get(status, 0) + 1
-            if status in (OK, SALVAGED):
+            if analysis and status in (OK, SALVAGED):
                 analyzed += 1
                 for t in analysis.get("error_types", []):
                     counts[t] = counts.get(t, 0) + 1
@@ -565,8 +586,13 @@ class CLBench(ErrorAnalysis, Benchmark):
         if "Response to grade:" in prompt and "Rubrics:" in prompt:
             listed = prompt.split("Rubrics:", 1)[1].split("Response to grade:", 1)[0]
             n, score = len(re.findall(r"^\d+\. ", listed, re.M)), seed % 2
-            return json.dumps({"Grading Rationale": f"r{seed}", "List of Requirement Satisfaction Status":
-                               ["yes" if score else "no"] * n, "Overall Score": score})
+            return json.dumps(
+                {
+                    "Grading Rationale": f"r{seed}",
+                    "List of Requirement Satisfaction Status": ["yes" if score else "no"] * n,
+                    "Overall Score": score,
+                }
+            )
         if '"Error Types"' in prompt:
             return json.dumps({"Error Types": [ERROR_TYPES[seed % len(ERROR_TYPES)]], "Reason": f"r{seed}"})
         return f"answer {seed}"

@@ -10,12 +10,12 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import jsonl
-from ..results import tables
 from ..errors import BadInput
 from ..paths import PROJECT
+from ..results import tables
 from .base import Benchmark, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -96,7 +96,9 @@ def load_rows(path: Path) -> list[tuple[int, dict]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise BadInput("reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path) from None
+            raise BadInput(
+                "reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path
+            ) from None
         return list(enumerate(pq.read_table(path).to_pylist(), 1))
     if suffix == ".json":
         try:
@@ -122,10 +124,15 @@ def answered_share(metrics: dict) -> float | None:
 class CoinFlipOptions:
     fewshot: int = flag(0, "number of worked demos in the prompt (default 0)")
     fewshot_seed: int = flag(42, "seed that picks the demos (default 42)")
-    fewshot_data: Path = flag(DATA_DIR / "validation.jsonl",
-                              "split the demos come from (default data/coin_flip/validation.jsonl)")
-    parse: str = flag("strict", "answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
-                      stage="judge", choices=("strict", "lenient"))
+    fewshot_data: Path = flag(
+        DATA_DIR / "validation.jsonl", "split the demos come from (default data/coin_flip/validation.jsonl)"
+    )
+    parse: str = flag(
+        "strict",
+        "answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
+        stage="judge",
+        choices=("strict", "lenient"),
+    )
 
 
 class CoinFlip(Benchmark):
@@ -168,7 +175,9 @@ class CoinFlip(Benchmark):
             if gold is None or type(question) is not str or not question:
                 self._reject(row, path, line)
             # position + content: stable under --max-samples, and a different file cannot match old rows
-            append(Task(f"{len(tasks):05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line))
+            append(
+                Task(f"{len(tasks):05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line)
+            )
         if not tasks:
             raise BadInput("no rows in the file", path)
         return tasks
@@ -189,8 +198,14 @@ class CoinFlip(Benchmark):
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
-        out = {"idx": task.id, "messages": messages, "model_output": "", "target": task.row["target"],
-               "metadata": {"fewshot": self.options.fewshot}, "model": model.endpoint.model}
+        out = {
+            "idx": task.id,
+            "messages": messages,
+            "model_output": "",
+            "target": task.row["target"],
+            "metadata": {"fewshot": self.options.fewshot},
+            "model": model.endpoint.model,
+        }
         return await answer_into(out, model, messages)
 
     def is_judged(self, row: dict) -> bool:
@@ -199,8 +214,13 @@ class CoinFlip(Benchmark):
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         prediction = parse_answer(row.get("model_output") or "", self.options.parse)
         correct = prediction is not None and prediction == row.get("target")
-        return {**row, "prediction": prediction, "score": int(correct),
-                "judge_status": "ok" if prediction else "unparsed", "parse_mode": self.options.parse}
+        return {
+            **row,
+            "prediction": prediction,
+            "score": int(correct),
+            "judge_status": "ok" if prediction else "unparsed",
+            "parse_mode": self.options.parse,
+        }
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tp = fp = fn = tn = unparsed = missing = yes = 0
@@ -223,7 +243,7 @@ class CoinFlip(Benchmark):
                 tn += gold == "NO"
         total = len(tasks)
 
-        def ratio(a: int, b: int) -> float:
+        def ratio(a: float, b: float) -> float:
             return a / b if b else 0.0
 
         precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
@@ -241,8 +261,14 @@ class CoinFlip(Benchmark):
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:
-        return {"F1": metrics["f1"], "Answered": answered_share(metrics), "Accuracy": metrics["accuracy"],
-                "Precision": metrics["precision"], "Recall": metrics["recall"], "YES ratio": metrics["yes_ratio"]}
+        return {
+            "F1": metrics["f1"],
+            "Answered": answered_share(metrics),
+            "Accuracy": metrics["accuracy"],
+            "Precision": metrics["precision"],
+            "Recall": metrics["recall"],
+            "YES ratio": metrics["yes_ratio"],
+        }
 
     def flagged(self, runs: list[dict]) -> bool:
         shares = [s for s in map(answered_share, runs) if s is not None]
@@ -250,8 +276,10 @@ class CoinFlip(Benchmark):
 
     def format_metrics(self, metrics: dict) -> str:
         cov, c = metrics["coverage"], metrics["confusion"]
-        lines = [f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
-                 f"{metrics['unparsed']} unparsed (both count as wrong)"]
+        lines = [
+            f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
+            f"{metrics['unparsed']} unparsed (both count as wrong)"
+        ]
         lines += [f"  {name:10} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
         if self.flagged([metrics]):
             lines.append("  most answers unparsed: F1 covers only the parsed ones")

@@ -12,14 +12,14 @@ The prompt strings are the reference eval's, reproduced verbatim so results stay
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .. import jsonl, cost
-from ..results import stats
+from .. import cost, jsonl
 from ..checkpoint import StepCache
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..paths import PROJECT
+from ..results import stats
 from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -28,7 +28,10 @@ if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
 TASK_DESCRIPTION = "Solve the given problem, writing your reasoning along the way."
 MISTAKE_NOTICE = "There might be a mistake in your reasoning."
 FINAL_ANSWER_PROMPT = "Given this reasoning, write your final answer. Only write your final answer, and nothing else."
-_LETTER_HINT = "\n\nAnswer with the selected single letter indicating your answer, wrapped with parentheses. Do not write anything else."
+_LETTER_HINT = (
+    "\n\nAnswer with the selected single letter indicating your answer, wrapped with parentheses. "
+    "Do not write anything else."
+)
 FORMAT_HINTS = {
     "dyck_languages": "\n\nAnswer with just the end of the sequence, separated by spaces. Do not repeat the part of "
     "the sequence given in the question. Only write the sequence of symbols, nothing else.",
@@ -102,16 +105,27 @@ def normalize(task: str, answer: str) -> str:
 
 @dataclass(frozen=True)
 class ErrorRecoveryOptions:
-    reasoning_role: str = flag("assistant", "the given reasoning as the model's own turn (assistant, default) or as "
-                               "another's (user)", choices=("assistant", "user"))
-    final_answer_role: str = flag("system", "role of the answer-extraction prompt (default system)",
-                                  choices=("system", "user"))
-    mistake_notice: str = flag("none", f"add {MISTAKE_NOTICE!r} right after the given reasoning (immediate) or after "
-                               "the model's reasoning, followed by one more reasoning call (end); default none",
-                               choices=("none", "immediate", "end"))
+    reasoning_role: str = flag(
+        "assistant",
+        "the given reasoning as the model's own turn (assistant, default) or as another's (user)",
+        choices=("assistant", "user"),
+    )
+    final_answer_role: str = flag(
+        "system", "role of the answer-extraction prompt (default system)", choices=("system", "user")
+    )
+    mistake_notice: str = flag(
+        "none",
+        f"add {MISTAKE_NOTICE!r} right after the given reasoning (immediate) or after "
+        "the model's reasoning, followed by one more reasoning call (end); default none",
+        choices=("none", "immediate", "end"),
+    )
     mistake_notice_ir_only: bool = flag(False, "the notice only for IR")
-    chat_compat: str = flag("strict", "strict: messages exactly as the reference; merge: for chat templates that reject "
-                            "two assistant turns in a row or a system message mid-conversation", choices=("strict", "merge"))
+    chat_compat: str = flag(
+        "strict",
+        "strict: messages exactly as the reference; merge: for chat templates that reject "
+        "two assistant turns in a row or a system message mid-conversation",
+        choices=("strict", "merge"),
+    )
 
 
 class ErrorRecovery(Benchmark):
@@ -125,22 +139,23 @@ class ErrorRecovery(Benchmark):
     )
     options: ErrorRecoveryOptions
 
-    @property  # type: ignore[override]
-    def demo(self) -> dict[str, str]:
-        """The reference's `small` variant if `make error-recovery-data` made it, else our own sample."""
-        settings = {"ARGS": "--max-tokens 32 --temperature 0.8"}
-        if SMALL.exists():
-            settings["DATA"] = str(SMALL.relative_to(PROJECT))
-        return settings
+    # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
+    demo = {
+        "ARGS": "--max-tokens 32 --temperature 0.8",
+        **({"DATA": str(SMALL.relative_to(PROJECT))} if SMALL.exists() else {}),
+    }
 
     # ---- which tasks
 
     def load(self, path: Path) -> list[Task]:
-        tasks, per_task = [], {}
+        tasks: list[Task] = []
+        per_task: dict[str, int] = {}
         for line, row in jsonl.iter_rows(path):
             missing = [k for k in ROW_KEYS if k not in row]
             if missing:
-                raise BadInput(f"missing keys {missing} (convert BIG-Bench Mistake with make error-recovery-data)", path, line)
+                raise BadInput(
+                    f"missing keys {missing} (convert BIG-Bench Mistake with make error-recovery-data)", path, line
+                )
             if row["task"] not in FORMAT_HINTS:
                 raise BadInput(f"unknown task {row['task']!r}; expected one of {list(FORMAT_HINTS)}", path, line)
             if not isinstance(row["correct_steps"], list) or len(row["correct_steps"]) != int(row["mistake_index"]):
@@ -149,7 +164,9 @@ class ErrorRecovery(Benchmark):
             per_task[row["task"]] = n + 1
             problem = {**row, "problem": len(tasks) // len(VARIATIONS)}  # position in the file
             for variation in VARIATIONS:
-                tasks.append(Task(id=f"{row['task']}-{n}:{variation}", row={**problem, "variation": variation}, line=line))
+                tasks.append(
+                    Task(id=f"{row['task']}-{n}:{variation}", row={**problem, "variation": variation}, line=line)
+                )
         if not tasks:
             raise BadInput("no problems in the file", path)
         return tasks
@@ -163,12 +180,22 @@ class ErrorRecovery(Benchmark):
 
     # ---- how a task is solved
 
-    async def _call(self, model: "ChatClient", steps: StepCache, task_id: str, step: str, messages: list[dict]) -> dict:
+    async def _call(
+        self, model: "ChatClient", steps: StepCache, task_id: str | int, step: str, messages: list[dict]
+    ) -> dict:
         done = steps.get(task_id, step)
         if done is None:
             reply = await model.complete(compat(messages, self.options.chat_compat))
-            done = steps.put(task_id, step, {"text": reply.text, "usage": reply.usage, "latency_s": reply.latency_s,
-                                             "finish_reason": reply.finish_reason})
+            done = steps.put(
+                task_id,
+                step,
+                {
+                    "text": reply.text,
+                    "usage": reply.usage,
+                    "latency_s": reply.latency_s,
+                    "finish_reason": reply.finish_reason,
+                },
+            )
         return done
 
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
@@ -177,13 +204,26 @@ class ErrorRecovery(Benchmark):
         notice = notice_position(variation, a.mistake_notice, a.mistake_notice_ir_only)
         messages = conversation(p, variation, a.reasoning_role)
         calls: dict[str, dict] = {}
-        out = {"idx": task.id, "messages": [], "model_output": "", "answer": "", "target": str(p["target"]),
-               "metadata": {"task": p["task"], "variation": variation, "problem": p["problem"],
-                            "mistake_index": int(p["mistake_index"]), "num_ground_truth_steps": p["num_ground_truth_steps"],
-                            "steps_after_mistake": p["num_ground_truth_steps"] - int(p["mistake_index"]),
-                            "reasoning_role": a.reasoning_role, "final_answer_role": a.final_answer_role,
-                            "mistake_notice": notice, "chat_compat": a.chat_compat},
-               "model": model.endpoint.model}
+        out: dict[str, Any] = {
+            "idx": task.id,
+            "messages": [],
+            "model_output": "",
+            "answer": "",
+            "target": str(p["target"]),
+            "metadata": {
+                "task": p["task"],
+                "variation": variation,
+                "problem": p["problem"],
+                "mistake_index": int(p["mistake_index"]),
+                "num_ground_truth_steps": p["num_ground_truth_steps"],
+                "steps_after_mistake": p["num_ground_truth_steps"] - int(p["mistake_index"]),
+                "reasoning_role": a.reasoning_role,
+                "final_answer_role": a.final_answer_role,
+                "mistake_notice": notice,
+                "chat_compat": a.chat_compat,
+            },
+            "model": model.endpoint.model,
+        }
         try:
             if notice == "immediate":
                 messages.append({"role": "user", "content": MISTAKE_NOTICE})
@@ -191,13 +231,19 @@ class ErrorRecovery(Benchmark):
             messages.append({"role": "assistant", "content": calls["reasoning"]["text"]})
             if notice == "end":
                 messages.append({"role": "user", "content": MISTAKE_NOTICE})
-                calls["reasoning_after_notice"] = await self._call(model, steps, task.id, "reasoning_after_notice", messages)
+                calls["reasoning_after_notice"] = await self._call(
+                    model, steps, task.id, "reasoning_after_notice", messages
+                )
                 messages.append({"role": "assistant", "content": calls["reasoning_after_notice"]["text"]})
             messages.append({"role": a.final_answer_role, "content": FINAL_ANSWER_PROMPT + FORMAT_HINTS[p["task"]]})
             calls["extraction"] = await self._call(model, steps, task.id, "extraction", messages)
         except ContextTooLong as exc:
-            out.update(messages=compat(messages, a.chat_compat), status="context_length", error=str(exc),
-                       calls={k: _call_record(v) for k, v in calls.items()})
+            out.update(
+                messages=compat(messages, a.chat_compat),
+                status="context_length",
+                error=str(exc),
+                calls={k: _call_record(v) for k, v in calls.items()},
+            )
             return out
         usage: dict = {}
         for call in calls.values():
@@ -217,8 +263,13 @@ class ErrorRecovery(Benchmark):
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = row.get("answer") or "", str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
-        return {**row, "correct": correct, "score": int(correct),
-                "normalized_correct": normalize(task, answer) == normalize(task, target), "judge_status": "ok"}
+        return {
+            **row,
+            "correct": correct,
+            "score": int(correct),
+            "normalized_correct": normalize(task, answer) == normalize(task, target),
+            "judge_status": "ok",
+        }
 
     # ---- which metrics a run has
 
@@ -226,8 +277,11 @@ class ErrorRecovery(Benchmark):
         tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
-            scopes = ("all", f"task:{t.row['task']}",
-                      f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}")
+            scopes = (
+                "all",
+                f"task:{t.row['task']}",
+                f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}",
+            )
             for scope in scopes:
                 cell = tally.setdefault((scope, var), [0, 0, 0, 0])
                 cell[2] += 1
@@ -241,16 +295,20 @@ class ErrorRecovery(Benchmark):
             cell = tally.get((scope, var), [0, 0, 0, 0])
             return cell[which] / cell[2] if cell[2] else 0.0
 
-        out: dict[str, Any] = {"benchmark": self.name,
-                               "denominator": "all selected problems of the variation; a missing row counts as wrong"}
+        out: dict[str, Any] = {
+            "benchmark": self.name,
+            "denominator": "all selected problems of the variation; a missing row counts as wrong",
+        }
         for var in VARIATIONS:
             out[f"{var}_correct_rate"] = rate("all", var)
         tasks_present = [task for task in TASKS if ("task:" + task, "NR") in tally]
         for task in tasks_present:
             for var in VARIATIONS:
                 out[f"task_{task.replace('_', '-')}_{var}_correct_rate"] = rate("task:" + task, var)
-        counts = {var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
-                  for var in VARIATIONS}
+        counts = {
+            var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
+            for var in VARIATIONS
+        }
         out["counts"] = counts
         out["stderr"] = {var: stats.binomial_stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS}
         cr, ir = out["CR_correct_rate"], out["IR_correct_rate"]
@@ -264,29 +322,45 @@ class ErrorRecovery(Benchmark):
         return out
 
     def headline(self, metrics: dict) -> dict[str, float | None]:
-        return {"NR": metrics["NR_correct_rate"], "CR": metrics["CR_correct_rate"], "IR": metrics["IR_correct_rate"],
-                "Performance loss (1 − IR/CR)": metrics["performance_loss"]}
+        return {
+            "NR": metrics["NR_correct_rate"],
+            "CR": metrics["CR_correct_rate"],
+            "IR": metrics["IR_correct_rate"],
+            "Performance loss (1 − IR/CR)": metrics["performance_loss"],
+        }
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]
-        lines = [f"Error Recovery: {cov['graded']}/{cov['expected']} variations graded, {cov['missing']} missing (wrong)",
-                 f"{'':28} {'NR':>12} {'CR':>12} {'IR':>12}"]
+        lines = [
+            f"Error Recovery: {cov['graded']}/{cov['expected']} variations graded, {cov['missing']} missing (wrong)",
+            f"{'':28} {'NR':>12} {'CR':>12} {'IR':>12}",
+        ]
 
         def cells(get) -> str:
             return " ".join(f"{get(v):>12}" for v in VARIATIONS)
 
-        lines.append(f"{'exact (reference)':28} " + cells(
-            lambda v: f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * metrics['stderr'][v]:.1f}"))
-        lines.append(f"{'normalised (ours)':28} " + cells(
-            lambda v: f"{100 * metrics['normalized_correct_rate (ours)'][v]:.1f}"))
+        lines.append(
+            f"{'exact (reference)':28} "
+            + cells(lambda v: f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * metrics['stderr'][v]:.1f}")
+        )
+        lines.append(
+            f"{'normalised (ours)':28} " + cells(lambda v: f"{100 * metrics['normalized_correct_rate (ours)'][v]:.1f}")
+        )
         for task in TASKS:
             key = f"task_{task.replace('_', '-')}"
             if f"{key}_NR_correct_rate" in metrics:
-                lines.append(f"  {task:26} " + cells(lambda v: f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}"))
+                lines.append(
+                    f"  {task:26} " + cells(lambda v, key=key: f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}")
+                )
         loss = metrics["performance_loss"]
         lines.append("performance loss 1 − IR/CR: " + ("n/a (CR is 0)" if loss is None else f"{100 * loss:.1f}%"))
-        lines.append("by steps after the mistake: " + ", ".join(
-            f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})" for k, v in metrics["by_steps_after_mistake"].items()))
+        lines.append(
+            "by steps after the mistake: "
+            + ", ".join(
+                f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})"
+                for k, v in metrics["by_steps_after_mistake"].items()
+            )
+        )
         return "\n".join(lines)
 
     def sample_rows(self, tasks: int) -> list[dict]:

@@ -39,7 +39,9 @@ def load_names(path: Path = NAMES_FILE) -> list[str]:
 
 
 def question_text(people: list[str], flips: list[bool]) -> str:
-    acts = "".join(f" {name} flips the coin." if flip else f" {name} does not flip the coin." for name, flip in zip(people, flips))
+    acts = "".join(
+        f" {name} flips the coin." if flip else f" {name} does not flip the coin." for name, flip in zip(people, flips)
+    )
     return f"Q: A coin is heads up.{acts}  Is the coin still heads up?"
 
 
@@ -95,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     report = write_splits(args.out)
     print(f"names in the pool: {len(load_names())}")
-    for split, figures in report.items():
+    for split in report:
         print(f"{split}: {SPLITS[split][0]} rows → {args.out / (split + '.jsonl')}")
     test = report["test"]
     print("zero-shot prompt length of the test split, measured vs recorded:")

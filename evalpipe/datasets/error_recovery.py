@@ -87,14 +87,16 @@ def convert(bbm_dir: Path, variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the Error Recovery rows from BIG-Bench Mistake.")
-    parser.add_argument("--bbm-dir", type=Path, required=True, help="folder with the five BIG-Bench Mistake JSONL files")
+    parser.add_argument(
+        "--bbm-dir", type=Path, required=True, help="folder with the five BIG-Bench Mistake JSONL files"
+    )
     parser.add_argument("--out", type=Path, default=Path("data/error_recovery"))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args()
     try:
         variants = convert(args.bbm_dir, tuple(args.variants))
     except BadInput as exc:
-        raise SystemExit(f"error-recovery-data: error: {exc}")
+        raise SystemExit(f"error-recovery-data: error: {exc}") from None
     for name, rows in variants.items():
         jsonl.atomic_write(args.out / f"{name}.jsonl", encode(rows))
         counts = ", ".join(f"{t} {sum(r['task'] == t for r in rows)}" for t in TASKS)

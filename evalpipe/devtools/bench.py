@@ -32,9 +32,11 @@ SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"
 
 # ---- the servers
 
+
 def fixed_latency(seconds: float):
     def handler(request: Request) -> Reply:
         return Reply(content="ok " + request.last_content[-20:], delay=seconds)
+
     return handler
 
 
@@ -58,11 +60,16 @@ class TokenBucket:
                 return Reply(content="ok", delay=self.latency)
             self.rejected += 1
             wait = (1 - self.tokens) / self.rate
-        headers = {"retry-after-ms": str(int(wait * 1000) + 1), "Retry-After": str(max(1, round(wait)))} if self.retry_after else {}
+        headers = (
+            {"retry-after-ms": str(int(wait * 1000) + 1), "Retry-After": str(max(1, round(wait)))}
+            if self.retry_after
+            else {}
+        )
         return Reply.error(429, "rate limit reached", headers=headers)
 
 
 # ---- what is measured
+
 
 def dataset(path: Path, n: int) -> Path:
     base = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
@@ -82,15 +89,18 @@ def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[in
         while proc.poll() is None:
             try:
                 status = Path(f"/proc/{proc.pid}/status").read_text()
-                rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
-                rows = watch.read_bytes().count(b"\n") if watch is not None and watch.exists() else 0
-                samples.append((rows, rss))
+                match = re.search(r"VmRSS:\s+(\d+)", status)
+                if match is not None:  # no VmRSS line once the child is a zombie
+                    rss = int(match.group(1))
+                    rows = watch.read_bytes().count(b"\n") if watch is not None and watch.exists() else 0
+                    samples.append((rows, rss))
             except (OSError, AttributeError):
                 pass
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    assert proc.stderr is not None  # stderr=PIPE
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -100,22 +110,50 @@ def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[in
 
 def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()) -> dict:
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
-    code, err, rss, samples = run_child([sys.executable, str(PROJECT / "infer.py"), "--model", "bench", "--input",
-                                         str(data), "--output", str(out), "--workers", str(workers), "--progress", "bar",
-                                         *extra], env, watch=out)
+    code, err, rss, samples = run_child(
+        [
+            sys.executable,
+            str(PROJECT / "infer.py"),
+            "--model",
+            "bench",
+            "--input",
+            str(data),
+            "--output",
+            str(out),
+            "--workers",
+            str(workers),
+            "--progress",
+            "bar",
+            *extra,
+        ],
+        env,
+        watch=out,
+    )
     m = re.search(r"wrote (\d+) rows, (\d+) failed, .* ([\d.]+)s \(([\d.]+) tasks/s\)", err)
     if code == 0 and not m and "0 to run" in err:  # nothing left to do
         return {"rows": 0, "failed": 0, "seconds": 0.0, "rate": 0.0, "rss_kb": rss, "samples": samples}
     if code not in (0, 3) or not m:
         raise RuntimeError(f"infer.py exited {code}: {err[-1500:]}")
-    return {"rows": int(m.group(1)), "failed": int(m.group(2)), "seconds": float(m.group(3)),
-            "rate": float(m.group(4)), "rss_kb": rss, "samples": samples}
+    return {
+        "rows": int(m.group(1)),
+        "failed": int(m.group(2)),
+        "seconds": float(m.group(3)),
+        "rate": float(m.group(4)),
+        "rss_kb": rss,
+        "samples": samples,
+    }
 
 
 def bare_rate(server: FakeOpenAI, data: Path, concurrency: int) -> float:
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
-    proc = subprocess.run([sys.executable, "-m", "evalpipe.devtools.bench", "--bare", str(data), str(concurrency)],
-                          env=env, capture_output=True, text=True, cwd=PROJECT, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalpipe.devtools.bench", "--bare", str(data), str(concurrency)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=PROJECT,
+        check=True,
+    )
     return float(proc.stdout.split()[-1])
 
 
@@ -144,10 +182,12 @@ def bare_loop(data: Path, concurrency: int) -> None:
 
 def resume_time(path: Path) -> tuple[float, float]:
     """Seconds to compute the done set over an infer file, and the MB it holds (in a child process)."""
-    code = ("import re,time;from evalpipe import jsonl;from evalpipe.benchmarks import row_id\n"
-            "rss=lambda:int(re.search(r'VmRSS:\\s+(\\d+)',open('/proc/self/status').read()).group(1))\n"
-            f"r0=rss();t=time.monotonic();ids=jsonl.ids_in({str(path)!r}, row_id);dt=time.monotonic()-t\n"
-            "print(len(ids), dt, (rss()-r0)/1024)")
+    code = (
+        "import re,time;from evalpipe import jsonl;from evalpipe.benchmarks import row_id\n"
+        "rss=lambda:int(re.search(r'VmRSS:\\s+(\\d+)',open('/proc/self/status').read()).group(1))\n"
+        f"r0=rss();t=time.monotonic();ids=jsonl.ids_in({str(path)!r}, row_id);dt=time.monotonic()-t\n"
+        "print(len(ids), dt, (rss()-r0)/1024)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, check=True)
     _, seconds, mb = out.stdout.split()
     return float(seconds), float(mb)
@@ -157,14 +197,23 @@ def write_big_infer(path: Path, n: int, message_bytes: int) -> None:
     filler = "x" * message_bytes
     with open(path, "wb") as f:
         for i in range(n):
-            row = {"idx": f"t{i:07d}", "messages": [{"role": "user", "content": filler}], "model_output": "an answer",
-                   "rubrics": ["r"], "metadata": {"task_id": f"t{i:07d}", "context_category": "Rule System Application"},
-                   "model": "m", "status": "ok", "finish_reason": "stop",
-                   "usage": {"prompt_tokens": 120, "completion_tokens": 30}, "latency_s": 0.5}
+            row = {
+                "idx": f"t{i:07d}",
+                "messages": [{"role": "user", "content": filler}],
+                "model_output": "an answer",
+                "rubrics": ["r"],
+                "metadata": {"task_id": f"t{i:07d}", "context_category": "Rule System Application"},
+                "model": "m",
+                "status": "ok",
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 120, "completion_tokens": 30},
+                "latency_s": 0.5,
+            }
             f.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
 
 
 # ---- the report
+
 
 class Report:
     def __init__(self):
@@ -182,7 +231,9 @@ class Report:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Measure the pipeline against its performance targets.")
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long run of every part (for CI), not the targets' sizes")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a seconds-long run of every part (for CI), not the targets' sizes"
+    )
     parser.add_argument("--bare", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -199,8 +250,12 @@ def main() -> int:
             data = dataset(work / "overhead.jsonl", n)
             bare = bare_rate(server, data, 64)
             ours = infer_rate(server, data, work / "overhead-out.jsonl", 64)
-            report.add("overhead: infer.py / bare SDK loop, 64 in flight, 100 ms",
-                       f"{ours['rate']:.0f} / {bare:.0f} tasks/s = {ours['rate'] / bare:.2f}", ">= 0.90", ours["rate"] >= 0.9 * bare)
+            report.add(
+                "overhead: infer.py / bare SDK loop, 64 in flight, 100 ms",
+                f"{ours['rate']:.0f} / {bare:.0f} tasks/s = {ours['rate'] / bare:.2f}",
+                ">= 0.90",
+                ours["rate"] >= 0.9 * bare,
+            )
 
             # 2. wide
             server.handler = fixed_latency(2.0)
@@ -209,18 +264,25 @@ def main() -> int:
             bare_wide = bare_rate(server, data, c)
             ours = infer_rate(server, data, work / "wide-out.jsonl", c)
             ceiling = min(c / 2.0, bare_wide)
-            report.add(f"wide: {c} in flight, 2 s latency",
-                       f"{ours['rate']:.0f} tasks/s vs min({c / 2:.0f}, bare {bare_wide:.0f}) = {ours['rate'] / ceiling:.2f}",
-                       ">= 0.90", ours["rate"] >= 0.9 * ceiling)
+            report.add(
+                f"wide: {c} in flight, 2 s latency",
+                f"{ours['rate']:.0f} tasks/s vs min({c / 2:.0f}, bare {bare_wide:.0f}) = {ours['rate'] / ceiling:.2f}",
+                ">= 0.90",
+                ours["rate"] >= 0.9 * ceiling,
+            )
             # memory while the run goes on: from a quarter of the rows written to the end, RSS must
             # not grow with the rows (the dataset is loaded before the first row)
             during = [(rows, kb) for rows, kb in ours["samples"] if rows >= n // 4]
             if len(during) >= 2:
                 (r0, m0), (r1, m1) = during[0], during[-1]
                 per_task = (m1 - m0) * 1024 / max(1, r1 - r0)
-                report.add("wide: memory growth while rows are written",
-                           f"{m0 / 1024:.0f} MB at {r0} rows, {m1 / 1024:.0f} MB at {r1} rows ({per_task:.0f} bytes per task); "
-                           f"peak {ours['rss_kb'] / 1024:.0f} MB", "no growth per task", per_task < 1024)
+                report.add(
+                    "wide: memory growth while rows are written",
+                    f"{m0 / 1024:.0f} MB at {r0} rows, {m1 / 1024:.0f} MB at {r1} rows "
+                    f"({per_task:.0f} bytes per task); peak {ours['rss_kb'] / 1024:.0f} MB",
+                    "no growth per task",
+                    per_task < 1024,
+                )
 
             # 3. rate limited
             for with_header in (True, False):
@@ -232,11 +294,21 @@ def main() -> int:
                 share = bucket.rejected / max(1, bucket.admitted + bucket.rejected)
                 goodput = ours["rows"] / ours["seconds"]
                 label = "with" if with_header else "without"
-                report.add(f"rate-limited ({label} Retry-After): goodput at 50/s", f"{goodput:.1f}/s = {goodput / 50:.2f}",
-                           ">= 0.90", goodput >= 45)
-                report.add(f"rate-limited ({label} Retry-After): requests answered 429",
-                           f"{100 * share:.1f}% ({bucket.rejected} of {bucket.admitted + bucket.rejected})", "<= 10%", share <= 0.10)
-                report.add(f"rate-limited ({label} Retry-After): tasks given up", str(ours["failed"]), "0", ours["failed"] == 0)
+                report.add(
+                    f"rate-limited ({label} Retry-After): goodput at 50/s",
+                    f"{goodput:.1f}/s = {goodput / 50:.2f}",
+                    ">= 0.90",
+                    goodput >= 45,
+                )
+                report.add(
+                    f"rate-limited ({label} Retry-After): requests answered 429",
+                    f"{100 * share:.1f}% ({bucket.rejected} of {bucket.admitted + bucket.rejected})",
+                    "<= 10%",
+                    share <= 0.10,
+                )
+                report.add(
+                    f"rate-limited ({label} Retry-After): tasks given up", str(ours["failed"]), "0", ours["failed"] == 0
+                )
         finally:
             server.stop()
 
@@ -246,12 +318,21 @@ def main() -> int:
         write_big_infer(big, n, 330)
         seconds, mb = resume_time(big)
         size_mb = big.stat().st_size / 1e6
-        report.add(f"resume: pending set over {n:,} rows ({size_mb:.0f} MB)", f"{seconds:.2f} s, {mb:.0f} MB extra",
-                   "<= 2.5 s, ids only", seconds <= 2.5 and mb < size_mb / 3)
+        report.add(
+            f"resume: pending set over {n:,} rows ({size_mb:.0f} MB)",
+            f"{seconds:.2f} s, {mb:.0f} MB extra",
+            "<= 2.5 s, ids only",
+            seconds <= 2.5 and mb < size_mb / 3,
+        )
         cl = work / "clbench-sized.jsonl"
         write_big_infer(cl, 1899 if not t else 200, 80_000)
         seconds, _ = resume_time(cl)
-        report.add(f"resume: CL-bench-sized file ({cl.stat().st_size / 1e6:.0f} MB)", f"{seconds:.2f} s", "<= 0.5 s", seconds <= 0.5)
+        report.add(
+            f"resume: CL-bench-sized file ({cl.stat().st_size / 1e6:.0f} MB)",
+            f"{seconds:.2f} s",
+            "<= 0.5 s",
+            seconds <= 0.5,
+        )
         big.unlink()
 
         # 6. slim rows
@@ -264,7 +345,9 @@ def main() -> int:
         ratio = slim.stat().st_size / cl.stat().st_size
         report.add("slim rows (--slim) on the CL-bench-sized file", f"{ratio:.3f} of the full size", "reported", True)
         for part, seconds in score_times(work, 20_000 if t else 1_000_000):
-            report.add(f"{part} over {20_000 if t else 1_000_000:,} judged rows", f"{seconds:.1f} s", "<= 10 s", seconds <= 10)
+            report.add(
+                f"{part} over {20_000 if t else 1_000_000:,} judged rows", f"{seconds:.1f} s", "<= 10 s", seconds <= 10
+            )
     print("\n" + report.table())
     return 0 if all(ok for *_, ok in report.rows) else 1
 
@@ -281,17 +364,36 @@ def score_times(work: Path, n: int) -> list[tuple[str, float]]:
     with open(run / "judge.jsonl", "wb") as f:
         for i, task in enumerate(CoinFlip().load(data)):
             pred = task.row["target"] if i % 4 else "YES"
-            f.write(json.dumps({"idx": task.id, "messages": [], "model_output": f"ANSWER: {pred}", "target": task.row["target"],
-                                "usage": {"prompt_tokens": 120, "completion_tokens": 40}, "prediction": pred,
-                                "score": int(pred == task.row["target"]), "judge_status": "ok",
-                                "parse_mode": "strict"}, separators=(",", ":")).encode() + b"\n")
+            f.write(
+                json.dumps(
+                    {
+                        "idx": task.id,
+                        "messages": [],
+                        "model_output": f"ANSWER: {pred}",
+                        "target": task.row["target"],
+                        "usage": {"prompt_tokens": 120, "completion_tokens": 40},
+                        "prediction": pred,
+                        "score": int(pred == task.row["target"]),
+                        "judge_status": "ok",
+                        "parse_mode": "strict",
+                    },
+                    separators=(",", ":"),
+                ).encode()
+                + b"\n"
+            )
     gc.collect()  # give the tasks' memory back before timing the child
     timings = []
-    for part, args in (("score.py", ["--input", str(run / "judge.jsonl"), "--data", str(data)]),
-                       ("aggregate.py", ["--outputs-dir", str(work / "out")])):
+    for part, args in (
+        ("score.py", ["--input", str(run / "judge.jsonl"), "--data", str(data)]),
+        ("aggregate.py", ["--outputs-dir", str(work / "out")]),
+    ):
         started = time.monotonic()
-        subprocess.run([sys.executable, str(PROJECT / part), "--bench", "coin_flip", *args], check=True,
-                       capture_output=True, cwd=PROJECT)
+        subprocess.run(
+            [sys.executable, str(PROJECT / part), "--bench", "coin_flip", *args],
+            check=True,
+            capture_output=True,
+            cwd=PROJECT,
+        )
         timings.append((part, time.monotonic() - started))
     return timings
 

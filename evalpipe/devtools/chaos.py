@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -32,8 +33,20 @@ from ..paths import PROJECT
 from .testserver import FakeOpenAI, Reply, Request
 
 KEY = "sk-chaos-" + "7f3a9c" * 4
-FAULTS = ("500", "502", "503", "429 Retry-After", "429 no Retry-After", "reset", "hang", "truncated body",
-          "non-JSON body", "HTML with 200", "trickled body", "echoed key")
+FAULTS = (
+    "500",
+    "502",
+    "503",
+    "429 Retry-After",
+    "429 no Retry-After",
+    "reset",
+    "hang",
+    "truncated body",
+    "non-JSON body",
+    "HTML with 200",
+    "trickled body",
+    "echoed key",
+)
 BENCHES = tuple(REGISTRY)
 ANSWER_DELAY = 0.05  # seconds per request: long enough that a random kill lands mid-run
 
@@ -79,6 +92,7 @@ def faulty(handler, rate: float, rng: random.Random, counts: Counter):
             return good
         auth = request.headers.get("authorization", "")
         return Reply.error(500, f"could not route request with header Authorization: {auth}")
+
     return serve
 
 
@@ -105,10 +119,21 @@ class Chaos:
     def close(self) -> None:
         self.server.stop()
 
-    def cmd(self, script: str, bench: str, out: Path, extra: list[str] = ()) -> list[str]:
+    def cmd(self, script: str, bench: str, out: Path, extra: Sequence[str] = ()) -> list[str]:
         flags = ["--bench", bench, "--outputs-dir", str(out), "--model", "chaos-model"]
         if script in ("infer", "judge"):
-            flags += ["--timeout", "1", "--max-retries", "3", "--backoff", "0.05", "--backoff-max", "0.3", "--workers", "4"]
+            flags += [
+                "--timeout",
+                "1",
+                "--max-retries",
+                "3",
+                "--backoff",
+                "0.05",
+                "--backoff-max",
+                "0.3",
+                "--workers",
+                "4",
+            ]
         if script == "judge":
             flags += ["--judge-model", "chaos-judge"]
         return [sys.executable, str(PROJECT / f"{script}.py"), *flags, *extra]
@@ -193,6 +218,7 @@ class Chaos:
 
 # ---- hostile datasets
 
+
 def _clbench_rows(n: int = 3) -> list[dict]:
     return [json.loads(line) for line in (PROJECT / "data" / "clbench" / "sample.jsonl").read_text().splitlines()[:n]]
 
@@ -217,8 +243,12 @@ def hostile_inputs() -> list[tuple[str, bytes, int | None, str]]:
         ("JSON array instead of JSONL", json.dumps(rows).encode(), 1, "JSON array"),
         ("missing messages", doc(good[0], edited(1, lambda r: r.pop("messages"))), 2, "'messages'"),
         ("messages of the wrong type", doc(edited(0, lambda r: r.update(messages={"role": "user"}))), 1, "'messages'"),
-        ("unknown role", doc(good[0], good[1], edited(2, lambda r: r["messages"].insert(1, {"role": "robot", "content": "x"}))),
-         3, "role 'robot'"),
+        (
+            "unknown role",
+            doc(good[0], good[1], edited(2, lambda r: r["messages"].insert(1, {"role": "robot", "content": "x"}))),
+            3,
+            "role 'robot'",
+        ),
         ("missing task id", doc(good[0], edited(1, lambda r: r["metadata"].pop("task_id"))), 2, "task_id"),
         ("duplicate task id", doc(good[0], good[1], good[0]), 3, "first on line 1"),
         ("rubrics of the wrong type", doc(good[0], edited(1, lambda r: r.update(rubrics={"a": 1}))), 2, "'rubrics'"),
@@ -247,8 +277,13 @@ def try_hostile(work: Path, env: dict) -> int:
         data = work / "hostile" / "data.jsonl"
         data.write_bytes(content)
         out.write_bytes(before)
-        proc = subprocess.run([sys.executable, str(PROJECT / "infer.py"), "--model", "m", "--input", str(data),
-                               "--output", str(out)], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, str(PROJECT / "infer.py"), "--model", "m", "--input", str(data), "--output", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         where = f"{data}:{line}:" if line else f"{data}:"
         lines = proc.stderr.strip().splitlines()
         if proc.returncode != 2 or len(lines) != 1 or where not in lines[0] or words not in lines[0]:
@@ -259,9 +294,22 @@ def try_hostile(work: Path, env: dict) -> int:
     for name, content in handled_inputs():
         data = work / "hostile" / "odd.jsonl"
         data.write_bytes(content)
-        proc = subprocess.run([sys.executable, str(PROJECT / "infer.py"), "--model", "m", "--input", str(data),
-                               "--output", str(work / "hostile" / f"odd-{tried}.jsonl")], env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(PROJECT / "infer.py"),
+                "--model",
+                "m",
+                "--input",
+                str(data),
+                "--output",
+                str(work / "hostile" / f"odd-{tried}.jsonl"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if proc.returncode != 0:
             raise AssertionError(f"odd but valid input {name!r}: exit {proc.returncode}: {proc.stderr}")
         tried += 1
@@ -293,9 +341,11 @@ def main() -> int:
     lost = sum(r["lost"] for r in results.values())
     dups = sum(r["infer_duplicates"] for r in results.values())
     print("chaos: kills per stage: " + ", ".join(f"{k} {v}" for k, v in chaos.kills_by_stage.items()))
-    print(f"chaos: kills survived {chaos.kills_done}; faults injected {sum(chaos.faults.values())} ({faults}); "
-          f"hostile inputs tried {hostile}; rows lost {lost}; duplicates after last-row-wins {dups}; "
-          f"key leaks {len(leaks)}; {time.monotonic() - started:.0f}s")
+    print(
+        f"chaos: kills survived {chaos.kills_done}; faults injected {sum(chaos.faults.values())} ({faults}); "
+        f"hostile inputs tried {hostile}; rows lost {lost}; duplicates after last-row-wins {dups}; "
+        f"key leaks {len(leaks)}; {time.monotonic() - started:.0f}s"
+    )
     return 0 if lost == dups == len(leaks) == 0 else 1
 
 

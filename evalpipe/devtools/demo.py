@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from .. import benchmarks, cli, pipeline
-from . import localmodel
 from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
+from . import localmodel
 
 ROOT = Path("outputs") / "demo"
 RUNS = 2
@@ -56,7 +56,9 @@ def main() -> int:
             os.environ["OPENAI_BASE_URL"] = base_url
             for bench in PLAN:
                 print(f"\ndemo: {bench}: {make_line(bench, RUNS)}", flush=True)
-                plan = pipeline.Plan(["infer", "judge", "score"], {**settings(bench), "RUNS": str(RUNS), "OUTPUTS": str(ROOT)})
+                plan = pipeline.Plan(
+                    ["infer", "judge", "score"], {**settings(bench), "RUNS": str(RUNS), "OUTPUTS": str(ROOT)}
+                )
                 code = pipeline.run(plan)
                 if code not in (EXIT_OK, EXIT_INCOMPLETE):
                     return code
@@ -68,7 +70,9 @@ def main() -> int:
     if code == EXIT_INTERRUPTED:
         print("\ndemo: interrupted; `make demo` again resumes where it stopped", flush=True)
         return code
-    print(f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/ (report: {ROOT}/report.md)", flush=True)
+    print(
+        f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/ (report: {ROOT}/report.md)", flush=True
+    )
     return worst
 
 

@@ -46,8 +46,10 @@ def free_port(port: int = 0) -> int:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
-            sys.exit(f"local model: port {port} is in use (another `make serve-local`?); "
-                     "stop it, or pick another port: make serve-local LOCAL_PORT=8766")
+            sys.exit(
+                f"local model: port {port} is in use (another `make serve-local`?); "
+                "stop it, or pick another port: make serve-local LOCAL_PORT=8766"
+            )
         return s.getsockname()[1]
 
 
@@ -57,9 +59,23 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port
     model = model_file()
     port = free_port(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--chat_format", "gemma", "--n_ctx", str(n_ctx),
-           "--n_threads", str(os.cpu_count() or 1)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--chat_format",
+        "gemma",
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(os.cpu_count() or 1),
+    ]
     base_url = f"http://127.0.0.1:{port}/v1"
     with open(log_path, "ab") as log:
         # its own session: a Ctrl-C reaches the stages first; we stop the server ourselves
@@ -75,7 +91,9 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the model server did not answer within {ready_timeout:.0f}s; see {log_path}")
+                    raise RuntimeError(
+                        f"the model server did not answer within {ready_timeout:.0f}s; see {log_path}"
+                    ) from None
                 time.sleep(0.5)
         print("local model: server is up", flush=True)
         yield base_url

@@ -40,8 +40,8 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 
@@ -91,10 +91,22 @@ def deterministic(request: Request) -> Reply:
     return Reply(content=f"answer-{digest}")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large", 422: "Unprocessable Entity",
-            429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
-            503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 def completion_body(request: Request, reply: Reply) -> bytes:
@@ -155,8 +167,14 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, tuple[str | None
         if part.startswith(b"--"):  # the closing delimiter
             break
         head, _, value = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
-        disposition = next((line for line in head.decode("utf-8", "replace").split("\r\n")
-                            if line.lower().startswith("content-disposition:")), "")
+        disposition = next(
+            (
+                line
+                for line in head.decode("utf-8", "replace").split("\r\n")
+                if line.lower().startswith("content-disposition:")
+            ),
+            "",
+        )
         params = dict(re.findall(r'(\w+)="([^"]*)"', disposition))
         if "name" in params:
             fields[params["name"]] = (params.get("filename"), value.removesuffix(b"\r\n"))
@@ -177,13 +195,22 @@ def parse_batch_input(content: bytes) -> list[dict]:
             raise ApiError(400, f"Line {number} of the batch input is not a JSON object.", "invalid_json_line", "file")
         for key, kind in (("custom_id", str), ("method", str), ("url", str), ("body", dict)):
             if not isinstance(line.get(key), kind) or not line[key]:
-                raise ApiError(400, f"Line {number} of the batch input needs '{key}' ({kind.__name__}).",
-                               "missing_required_parameter", "file")
+                raise ApiError(
+                    400,
+                    f"Line {number} of the batch input needs '{key}' ({kind.__name__}).",
+                    "missing_required_parameter",
+                    "file",
+                )
         if line["method"] != "POST":
             raise ApiError(400, f"Line {number} of the batch input: method must be POST.", "invalid_value", "file")
         if line["custom_id"] in seen:
-            raise ApiError(400, f"Line {number} of the batch input repeats custom_id {line['custom_id']!r}; "
-                           "custom_id must be unique within a batch.", "duplicate_custom_id", "file")
+            raise ApiError(
+                400,
+                f"Line {number} of the batch input repeats custom_id {line['custom_id']!r}; "
+                "custom_id must be unique within a batch.",
+                "duplicate_custom_id",
+                "file",
+            )
         seen.add(line["custom_id"])
         lines.append(line)
     if not lines:
@@ -197,11 +224,23 @@ def batch_validation_errors(lines: list[dict], endpoint: str) -> list[dict]:
     models = {line["body"].get("model") for line in lines}
     for number, line in enumerate(lines, 1):
         if line["url"] != endpoint:
-            errors.append({"code": "invalid_url", "line": number, "param": "url",
-                           "message": f"The URL {line['url']!r} does not match the batch endpoint {endpoint!r}."})
+            errors.append(
+                {
+                    "code": "invalid_url",
+                    "line": number,
+                    "param": "url",
+                    "message": f"The URL {line['url']!r} does not match the batch endpoint {endpoint!r}.",
+                }
+            )
     if len(models) > 1:
-        errors.append({"code": "mismatched_model", "line": None, "param": "body.model",
-                       "message": "All requests in a batch must use the same model."})
+        errors.append(
+            {
+                "code": "mismatched_model",
+                "line": None,
+                "param": "body.model",
+                "message": "All requests in a batch must use the same model.",
+            }
+        )
     return errors
 
 
@@ -215,10 +254,15 @@ def cursor_page(items: list[dict], query: dict[str, str], default_limit: int) ->
         raise ApiError(400, f"Invalid limit {query.get('limit')!r}.", "invalid_value", "limit")
     if "after" in query:
         ids = [item["id"] for item in items]
-        items = items[ids.index(query["after"]) + 1:] if query["after"] in ids else []
+        items = items[ids.index(query["after"]) + 1 :] if query["after"] in ids else []
     page = items[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def new_id(prefix: str) -> str:
@@ -227,19 +271,22 @@ def new_id(prefix: str) -> str:
 
 def batch_usage(output: list[dict]) -> dict:
     """A batch's `usage`: the token counts of its successful responses, summed."""
-    usages = [line["response"]["body"].get("usage") or {} for line in output
-              if isinstance(line["response"]["body"], dict)]
+    usages = [
+        line["response"]["body"].get("usage") or {} for line in output if isinstance(line["response"]["body"], dict)
+    ]
 
     def total(key: str, detail: str | None = None) -> int:
         values = [(u.get(key) or {}).get(detail) if detail else u.get(key) for u in usages]
         return sum(v for v in values if isinstance(v, int))
 
     input_tokens, output_tokens = total("prompt_tokens"), total("completion_tokens")
-    return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": total("prompt_tokens_details", "cached_tokens")},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": total("completion_tokens_details", "reasoning_tokens")},
-            "total_tokens": input_tokens + output_tokens}
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": total("prompt_tokens_details", "cached_tokens")},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": total("completion_tokens_details", "reasoning_tokens")},
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 @dataclass
@@ -266,9 +313,17 @@ class BatchJob:
 class FakeOpenAI:
     """An OpenAI-compatible server in a background thread; `handler` may be swapped any time."""
 
-    def __init__(self, handler: Callable[[Request], Reply] = deterministic, host: str = "127.0.0.1", port: int = 0,
-                 *, batch_polls_to_finish: int = 2, batch_expire_after: int | None = None,
-                 batch_fail_validation: bool = False, batch_report_unexecuted: bool = False):
+    def __init__(
+        self,
+        handler: Callable[[Request], Reply] = deterministic,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        batch_polls_to_finish: int = 2,
+        batch_expire_after: int | None = None,
+        batch_fail_validation: bool = False,
+        batch_report_unexecuted: bool = False,
+    ):
         self.handler = handler
         self.host, self.port = host, port
         # How batches behave (see the module docstring); read when a batch is created.
@@ -334,6 +389,7 @@ class FakeOpenAI:
             return
 
         async def shutdown() -> None:
+            assert self._server is not None  # set by serve() before the loop runs
             self._server.close()
             for task in list(self._conns):
                 task.cancel()
@@ -341,6 +397,7 @@ class FakeOpenAI:
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None  # started by start(), which is what set _loop
         self._thread.join(10)
         self._loop.close()
         self._loop = None
@@ -355,6 +412,7 @@ class FakeOpenAI:
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None  # asyncio.start_server runs each connection's callback in a task
         self._conns.add(task)
         try:
             while True:
@@ -425,7 +483,7 @@ class FakeOpenAI:
 
     @staticmethod
     async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:
@@ -435,13 +493,16 @@ class FakeOpenAI:
             chunks.append((await reader.readexactly(size + 2))[:-2])
 
     async def _send(self, writer, status: int, headers: dict, body: bytes, content_type: str, trickle: float) -> None:
-        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {content_type}",
-                f"Content-Length: {len(body)}"]
+        head = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+        ]
         head += [f"{k}: {v}" for k, v in headers.items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         if trickle:
             for i in range(0, len(body), 16):
-                writer.write(body[i:i + 16])
+                writer.write(body[i : i + 16])
                 await writer.drain()
                 await asyncio.sleep(trickle)
         else:
@@ -507,11 +568,20 @@ class FakeOpenAI:
 
     def _store_file(self, filename: str, purpose: str, content: bytes) -> dict:
         now = int(time.time())
-        info = {"id": new_id("file-"), "object": "file", "bytes": len(content), "created_at": now,
-                "filename": filename, "purpose": purpose, "status": "processed", "status_details": None,
-                "expires_at": now + 30 * DAY if purpose.startswith("batch") else None}
+        file_id = new_id("file-")
+        info = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": now,
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "status_details": None,
+            "expires_at": now + 30 * DAY if purpose.startswith("batch") else None,
+        }
         with self._lock:
-            self._files[info["id"]] = StoredFile(info, content)
+            self._files[file_id] = StoredFile(info, content)
         return info
 
     def _upload(self, request: Request) -> dict:
@@ -521,8 +591,12 @@ class FakeOpenAI:
         if filename is None:
             raise ApiError(400, "Missing required parameter: 'file'.", "missing_required_parameter", "file")
         if purpose not in FILE_PURPOSES:
-            raise ApiError(400, f"Invalid purpose {purpose!r}; expected one of {', '.join(FILE_PURPOSES)}.",
-                           "invalid_value", "purpose")
+            raise ApiError(
+                400,
+                f"Invalid purpose {purpose!r}; expected one of {', '.join(FILE_PURPOSES)}.",
+                "invalid_value",
+                "purpose",
+            )
         if purpose == "batch":
             if not filename.endswith(".jsonl"):
                 raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", "invalid_file_format", "file")
@@ -541,35 +615,66 @@ class FakeOpenAI:
         file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
         metadata = body.get("metadata")
         if not isinstance(file_id, str) or not file_id:
-            raise ApiError(400, "Missing required parameter: 'input_file_id'.", "missing_required_parameter",
-                           "input_file_id")
+            raise ApiError(
+                400, "Missing required parameter: 'input_file_id'.", "missing_required_parameter", "input_file_id"
+            )
         if endpoint not in BATCH_ENDPOINTS:
-            raise ApiError(400, f"Unsupported endpoint {endpoint!r}; this server batches only "
-                           f"{', '.join(BATCH_ENDPOINTS)}.", "invalid_value", "endpoint")
+            raise ApiError(
+                400,
+                f"Unsupported endpoint {endpoint!r}; this server batches only {', '.join(BATCH_ENDPOINTS)}.",
+                "invalid_value",
+                "endpoint",
+            )
         if body.get("completion_window") != "24h":
-            raise ApiError(400, f"Invalid completion_window {body.get('completion_window')!r}; only '24h' is supported.",
-                           "invalid_value", "completion_window")
+            raise ApiError(
+                400,
+                f"Invalid completion_window {body.get('completion_window')!r}; only '24h' is supported.",
+                "invalid_value",
+                "completion_window",
+            )
         if metadata is not None and not isinstance(metadata, dict):
             raise ApiError(400, "metadata must be an object.", "invalid_type", "metadata")
         stored = self._files.get(file_id)
         if stored is None:
             raise ApiError(400, f"Input file {file_id!r} not found.", "invalid_value", "input_file_id")
         if stored.info["purpose"] != "batch":
-            raise ApiError(400, f"Input file {file_id!r} was not uploaded with purpose 'batch'.", "invalid_value",
-                           "input_file_id")
+            raise ApiError(
+                400, f"Input file {file_id!r} was not uploaded with purpose 'batch'.", "invalid_value", "input_file_id"
+            )
         lines = parse_batch_input(stored.content)
         now = int(time.time())
         info = {
-            "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "model": lines[0]["body"].get("model"),
-            "errors": None, "input_file_id": file_id, "completion_window": "24h", "status": "validating",
-            "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
-            "expires_at": now + DAY, "finalizing_at": None, "completed_at": None, "failed_at": None,
-            "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+            "id": new_id("batch_"),
+            "object": "batch",
+            "endpoint": endpoint,
+            "model": lines[0]["body"].get("model"),
+            "errors": None,
+            "input_file_id": file_id,
+            "completion_window": "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + DAY,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},  # counted once validated
-            "metadata": metadata, "usage": batch_usage([]),
+            "metadata": metadata,
+            "usage": batch_usage([]),
         }
-        job = BatchJob(info, lines, max(1, self.batch_polls_to_finish), self.batch_expire_after,
-                       self.batch_fail_validation, self.batch_report_unexecuted)
+        job = BatchJob(
+            info,
+            lines,
+            max(1, self.batch_polls_to_finish),
+            self.batch_expire_after,
+            self.batch_fail_validation,
+            self.batch_report_unexecuted,
+        )
         with self._lock:
             self._batches[info["id"]] = job
         return info
@@ -596,14 +701,23 @@ class FakeOpenAI:
         if status == "validating":
             problems = batch_validation_errors(job.lines, job.info["endpoint"])
             if job.fail_validation:
-                problems.append({"code": "invalid_request", "line": None, "param": None,
-                                 "message": "Validation failed (FakeOpenAI batch_fail_validation is set)."})
+                problems.append(
+                    {
+                        "code": "invalid_request",
+                        "line": None,
+                        "param": None,
+                        "message": "Validation failed (FakeOpenAI batch_fail_validation is set).",
+                    }
+                )
             with self._lock:
                 if problems:
                     job.info.update(status="failed", failed_at=now, errors={"object": "list", "data": problems})
                     return
-                job.info.update(status="in_progress", in_progress_at=now,
-                                request_counts={"total": total, "completed": 0, "failed": 0})
+                job.info.update(
+                    status="in_progress",
+                    in_progress_at=now,
+                    request_counts={"total": total, "completed": 0, "failed": 0},
+                )
             if job.polls < job.polls_to_finish:
                 self._answer_lines(job, total // 2)
                 return
@@ -620,7 +734,7 @@ class FakeOpenAI:
         """Answers lines[answered:upto] (never past batch_expire_after) with the handler."""
         if job.expire_after is not None:
             upto = min(upto, job.expire_after)
-        answers = [self._answer_line(line) for line in job.lines[job.answered:upto]]
+        answers = [self._answer_line(line) for line in job.lines[job.answered : upto]]
         with self._lock:
             for succeeded, answer in answers:
                 (job.output if succeeded else job.errors).append(answer)
@@ -629,8 +743,15 @@ class FakeOpenAI:
 
     def _answer_line(self, line: dict) -> tuple[bool, dict]:
         """(succeeded, output line) for one request line, in OpenAI's batch output format."""
-        request = Request("POST", line["url"], {}, line["body"], next(self._counter),
-                          raw=json.dumps(line["body"]).encode(), custom_id=line["custom_id"])
+        request = Request(
+            "POST",
+            line["url"],
+            {},
+            line["body"],
+            next(self._counter),
+            raw=json.dumps(line["body"]).encode(),
+            custom_id=line["custom_id"],
+        )
         reply = self.handler(request)
         if reply.body is not None:
             try:
@@ -642,12 +763,19 @@ class FakeOpenAI:
         else:
             body = ApiError(reply.status, _REASONS.get(reply.status, "Error")).payload()
         response = {"status_code": reply.status, "request_id": new_id("req_"), "body": body}
-        return reply.status == 200, {"id": new_id("batch_req_"), "custom_id": line["custom_id"],
-                                     "response": response, "error": None}
+        return reply.status == 200, {
+            "id": new_id("batch_req_"),
+            "custom_id": line["custom_id"],
+            "response": response,
+            "error": None,
+        }
 
     def _count(self, job: BatchJob) -> None:
-        job.info["request_counts"] = {"total": job.info["request_counts"]["total"],
-                                      "completed": len(job.output), "failed": len(job.errors)}
+        job.info["request_counts"] = {
+            "total": job.info["request_counts"]["total"],
+            "completed": len(job.output),
+            "failed": len(job.errors),
+        }
         job.info["usage"] = batch_usage(job.output)
 
     def _finish(self, job: BatchJob, now: int) -> None:
@@ -660,11 +788,20 @@ class FakeOpenAI:
             status, unexecuted_code = "completed", None
         unexecuted = []
         if unexecuted_code and job.report_unexecuted and job.info["in_progress_at"] is not None:
-            message = ("This request could not be executed before the completion window expired."
-                       if status == "expired" else "The batch was cancelled before this request was executed.")
-            unexecuted = [{"id": new_id("batch_req_"), "custom_id": line["custom_id"], "response": None,
-                           "error": {"code": unexecuted_code, "message": message}}
-                          for line in job.lines[job.answered:]]
+            message = (
+                "This request could not be executed before the completion window expired."
+                if status == "expired"
+                else "The batch was cancelled before this request was executed."
+            )
+            unexecuted = [
+                {
+                    "id": new_id("batch_req_"),
+                    "custom_id": line["custom_id"],
+                    "response": None,
+                    "error": {"code": unexecuted_code, "message": message},
+                }
+                for line in job.lines[job.answered :]
+            ]
         with self._lock:
             job.errors.extend(unexecuted)
             self._count(job)

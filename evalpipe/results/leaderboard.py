@@ -21,8 +21,11 @@ _RUN_DIR = re.compile(r"run-\d+$")
 
 def benches_in(root: Path) -> list[str]:
     """The registered benchmarks with a score.json under root/<bench>/<model>/run-<K>/."""
-    return [name for name in benchmarks.REGISTRY
-            if any(_RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))]
+    return [
+        name
+        for name in benchmarks.REGISTRY
+        if any(_RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))
+    ]
 
 
 def _subfolders(folder: Path) -> list[Path]:
@@ -70,14 +73,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     results = find_results(args.outputs_dir)
     if not results:
-        raise BadInput(f"no <bench>/<model>/run-<K>/score.json in {args.outputs_dir} or up to {MAX_DEPTH} folder levels "
-                       "below it (run make infer judge score first)")
+        raise BadInput(
+            f"no <bench>/<model>/run-<K>/score.json in {args.outputs_dir} or up to {MAX_DEPTH} folder levels "
+            "below it (run make infer judge score first)"
+        )
     sections, code = [], EXIT_OK
     for root, present in results:
         for name in present:
             print(f"report: {root / name}", file=sys.stderr)
-            rc = cli.run_stage("aggregate", aggregate.main,
-                               ["--bench", name, "--outputs-dir", str(root), "--std", args.std])
+            rc = cli.run_stage(
+                "aggregate", aggregate.main, ["--bench", name, "--outputs-dir", str(root), "--std", args.std]
+            )
             if rc not in (EXIT_OK, EXIT_INCOMPLETE):
                 return rc
             code = max(code, rc)

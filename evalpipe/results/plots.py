@@ -69,7 +69,12 @@ def write_all(bench, models: list[dict], out_dir: Path, std_kind: str) -> list[P
     for title in titles:
         slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
         written.append(
-            bar_chart(out_dir / f"aggregate-{slug}.png", f"{bench.name}: {title}", models,
-                      lambda m, t=title: m["extra_tables"].get(t, {}), std_key)
+            bar_chart(
+                out_dir / f"aggregate-{slug}.png",
+                f"{bench.name}: {title}",
+                models,
+                lambda m, t=title: m["extra_tables"].get(t, {}),
+                std_key,
+            )
         )
     return written

@@ -2,7 +2,7 @@
 
 import csv
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -23,12 +23,16 @@ def csv_text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 _LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {
-    "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-    "−": "$-$", "±": r"$\pm$", "–": "--",  # so that plain pdflatex takes the figure names too
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+    "−": "$-$",
+    "±": r"$\pm$",
+    "–": "--",  # so that plain pdflatex takes the figure names too
 }
 
 
-def latex_escape(text: str) -> str:
+def latex_escape(text: object) -> str:
     return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
 
 

@@ -6,6 +6,7 @@ configurations.
 """
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -13,9 +14,9 @@ from pathlib import Path
 import orjson
 
 from .. import cli, jsonl, manifest, paths
-from ..results import plots, stats, tables
 from ..benchmarks import Benchmark
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..results import plots, stats, tables
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 MAIN = "main"  # the key of the headline table among a model's tables
@@ -27,8 +28,12 @@ CI_NOTE = (
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
-    parser.add_argument("--runs", type=int, help="use runs 1..N of each model (default: every run that has a score.json)")
-    parser.add_argument("--models", nargs="+", help="model folder names to include (default: all under outputs/<bench>/)")
+    parser.add_argument(
+        "--runs", type=int, help="use runs 1..N of each model (default: every run that has a score.json)"
+    )
+    parser.add_argument(
+        "--models", nargs="+", help="model folder names to include (default: all under outputs/<bench>/)"
+    )
     parser.add_argument(
         "--std",
         choices=("sample", "population"),
@@ -81,13 +86,17 @@ def collect(bench: Benchmark, root: Path, runs: int | None, models: list[str] | 
                 warnings.append(f"{name} run-{k}: {cov['missing']} of {cov['expected']} tasks missing (counted as 0)")
         expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
         if len(set(expected.values())) > 1:
-            warnings.append(f"{name}: runs cover different task sets (expected tasks per run: {dict(sorted(expected.items()))})")
+            warnings.append(
+                f"{name}: runs cover different task sets (expected tasks per run: {dict(sorted(expected.items()))})"
+            )
         warnings += _fingerprint_warnings(name, fingerprints)
         found.append({"model": name, "runs": dict(sorted(per_run.items())), "fingerprints": fingerprints})
     judges = {orjson.dumps(_judge_config(e)).decode() for e in found if _judge_config(e)}
     if len(judges) > 1:
-        warnings.append("models were judged under different judge configurations (judge model, parameters or prompt): "
-                        "their figures are not comparable")
+        warnings.append(
+            "models were judged under different judge configurations (judge model, parameters or prompt): "
+            "their figures are not comparable"
+        )
     return found, warnings
 
 
@@ -101,7 +110,9 @@ def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str
         for k, fp in rest:
             changes = manifest.differences(first, fp)
             if changes:
-                out.append(f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})")
+                out.append(
+                    f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})"
+                )
     return out
 
 
@@ -117,18 +128,18 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
             if value is not None:
                 per_figure[name].append(value)
     figures = {}
-    for name, values in per_figure.items():
-        if not values:
+    for name, series in per_figure.items():
+        if not series:
             continue
-        interval = stats.ci95(values)
+        interval = stats.ci95(series)
         figures[name] = {
-            "mean": stats.mean(values),
-            "std_sample": stats.std(values, "sample"),
-            "std_population": stats.std(values, "population"),
-            "stderr": stats.stderr(values),
+            "mean": stats.mean(series),
+            "std_sample": stats.std(series, "sample"),
+            "std_population": stats.std(series, "population"),
+            "stderr": stats.stderr(series),
             "ci95": list(interval) if interval else None,
-            "n": len(values),
-            "values": values,
+            "n": len(series),
+            "values": series,
         }
     return figures
 
@@ -159,6 +170,11 @@ def summarize(bench: Benchmark, found: list[dict]) -> list[dict]:
     return models
 
 
+def _table_figures(title: str, model: dict) -> dict:
+    """A model's figures of one table: the headline table's, or an extra table's by title."""
+    return model["figures"] if title == MAIN else model["extra_tables"].get(title, {})
+
+
 def _table(models: list[dict], get_figures, std_kind: str) -> tuple[list[str], list[list], list[list], list[list]]:
     """Figure names and the rows of one table as Markdown cells, CSV values and LaTeX cells."""
     names: list[str] = []
@@ -168,7 +184,9 @@ def _table(models: list[dict], get_figures, std_kind: str) -> tuple[list[str], l
     md_rows, csv_rows, tex_rows = [], [], []
     for m in models:
         figures = get_figures(m)
-        cells, flat, tex = [], [], []
+        cells: list[str] = []
+        flat: list[float | str] = []
+        tex: list[str] = []
         for n in names:
             f = figures.get(n)
             cells.append(f"{100 * f['mean']:.1f} ± {100 * f[key]:.1f}" if f else "-")
@@ -176,7 +194,7 @@ def _table(models: list[dict], get_figures, std_kind: str) -> tuple[list[str], l
             ci = f["ci95"] if f and f["ci95"] else ["", ""]
             flat += (
                 [round(100 * f["mean"], 4), round(100 * f[key], 4), round(100 * f["stderr"], 4)]
-                + [round(100 * v, 4) if v != "" else "" for v in ci]
+                + [round(100 * v, 4) if not isinstance(v, str) else "" for v in ci]
                 if f
                 else [""] * 5
             )
@@ -200,10 +218,14 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
     std_note = "sample std (n − 1)" if std_kind == "sample" else "population std (n)"
     titles = [MAIN] + [t for m in models for t in m["extra_tables"] if t]
     titles = list(dict.fromkeys(titles))
-    md_parts, tex_parts, csv_headers, csv_rows = [], [], ["model", "runs"], [[m["model"], len(m["runs"])] for m in models]
+    md_parts, tex_parts, csv_headers, csv_rows = (
+        [],
+        [],
+        ["model", "runs"],
+        [[m["model"], len(m["runs"])] for m in models],
+    )
     for title in titles:
-        get = (lambda m: m["figures"]) if title == MAIN else (lambda m, t=title: m["extra_tables"].get(t, {}))
-        names, md_rows, flat_rows, tex_rows = _table(models, get, std_kind)
+        names, md_rows, flat_rows, tex_rows = _table(models, functools.partial(_table_figures, title), std_kind)
         if not names:
             continue
         heading = bench.name if title == MAIN else f"{bench.name}: {title}"
@@ -218,16 +240,22 @@ def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, st
                 row.append("-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}")
         else:
             md_headers = ["Model", "Runs", *names]
-        md_parts.append(f"## {heading}: mean ± {std_note} over runs, in percent\n\n" + tables.markdown_table(md_headers, md_rows)
-                        + (f"\n{flag_note}\n" if flag_note else ""))
+        md_parts.append(
+            f"## {heading}: mean ± {std_note} over runs, in percent\n\n"
+            + tables.markdown_table(md_headers, md_rows)
+            + (f"\n{flag_note}\n" if flag_note else "")
+        )
         tex_std = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
         caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
         if flag_note:
             caption += ". " + tables.latex_escape(flag_note).replace("†", FLAG_TEX)
         tex_parts.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
         prefix = "" if title == MAIN else f"{title}: "
-        csv_headers += [f"{prefix}{n} {part}" for n in names for part in
-                        ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")]
+        csv_headers += [
+            f"{prefix}{n} {part}"
+            for n in names
+            for part in ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")
+        ]
         for full, row in zip(csv_rows, flat_rows):
             full += row[2:]
     md = "\n".join(md_parts) + f"\n{bench.aggregate_note}\n\n{CI_NOTE}\n"
@@ -241,7 +269,9 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("aggregate", "Mean ± std over runs, per model.", _add_args, argv, per_run=False)
     found, warnings = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
-        raise BadInput(f"no score.json under {paths.bench_dir(args.outputs_dir, bench.name)}/*/run-*/ (run score first)")
+        raise BadInput(
+            f"no score.json under {paths.bench_dir(args.outputs_dir, bench.name)}/*/run-*/ (run score first)"
+        )
     models = summarize(bench, found)
     md, csv_data, tex = render(bench, models, args.std)
     out_dir = paths.bench_dir(args.outputs_dir, bench.name)

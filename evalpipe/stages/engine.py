@@ -84,7 +84,12 @@ def _dry_run(job: Job, args) -> int:
     job.announce(pending)
     with job.session(False) as work:
         dryrun.estimate(
-            job.label, pending, work, job.endpoint, args.max_tokens, cost.load_prices(args.prices),
+            job.label,
+            pending,
+            work,
+            job.endpoint,
+            args.max_tokens,
+            cost.load_prices(args.prices),
             first_call_only=job.first_call_only,
         )
     return EXIT_OK
@@ -121,6 +126,7 @@ def _calls(job: Job, args, pending: list, work: Work, written: Written) -> runne
     """--import-batch: the rows the batch files complete; else the calls, online."""
     if args.import_batch:
         current = written if job.rows_pending else None
-        return batch.import_files(job.label, pending, work, job.endpoint, args.import_batch, job.output, args,
-                                  current=current)
+        return batch.import_files(
+            job.label, pending, work, job.endpoint, args.import_batch, job.output, args, current=current
+        )
     return asyncio.run(runner.run_with_client(job.label, job.endpoint, pending, job.output, args, work))

@@ -24,7 +24,16 @@ def main(bench: Benchmark, args) -> int:
     endpoint = judge.judge_endpoint(args)
     failed = {k: row for k, row in rows.items() if bench.needs_error_analysis(row)}
     job = judge.rows_job(
-        bench, args, in_path, output, failed, endpoint, label="error analysis", stage="error_analysis",
-        prompts=bench.error_analysis_prompts(), is_done=bench.is_analyzed, work=bench.analyze_error,
+        bench,
+        args,
+        in_path,
+        output,
+        failed,
+        endpoint,
+        label="error analysis",
+        stage="error_analysis",
+        prompts=bench.error_analysis_prompts(),
+        is_done=bench.is_analyzed,
+        work=bench.analyze_error,
     )
     return engine.run(job, args)

@@ -56,9 +56,13 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
     data_sha = manifest.sha256_file(data)
     fingerprint = manifest.fingerprint(
         args,
-        {"dataset_sha256": data_sha, "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
-         "request_extra_body": endpoint.extra_body},
+        {
+            "dataset_sha256": data_sha,
+            "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
+            "request_extra_body": endpoint.extra_body,
+        },
     )
+
     def announce(pending: list) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
         print(
@@ -68,7 +72,10 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
         )
 
     return engine.Job(
-        label="infer", output=output, endpoint=endpoint, fingerprint=fingerprint,
+        label="infer",
+        output=output,
+        endpoint=endpoint,
+        fingerprint=fingerprint,
         manifest=_record(bench, args, data, data_sha, endpoint, fingerprint),
         total=("selected", len(tasks)),
         written=lambda: jsonl.ids_in(output, row_id),

@@ -22,7 +22,13 @@ from . import engine
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
 # Judge flags that change which rows are (re)judged, not what a judge row says.
 _NOT_IN_FINGERPRINT = (
-    "model", "aws_region", "judge_prompt", "parse_attempts", "rejudge_parse_errors", "parse", "error_analysis"
+    "model",
+    "aws_region",
+    "judge_prompt",
+    "parse_attempts",
+    "rejudge_parse_errors",
+    "parse",
+    "error_analysis",
 )
 
 
@@ -70,16 +76,27 @@ def main(argv: list[str]) -> int:
     if not in_path.exists():
         raise BadInput("no such inference file (run infer first)", in_path)
     if not bench.judge_uses_llm and args.backend == "batch":
-        print(f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
-              file=sys.stderr)
+        print(
+            f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
+            file=sys.stderr,
+        )
         args.backend = "online"
     if bench.judge_uses_llm:
         refuse_bedrock(args.judge_model)
     rows = read_rows(in_path)
     endpoint = judge_endpoint(args) if bench.judge_uses_llm else None
     job = rows_job(
-        bench, args, in_path, output, rows, endpoint,
-        label="judge", stage="judge", prompts=bench.judge_prompts(), is_done=bench.is_judged, work=bench.grade,
+        bench,
+        args,
+        in_path,
+        output,
+        rows,
+        endpoint,
+        label="judge",
+        stage="judge",
+        prompts=bench.judge_prompts(),
+        is_done=bench.is_judged,
+        work=bench.grade,
     )
     return engine.run(job, args)
 
@@ -122,8 +139,18 @@ def judge_endpoint(args) -> Endpoint:
 
 
 def rows_job(
-    bench: Benchmark, args, in_path: Path, output: Path, rows: dict, endpoint: Endpoint | None, *,
-    label: str, stage: str, prompts: list[str], is_done: Callable[[dict], bool], work: Callable[..., Awaitable[dict]],
+    bench: Benchmark,
+    args,
+    in_path: Path,
+    output: Path,
+    rows: dict,
+    endpoint: Endpoint | None,
+    *,
+    label: str,
+    stage: str,
+    prompts: list[str],
+    is_done: Callable[[dict], bool],
+    work: Callable[..., Awaitable[dict]],
 ) -> engine.Job:
     """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
     the output's latest row for its id `is_done`; `work(row, client)` makes it."""
@@ -139,15 +166,22 @@ def rows_job(
 
     stand_ins = _StandIns(label, bench, work)
     return engine.Job(
-        label=label, output=output, endpoint=endpoint, fingerprint=fingerprint,
+        label=label,
+        output=output,
+        endpoint=endpoint,
+        fingerprint=fingerprint,
         manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
         total=("rows", len(rows)),
         written=lambda: jsonl.latest_rows(output, row_id),
         pending_given=lambda done: [
             Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])
         ],
-        announce=announce, session=stand_ins.session, first_call_only=True, rows_pending=True,
-        run_counts=stand_ins.counts, settle=stand_ins.settle,
+        announce=announce,
+        session=stand_ins.session,
+        first_call_only=True,
+        rows_pending=True,
+        run_counts=stand_ins.counts,
+        settle=stand_ins.settle,
     )
 
 

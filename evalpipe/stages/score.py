@@ -10,8 +10,8 @@ import orjson
 from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis
-from ..rows import Coverage
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..rows import Coverage
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -19,12 +19,12 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument("--input", type=Path, help="judge JSONL (default outputs/<bench>/<model>/run-<K>/judge.jsonl)")
     parser.add_argument("--output", type=Path, help="score JSON (default: score.json beside the judge file)")
     parser.add_argument(
-        "--data",
-        type=Path,
-        help="dataset the run was selected from (default: as recorded by infer beside the run)",
+        "--data", type=Path, help="dataset the run was selected from (default: as recorded by infer beside the run)"
     )
     parser.add_argument("--max-samples", type=int, help="the prefix size used by infer (default: as recorded)")
-    parser.add_argument("--prices", type=Path, help="price table JSON (default $EVALPIPE_PRICES, else the bundled dated table)")
+    parser.add_argument(
+        "--prices", type=Path, help="price table JSON (default $EVALPIPE_PRICES, else the bundled dated table)"
+    )
 
 
 def _judge_path(bench: Benchmark, args) -> Path:
@@ -61,7 +61,9 @@ def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tu
 
 def coverage(bench: Benchmark, tasks: list[Task], judged: dict) -> tuple[Coverage, dict[str, int]]:
     """How much of the selected tasks the judge rows cover, and the judge statuses among them."""
-    missing, statuses, to_rejudge = [], {}, 0
+    missing: list = []
+    statuses: dict[str, int] = {}
+    to_rejudge = 0
     get = judged.get
     for task in tasks:
         row = get(task.id)
@@ -72,8 +74,14 @@ def coverage(bench: Benchmark, tasks: list[Task], judged: dict) -> tuple[Coverag
         statuses[status] = statuses.get(status, 0) + 1
         to_rejudge += bench.is_provisional(row)
     graded = len(tasks) - len(missing)
-    covered: Coverage = {"expected": len(tasks), "graded": graded, "missing": len(missing), "missing_ids": missing[:20],
-                         "extra_rows_ignored": len(judged) - graded, "to_rejudge": to_rejudge}
+    covered: Coverage = {
+        "expected": len(tasks),
+        "graded": graded,
+        "missing": len(missing),
+        "missing_ids": missing[:20],
+        "extra_rows_ignored": len(judged) - graded,
+        "to_rejudge": to_rejudge,
+    }
     return covered, dict(sorted(statuses.items()))
 
 
@@ -85,49 +93,64 @@ def summarize(bench: Benchmark, tasks: list[Task], judged: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """score.py: read the judge rows, count them against the selected tasks, write score.json."""
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
     judge_path = _judge_path(bench, args)
-    if not judge_path.exists():
-        answered = judge_path.with_name("infer.jsonl").exists()
-        raise BadInput("no such judge file (" + ("run judge first" if answered else "no answers either: run infer, then judge")
-                       + ")", judge_path)
+    _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    prices = cost.load_prices(args.prices)
     fields = (*bench.score_fields, "judge_status", *cost.ACCOUNTING_FIELDS)
     judged = jsonl.latest_rows(judge_path, row_id, keep=lambda row: {k: row[k] for k in fields if k in row})
     tasks, selection = selected_tasks(bench, args, judge_path, judged)
     metrics = summarize(bench, tasks, judged)
-    selected = {t.id for t in tasks}
     accounted = [judged]
-    analysis_path = None
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
-    if analysis_path is not None and analysis_path.exists():
-        analyses = jsonl.latest_rows(analysis_path, row_id)
-        metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
-        accounted.append(analyses)
+        if analysis_path.exists():
+            analyses = jsonl.latest_rows(analysis_path, row_id)
+            metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
+            accounted.append(analyses)
+    metrics["cost"] = _cost({t.id for t in tasks}, accounted, cost.load_prices(args.prices))
+    metrics["selection"] = selection
+    metrics["judge_file"] = str(judge_path)
+    output = args.output or judge_path.with_name(
+        "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
+    )
+    jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
+    print(bench.format_metrics(metrics))
+    print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
+    print(f"score: wrote {output}", file=sys.stderr)
+    return _exit_code(metrics["coverage"])
+
+
+def _require(judge_path: Path) -> None:
+    """Stop with a clear line when there is no judge file, saying which stage to run."""
+    if not judge_path.exists():
+        answered = judge_path.with_name("infer.jsonl").exists()
+        needed = "run judge first" if answered else "no answers either: run infer, then judge"
+        raise BadInput(f"no such judge file ({needed})", judge_path)
+
+
+def _cost(selected: set, accounted: list[dict], prices: cost.Prices) -> dict:
+    """Calls, tokens, latency and cost of the selected tasks' rows (judge rows, analysis rows)."""
     ledger = cost.Ledger()
     for rows in accounted:
         for task_id, row in rows.items():
             if task_id in selected:
                 for call in cost.api_calls(row):
                     ledger.add(*call)
-    metrics["cost"] = ledger.summary(prices)
-    metrics["selection"] = selection
-    metrics["judge_file"] = str(judge_path)
-    output = args.output
-    if output is None:
-        output = judge_path.with_name("score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json")
-    jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
-    print(bench.format_metrics(metrics))
-    print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
-    print(f"score: wrote {output}", file=sys.stderr)
-    missing = metrics["coverage"]["missing"]
-    if missing:
-        print(f"score: {missing} selected tasks have no judge row yet (counted as 0); rerun infer/judge", file=sys.stderr)
-    if metrics["coverage"]["to_rejudge"]:
+    return ledger.summary(prices)
+
+
+def _exit_code(covered: Coverage) -> int:
+    """0 when every selected task has a final grade; else 3, saying what to rerun."""
+    if covered["missing"]:
         print(
-            f"score: {metrics['coverage']['to_rejudge']} judge rows are provisional zeros (judge API failed); rerun judge",
+            f"score: {covered['missing']} selected tasks have no judge row yet (counted as 0); rerun infer/judge",
             file=sys.stderr,
         )
-    return EXIT_INCOMPLETE if missing or metrics["coverage"]["to_rejudge"] else EXIT_OK
+    if covered["to_rejudge"]:
+        print(
+            f"score: {covered['to_rejudge']} judge rows are provisional zeros (judge API failed); rerun judge",
+            file=sys.stderr,
+        )
+    return EXIT_INCOMPLETE if covered["missing"] or covered["to_rejudge"] else EXIT_OK
