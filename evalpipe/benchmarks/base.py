@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .. import jsonl
 from ..checkpoint import StepCache
 from ..errors import ContextTooLong
 from ..results import tables
@@ -168,8 +169,6 @@ class Benchmark:
     def sample_rows(self, tasks: int) -> list[dict]:
         """Dataset rows for about `tasks` tasks with distinct ids, made from `default_data`.
         Default: its rows repeated (right when a task's id comes from its position)."""
-        from .. import jsonl
-
         assert self.default_data is not None, f"{self.name} has no default_data to make rows from"
         rows = [row for _, row in jsonl.iter_rows(self.default_data)]
         return (rows * (tasks // len(rows) + 1))[:tasks]
