@@ -29,5 +29,14 @@ def error_analysis_path(judge_path: Path, name: str) -> Path:
     return judge_path.with_name(f"{judge_path.stem}_{name}.jsonl")
 
 
+def items_path(score_path: Path) -> Path:
+    """items.json beside score.json (aggregate's item-level input); <stem>_items.json beside <stem>_score.json."""
+    name = score_path.name
+    if name == "score.json":
+        return score_path.with_name("items.json")
+    stem = name[: -len("score.json")].rstrip("_.-") if name.endswith("score.json") else score_path.stem
+    return score_path.with_name(f"{stem}_items.json")
+
+
 def bench_dir(root: Path, bench: str) -> Path:
     return root / bench

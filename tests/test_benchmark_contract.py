@@ -14,6 +14,7 @@ from evalpipe.benchmarks import ErrorAnalysis
 from evalpipe.checkpoint import StepCache
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 from evalpipe.llm import ChatClient, Endpoint
+from evalpipe.results import items
 from evalpipe.stages import score
 
 from .conftest import API_KEY
@@ -81,10 +82,32 @@ def test_solve_grade_metrics_against_the_server(case):
     assert (cov["expected"], cov["graded"], cov["missing"]) == (len(tasks), 4, len(tasks) - 4)
     assert sum(metrics["judge_status"].values()) == 4
     figures = bench.headline(metrics)
-    assert figures and all(v is None or (0 <= v <= 1 and not math.isnan(v)) for v in figures.values())
+    assert figures and all(v is None or (-1 <= v <= 1 and not math.isnan(v)) for v in figures.values())
     text = bench.format_metrics(metrics)
     assert isinstance(text, str) and str(cov["expected"]) in text
     assert server.requests  # the calls really went over the wire
+
+
+def test_item_figures_are_figures_of_the_leaderboard(case):
+    """Every item-level figure lands on a figure aggregate shows, from columns the benchmark writes."""
+    bench, server, data, tmp_path = case
+    tasks, _, graded, metrics = run_through(bench, server, data, tmp_path)
+    kept = {row["idx"]: row for row in graded}
+    columns = bench.item_columns(tasks, kept)
+    n = len(columns["keys"])
+    assert n and len(set(columns["keys"])) == n
+    assert all(len(values) == n for values in columns["columns"].values())
+    assert all(len(labels) == n for labels in columns["groups"].values())
+    assert columns["clusters"] is None or len(columns["clusters"]) == n
+    assert any(v is None for values in columns["columns"].values() for v in values)  # ungraded tasks stay None
+    json.dumps(columns)
+    model = items.ModelItems([columns], bench.item_cluster)
+    shown = {"": set(bench.headline(metrics))} | {t: set(f) for t, f in bench.extra_tables(metrics).items()}
+    for figure in bench.item_figures:
+        for name, label in model.subsets(figure):
+            assert name in shown.get(figure.table, set()), (figure, name)
+            got = items.estimate(model, figure, label, None)
+            assert got["mean"] is None or -1 <= got["mean"] <= 1
 
 
 def test_prompts_and_options_are_stable(case):

@@ -317,8 +317,14 @@ def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
     assert "judge" not in score["cost"]["stages"]  # exact match: no API calls
     agg = json.loads((tmp_path / "error_recovery" / "aggregate.json").read_text())
     figures = agg["models"][0]["figures"]
-    assert list(figures) == ["NR", "CR", "IR", "Performance loss (1 − IR/CR)"]
+    assert list(figures) == ["NR", "CR", "IR", "Performance loss (1 − IR/CR)", "CR − IR"]
     assert figures["CR"]["mean"] == 1.0 and figures["IR"]["std_sample"] == 0.0
+    # item-level: one item per problem (its three variations), per task in a table of its own
+    assert figures["CR"]["items"]["n_items"] == 10 and figures["CR"]["items"]["runs_per_item"] == [2, 2]
+    assert figures["Performance loss (1 − IR/CR)"]["items"]["mean"] == 1.0
+    assert figures["CR − IR"]["items"]["mean"] == 1.0 and figures["CR − IR"]["items"]["se"] == 0.0
+    per_task = agg["models"][0]["extra_tables"]["Per task"]
+    assert per_task["word_sorting IR"]["mean"] == 0.0 and per_task["word_sorting IR"]["items"]["n_items"] == 2
 
 
 def test_stderr_and_missing_rows(tmp_path):

@@ -86,7 +86,7 @@ def test_report_over_two_roots(server, stage, env, tmp_path):
 def check_report(outputs):
     report = (outputs / "report.md").read_text()
     assert re.findall(r"^## .*$", report, re.M) == ["## coin_flip", "## demo / coin_flip"]
-    assert "### coin_flip: mean ± sample std" in report
+    assert "### coin_flip: run-to-run, mean ± sample std (ddof 1) over runs" in report
     demo_part = report.split("## demo / coin_flip", 1)[1]
     assert "![demo / coin_flip aggregate.png](demo/coin_flip/aggregate.png)" in demo_part
     assert "[LaTeX](demo/coin_flip/aggregate.tex)" in demo_part and "| shy | 1 |" in demo_part
@@ -105,11 +105,14 @@ def check_coin_flip_leaderboard(outputs, score_out):
     md = (bench_dir / "aggregate.md").read_text()
     assert "| Model | Runs | F1 | Answered | Accuracy | Precision | Recall | YES ratio |" in md
     # shy answers little but all of it right: it tops the F1 sort, marked
-    rows = re.findall(r"^\| (shy|steady) \| .*$", md, re.M)
+    runs_table = md.split("run-to-run", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (shy|steady) \| .*$", runs_table, re.M)
     assert rows == ["shy", "steady"]
     assert f"| shy | 2 | 100.0 ± 0.0 † | {100 * shy:.1f} ± 0.0 |" in md
     assert re.search(rf"\| steady \| 1 \| [\d.]+ ± 0\.0 \| {100 * steady:.1f} ± 0\.0 \|", md)
-    assert md.count("†") == 2 and "\n† Most answers unparsed" in md
+    # the mark in the leaderboard and in the run-to-run table, and the note under the leaderboard
+    assert md.count("†") == 3 and "\n† Most answers unparsed" in md
+    assert re.search(r"^\| shy \| 2 \| \d+ \| - \| 100\.0 \(0\.0\) \[[\d.]+, 100\.0\] ‡ †", md, re.M)
     summary = json.loads((bench_dir / "aggregate.json").read_text())
     entries = {m["model"]: m for m in summary["models"]}
     assert entries["shy"]["flagged"] is True and entries["steady"]["flagged"] is False

@@ -105,7 +105,7 @@ def test_aggregate_mean_and_both_stds(stage, tmp_path):
     assert [m["model"] for m in summary["models"]] == ["model-b", "model-a"]  # best overall first
     md = (root / "clbench" / "aggregate.md").read_text()
     assert "| model-a | 3 | 60.0 ± 10.0 | 60.0 ± 10.0 | 20.0 ± 0.0 |" in md
-    assert "sample std (n − 1)" in md
+    assert "mean ± sample std (ddof 1) over runs" in md
     csv_lines = (root / "clbench" / "aggregate.csv").read_text().splitlines()
     assert csv_lines[0].startswith("model,runs,Overall mean %,Overall std % (sample)")
     stage("aggregate", "--outputs-dir", root, "--std", "population", check=0)

@@ -16,6 +16,7 @@ from .. import jsonl
 from ..checkpoint import StepCache
 from ..errors import ContextTooLong
 from ..results import tables
+from ..results.items import ItemColumns, ItemFigure
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -74,6 +75,9 @@ class Benchmark:
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
     demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
+    # the figures aggregate gives item-level error bars, as ratios of item means of item_columns()
+    item_figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score"),)
+    item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
 
     def __init__(self, options: Any = None):
         self.options = self.Options() if options is None else options
@@ -135,7 +139,7 @@ class Benchmark:
         return not self.is_provisional(row)
 
     def headline(self, metrics: dict) -> dict[str, float | None]:
-        """The figures aggregate reports as mean ± std over runs, by name in display order (rates in 0..1).
+        """The figures aggregate reports, by name in display order (rates in 0..1, differences in −1..1).
         Default: the metrics' `score`."""
         return {"Score": metrics.get("score")}
 
@@ -163,6 +167,19 @@ class Benchmark:
     def judge_prompts(self) -> list[str]:
         """The prompt templates the judge fills in (part of the judge's fingerprint)."""
         return []
+
+    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+        """One run's values per item, for the item-level error bars of `item_figures` (items.json).
+
+        Called by score with `metrics`' arguments; no API. A value is None where the item was not
+        graded in this run (aggregate averages each item over the runs that graded it). Default:
+        each task is an item, its column `score` the judge row's 0/1 score."""
+        get = judged.get
+        scores = []
+        for task in tasks:
+            row = get(task.id)
+            scores.append(None if row is None or self.is_provisional(row) else int(row.get("score") == 1))
+        return {"keys": [t.id for t in tasks], "clusters": None, "groups": {}, "columns": {"score": scores}}
 
     # ---- for the test server, chaos runs and contract tests (never used by the stages)
 

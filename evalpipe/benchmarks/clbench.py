@@ -16,6 +16,7 @@ from .. import cost, jsonl
 from ..errors import BadInput, CallFailed, ContextTooLong
 from ..paths import PROJECT
 from ..results import tables
+from ..results.items import ItemColumns, ItemFigure
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -28,6 +29,7 @@ CATEGORIES = (
     "Empirical Discovery & Simulation",
 )
 NO_RUBRICS = "No specific rubrics provided."
+SUB_CATEGORIES = "Sub-categories"  # the title of aggregate's table of solving rates per sub-category
 
 JUDGE_PROMPT = """\
 You are grading one response against a list of rubrics. Be strict: grading is all-or-nothing.
@@ -356,6 +358,13 @@ class CLBench(ErrorAnalysis, Benchmark):
         "ARGS": "--max-tokens 64 --temperature 0.8",
         "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
     }
+    # tasks that share a context are not independent: their error bars are clustered by it
+    item_cluster = "context_id"
+    item_figures = (
+        ItemFigure("Overall", "solved"),
+        ItemFigure("{}", "solved", by="category"),
+        ItemFigure("{}", "solved", by="sub_category", table=SUB_CATEGORIES),
+    )
     options: CLBenchOptions
 
     def __init__(self, options: CLBenchOptions | None = None):
@@ -561,10 +570,13 @@ class CLBench(ErrorAnalysis, Benchmark):
         }
 
     def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
+        tables_ = {}
+        if metrics.get("by_sub_category"):
+            tables_[SUB_CATEGORIES] = {k: v["solving_rate"] for k, v in metrics["by_sub_category"].items()}
         analysis = metrics.get(self.error_analysis_name)
-        if not analysis or not analysis["analyzed"]:
-            return {}
-        return {"Error types (share of failed solutions)": dict(analysis["share"])}
+        if analysis and analysis["analyzed"]:
+            tables_["Error types (share of failed solutions)"] = dict(analysis["share"])
+        return tables_
 
     def judge_prompts(self) -> list[str]:
         return [self.judge_template]
@@ -620,6 +632,31 @@ class CLBench(ErrorAnalysis, Benchmark):
             "overall": overall.as_dict(),
             "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},
             "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
+        }
+
+    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+        """Each task an item, solved 0/1 (None: no final grade in this run), clustered by its context."""
+        solved, clusters, categories, subs = [], [], [], []
+        get = judged.get
+        for task in tasks:
+            meta = task.row.get("metadata") or {}
+            row = get(task.id)
+            solved.append(
+                None if row is None or self.is_provisional(row) else int(_normalize_score(row.get("score")) == 1)
+            )
+            clusters.append(meta.get("context_id"))  # None: this task is a cluster of its own
+            categories.append(str(meta.get("context_category", "(none)")))
+            subs.append(str(meta.get("sub_category", "(none)")))
+        keys = [t.id for t in tasks]
+        if all(c is None for c in clusters):  # a dataset without context ids: items are independent
+            clustered = None
+        else:
+            clustered = [f"task:{k}" if c is None else c for c, k in zip(clusters, keys)]
+        return {
+            "keys": keys,
+            "clusters": clustered,
+            "groups": {"category": categories, "sub_category": subs},
+            "columns": {"solved": solved},
         }
 
     def headline(self, metrics: dict) -> dict[str, float | None]:

@@ -16,6 +16,7 @@ from .. import jsonl
 from ..errors import BadInput
 from ..paths import PROJECT
 from ..results import tables
+from ..results.items import ItemColumns, ItemFigure
 from .base import Benchmark, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -288,3 +289,35 @@ class CoinFlip(Benchmark):
 
     def example_reply(self, prompt: str, seed: int) -> str:
         return f"Tracking the coin.\nANSWER: {'YES' if seed % 3 else 'NO'}"
+
+    # ---- item-level error bars: precision, recall and F1 are ratios of item means (pooled counts)
+
+    item_figures = (
+        ItemFigure("F1", "f1_num", "f1_den", proportion=False),  # 2·TP / (2·TP + FP + FN)
+        ItemFigure("Answered", "parsed"),
+        ItemFigure("Accuracy", "correct"),
+        ItemFigure("Precision", "tp", "yes"),
+        ItemFigure("Recall", "tp", "positive"),
+        ItemFigure("YES ratio", "yes"),
+    )
+
+    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+        """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""
+        names = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
+        columns: dict[str, list] = {name: [] for name in names}
+        get = judged.get
+        for task in tasks:
+            row = get(task.id)
+            if row is None:
+                for name in names:
+                    columns[name].append(None)
+                continue
+            pred, gold_yes = row.get("prediction"), task.row["target"] == "YES"
+            tp, yes, positive = int(pred == "YES" and gold_yes), int(pred == "YES"), int(pred is not None and gold_yes)
+            for name, value in zip(
+                names, (tp, yes, positive, int(pred is not None and pred == task.row["target"]), int(pred is not None))
+            ):
+                columns[name].append(value)
+            columns["f1_num"].append(2 * tp)
+            columns["f1_den"].append(yes + positive)
+        return {"keys": [t.id for t in tasks], "clusters": None, "groups": {}, "columns": columns}

@@ -20,6 +20,7 @@ from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..paths import PROJECT
 from ..results import stats
+from ..results.items import ItemColumns, ItemFigure
 from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -41,6 +42,8 @@ FORMAT_HINTS = {
     "word_sorting": "\n\nAnswer with the sorted words, each lower case and separated by a single space.",
 }
 VARIATIONS = ("NR", "CR", "IR")
+LOSS = "Performance loss (1 − IR/CR)"
+PER_TASK = "Per task"  # the title of aggregate's table of NR/CR/IR per BIG-Bench Mistake task
 SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"  # made by `make error-recovery-data`
 ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
 
@@ -136,6 +139,13 @@ class ErrorRecovery(Benchmark):
     aggregate_note = (
         "Correct rates over all selected problems (a missing variation counts as wrong); exact match with "
         "str(target) as the reference. Performance loss = 1 − IR/CR."
+    )
+    # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata
+    item_figures = (
+        *(ItemFigure(var, var) for var in VARIATIONS),
+        ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False),  # (CR − IR)/CR = 1 − IR/CR
+        ItemFigure("CR − IR", "cr_minus_ir", proportion=False),
+        *(ItemFigure(f"{{}} {var}", var, by="task", table=PER_TASK) for var in VARIATIONS),
     )
     options: ErrorRecoveryOptions
 
@@ -326,8 +336,40 @@ class ErrorRecovery(Benchmark):
             "NR": metrics["NR_correct_rate"],
             "CR": metrics["CR_correct_rate"],
             "IR": metrics["IR_correct_rate"],
-            "Performance loss (1 − IR/CR)": metrics["performance_loss"],
+            LOSS: metrics["performance_loss"],
+            "CR − IR": metrics["CR_correct_rate"] - metrics["IR_correct_rate"],
         }
+
+    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
+        per_task = {
+            f"{task} {var}": metrics[key]
+            for task in TASKS
+            for var in VARIATIONS
+            if (key := f"task_{task.replace('_', '-')}_{var}_correct_rate") in metrics
+        }
+        return {PER_TASK: per_task} if per_task else {}
+
+    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+        """One item per problem: its NR, CR and IR correctness (None: not graded in this run), and CR − IR."""
+        position: dict[str, int] = {}
+        keys: list[str] = []
+        groups: list[str] = []
+        columns: dict[str, list] = {var: [] for var in VARIATIONS}
+        for t in tasks:
+            problem = str(t.id).rsplit(":", 1)[0]
+            if problem not in position:
+                position[problem] = len(keys)
+                keys.append(problem)
+                groups.append(t.row["task"])
+                for var in VARIATIONS:
+                    columns[var].append(None)
+            row = judged.get(t.id)
+            if row is not None:
+                columns[t.row["variation"]][position[problem]] = int(bool(row.get("correct")))
+        columns["cr_minus_ir"] = [
+            None if c is None or i is None else c - i for c, i in zip(columns["CR"], columns["IR"])
+        ]
+        return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

@@ -344,17 +344,93 @@ def main() -> int:
                 dst.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
         ratio = slim.stat().st_size / cl.stat().st_size
         report.add("slim rows (--slim) on the CL-bench-sized file", f"{ratio:.3f} of the full size", "reported", True)
-        for part, seconds in score_times(work, 20_000 if t else 1_000_000):
-            report.add(
-                f"{part} over {20_000 if t else 1_000_000:,} judged rows", f"{seconds:.1f} s", "<= 10 s", seconds <= 10
-            )
+        n = 20_000 if t else 1_000_000
+        score_s, aggregate_s = score_times(work, n)
+        report.add(f"score.py over {n:,} judged rows", f"{score_s:.1f} s", "<= 10 s", score_s <= 10)
+        report.add(
+            f"aggregate.py over 3 runs × 2 models × {n:,} rows (item-level figures and comparisons)",
+            f"{aggregate_s:.1f} s = {aggregate_s / 5:.2f} of the target",
+            "<= 5 s",
+            aggregate_s <= 5,
+        )
+        clustered = clbench_error_bars(work / "error-bars")
+        report.add(
+            "CL-bench-shaped run set (1,899 tasks / 500 contexts, 3 runs × 2 models): clustered / naive SE of Overall",
+            f"{clustered['se']:.4f} / {clustered['se_naive']:.4f} = {clustered['se'] / clustered['se_naive']:.2f} "
+            f"(design effect {clustered['design_effect']:.2f})",
+            "reported",
+            True,
+        )
+        report.add(
+            "  minimum detectable difference (80% power, α 0.05)",
+            f"{100 * clustered['mde']:.1f} points unpaired, {100 * clustered['pair_mde']:.1f} paired "
+            f"(correlation {clustered['correlation']:.2f}); with 1 / 10 runs per task: "
+            f"{100 * clustered['mde_runs']['1']:.1f} / {100 * clustered['mde_runs']['10']:.1f}",
+            "reported",
+            True,
+        )
     print("\n" + report.table())
     return 0 if all(ok for *_, ok in report.rows) else 1
 
 
-def score_times(work: Path, n: int) -> list[tuple[str, float]]:
-    """score.py and aggregate.py over n CoinFlip judged rows (a small row, as most judged files)."""
+def clbench_error_bars(work: Path, tasks: int = 1899, contexts: int = 500) -> dict:
+    """Item-level figures of a synthetic CL-bench-shaped run set made by the real score and aggregate
+    stages: tasks share contexts whose difficulty they share, two models 3 points apart, 3 runs each."""
+    import random
+
+    rng = random.Random(2026)
+    base = json.loads(SAMPLE.read_text().splitlines()[0])
+    sizes = [1] * contexts
+    for _ in range(tasks - contexts):
+        sizes[rng.randrange(contexts)] += 1
+    rows: list[dict] = []
+    ease: list[float] = []
+    for c, size in enumerate(sizes):
+        context_ease = rng.betavariate(0.7, 2.0)
+        for _ in range(size):
+            i = len(rows)
+            meta = {
+                "task_id": f"t{i:04d}",
+                "context_id": f"c{c:03d}",
+                "context_category": base["metadata"]["context_category"],
+            }
+            rows.append({**base, "metadata": meta})
+            ease.append(min(1.0, max(0.0, context_ease + rng.gauss(0, 0.1))))
+    work.mkdir(parents=True)
+    data = work / "clbench.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for model, shift in (("a", 0.0), ("b", -0.03)):
+        for k in (1, 2, 3):
+            run = work / "out" / "clbench" / model / f"run-{k}"
+            run.mkdir(parents=True)
+            with open(run / "judge.jsonl", "w") as f:
+                for r, x in zip(rows, ease):
+                    score = int(rng.random() < max(0.0, x + shift))
+                    f.write(json.dumps({"idx": r["metadata"]["task_id"], "score": score, "judge_status": "ok"}) + "\n")
+            subprocess.run(
+                [sys.executable, str(PROJECT / "score.py"), "--input", str(run / "judge.jsonl"), "--data", str(data)],
+                check=True,
+                capture_output=True,
+            )
+    subprocess.run(
+        [sys.executable, str(PROJECT / "aggregate.py"), "--outputs-dir", str(work / "out"), "--no-plots"],
+        check=True,
+        capture_output=True,
+    )
+    summary = json.loads((work / "out" / "clbench" / "aggregate.json").read_text())
+    first = summary["models"][0]["figures"]["Overall"]["items"]
+    (pair,) = [c for c in summary["comparisons"] if c["figure"] == "Overall" and not c["table"]]
+    return {**first, "pair_mde": pair["mde"], "correlation": pair["correlation"]}
+
+
+def score_times(work: Path, n: int) -> tuple[float, float]:
+    """Seconds of score.py over n CoinFlip judged rows (a small row, as most judged files), and of
+    aggregate.py over 3 runs of 2 models of them (the other five runs' files are made from the first)."""
+    import random
+    import shutil
+
     from ..benchmarks.coin_flip import CoinFlip
+    from ..results import items
 
     src = (PROJECT / "data" / "coin_flip" / "test.jsonl").read_bytes().splitlines(keepends=True)
     data = work / "cf-data.jsonl"
@@ -382,11 +458,8 @@ def score_times(work: Path, n: int) -> list[tuple[str, float]]:
                 + b"\n"
             )
     gc.collect()  # give the tasks' memory back before timing the child
-    timings = []
-    for part, args in (
-        ("score.py", ["--input", str(run / "judge.jsonl"), "--data", str(data)]),
-        ("aggregate.py", ["--outputs-dir", str(work / "out")]),
-    ):
+
+    def timed(part: str, args: list[str]) -> float:
         started = time.monotonic()
         subprocess.run(
             [sys.executable, str(PROJECT / part), "--bench", "coin_flip", *args],
@@ -394,8 +467,32 @@ def score_times(work: Path, n: int) -> list[tuple[str, float]]:
             capture_output=True,
             cwd=PROJECT,
         )
-        timings.append((part, time.monotonic() - started))
-    return timings
+        return time.monotonic() - started
+
+    score_s = timed("score.py", ["--input", str(run / "judge.jsonl"), "--data", str(data)])
+    bench, tasks = CoinFlip(), CoinFlip().load(data)
+    rng = random.Random(0)
+    for model, right in (("m", 0.75), ("n", 0.7)):
+        for k in (1, 2, 3):
+            other = work / "out" / "coin_flip" / model / f"run-{k}"
+            if other == run:
+                continue
+            other.mkdir(parents=True, exist_ok=True)
+            shutil.copy(run / "score.json", other / "score.json")
+            judged = {
+                t.id: {
+                    "prediction": t.row["target"]
+                    if rng.random() < right
+                    else ("NO" if t.row["target"] == "YES" else "YES")
+                }
+                for t in tasks
+            }
+            (other / "items.json").write_bytes(
+                items.dumps(bench.name, bench.item_cluster, bench.item_columns(tasks, judged))
+            )
+    del tasks
+    gc.collect()
+    return score_s, timed("aggregate.py", ["--outputs-dir", str(work / "out"), "--no-plots"])
 
 
 if __name__ == "__main__":

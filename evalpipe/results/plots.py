@@ -1,4 +1,5 @@
-"""PNG bar charts of the leaderboard: models × figures, mean with ± std error bars.
+"""PNG bar charts of the leaderboard: models × figures, the item-level mean with its 95% interval
+(or, for figures without item-level data, the mean over runs ± std).
 
 matplotlib is optional (requirements-report.txt, installed by `make report` and `make test`);
 without it aggregate writes its tables and says how to get the plots.
@@ -21,23 +22,45 @@ def _pyplot():
     return plt
 
 
+def _bar(figure: dict | None, std_key: str) -> tuple[float, float, float, bool]:
+    """(height, error below, error above, from items) in percent: the 95% item interval, else ± std over runs."""
+    if not figure:
+        return 0.0, 0.0, 0.0, False
+    items = figure.get("items") or {}
+    if items.get("mean") is not None:
+        mean = items["mean"]
+        low, high = items.get("ci95") or (mean, mean)
+        if items.get("proportion"):
+            low, high = max(0.0, low), min(1.0, high)
+        return 100 * mean, 100 * max(0.0, mean - low), 100 * max(0.0, high - mean), True
+    if figure.get("mean") is None:
+        return 0.0, 0.0, 0.0, False
+    return 100 * figure["mean"], 100 * figure[std_key], 100 * figure[std_key], False
+
+
 def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: str) -> Path:
-    """Grouped bars: one group per figure, one bar per model, in percent, with ± std error bars."""
+    """Grouped bars: one group per figure, one bar per model, in percent, with error bars."""
     plt = _pyplot()
     names: list[str] = []
     for m in models:
         names += [n for n in figures_of(m) if n not in names]
     width = 0.8 / max(1, len(models))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(1, len(models)) ** 0.5 + 2), 4.5), dpi=110)
+    kinds = set()
     for i, m in enumerate(models):
         figures = figures_of(m)
         xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(names))]
-        means = [100 * figures[n]["mean"] if n in figures else 0.0 for n in names]
-        errors = [100 * figures[n][std_key] if n in figures else 0.0 for n in names]
-        ax.bar(xs, means, width, yerr=errors, capsize=3, label=f"{m['model']} ({len(m['runs'])} runs)")
+        bars = [_bar(figures.get(n), std_key) for n in names]
+        kinds |= {from_items for *_, from_items in bars}
+        errors = [[b[1] for b in bars], [b[2] for b in bars]]
+        ax.bar(xs, [b[0] for b in bars], width, yerr=errors, capsize=3, label=f"{m['model']} ({len(m['runs'])} runs)")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([_wrap(n) for n in names], fontsize=8)
-    ax.set_ylabel("percent (mean ± std over runs)")
+    label = {
+        frozenset({True}): "percent; error bars: 95% interval over tasks",
+        frozenset({False}): "percent; error bars: ± std over runs",
+    }.get(frozenset(kinds), "percent; error bars: 95% interval over tasks (± std over runs where no items)")
+    ax.set_ylabel(label, fontsize=8)
     ax.set_title(title, fontsize=10)
     ax.axhline(0, color="black", linewidth=0.6)
     ax.grid(axis="y", alpha=0.3)

@@ -1,7 +1,20 @@
-"""Statistics across runs: mean, standard deviation (sample or population), standard error."""
+"""Statistics: over runs (mean, std), over items (ratio estimates with naive and cluster-robust
+standard errors), the Wilson interval, and Student's t — closed forms in the standard library.
+
+The item-level formulas follow E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640):
+every figure is a ratio of item means R = ā / b̄ (a plain mean has b ≡ 1), linearised per item as
+ψ_i = (a_i − R·b_i) / b̄ (the delta method; for a plain mean ψ_i = a_i − ā). docs/statistics.md
+states each formula and where it comes from.
+"""
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Hashable, Sequence
+from functools import lru_cache
+from statistics import NormalDist
+
+_NORMAL = NormalDist()
+MDE_POWER = 0.80  # the power the minimum detectable difference is stated at (two-sided α = 1 − level)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -30,54 +43,196 @@ def binomial_stderr(rate: float, n: int) -> float:
     return math.sqrt(rate * (1 - rate) / n) if n else 0.0
 
 
-# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
-_T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
+# ---- distributions
+
+
+def z_quantile(p: float) -> float:
+    return _NORMAL.inv_cdf(p)
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 10_000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return result
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+_LARGE_DF = 100_000  # beyond this, t is the normal plus its first two Cornish–Fisher terms (error < 1e-12)
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| ≥ |t|) for Student's t with df degrees of freedom."""
+    if df >= _LARGE_DF:
+        return math.erfc(abs(t) / math.sqrt(2))
+    return betainc(df / 2, 0.5, df / (df + t * t))
+
+
+@lru_cache(maxsize=4096)
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile of Student's t (p > 0.5), found by bisection on its distribution function."""
+    if not 0.5 < p < 1:
+        raise ValueError("t_quantile takes 0.5 < p < 1")
+    if df < 1:
+        raise ValueError("t needs at least one degree of freedom")
+    z = z_quantile(p)
+    if df >= _LARGE_DF:
+        return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    tail = 2 * (1 - p)
+    low, high = z, z
+    while t_two_sided_p(high, df) > tail:
+        high *= 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if t_two_sided_p(middle, df) > tail:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12 * high:
+            break
+    return (low + high) / 2
 
 
 def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t (beyond 30 degrees of freedom, 1.96 + 2.37/df, within 0.001)."""
-    if df < 1:
-        raise ValueError("t needs at least one degree of freedom")
-    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.37 / df
+    """The 97.5% quantile of Student's t."""
+    return t_quantile(0.975, df)
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float] | None:
     """95% interval for the mean over runs: mean ± t(n − 1) · s/√n; None for a single run.
 
-    It measures run-to-run variation (sampling), not how the tasks were drawn, and is not clipped
-    to [0, 1]: with 3 runs t is 4.30, so the interval is wide unless the runs agree."""
+    It measures run-to-run variation on a fixed task set, not how the tasks were drawn, and is not
+    clipped to [0, 1]: with 3 runs t is 4.30, so the interval is wide unless the runs agree."""
     if len(values) < 2:
         return None
     m, half = mean(values), t975(len(values) - 1) * stderr(values)
     return m - half, m + half
+
+
+def wilson(successes: float, trials: float, level: float = 0.95) -> tuple[float, float] | None:
+    """Wilson's score interval for a proportion (successes may be fractional: item means summed)."""
+    if trials <= 0:
+        return None
+    z = z_quantile(0.5 + level / 2)
+    p, z2 = successes / trials, z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    low = 0.0 if successes <= 0 else max(0.0, centre - half)
+    high = 1.0 if successes >= trials else min(1.0, centre + half)
+    return low, high
+
+
+# ---- item-level estimates
+
+
+class RatioEstimate:
+    """R = Σa / Σb over items with its delta-method influence values ψ_i and their standard errors.
+
+    `a` and `b` are the items' numerators and denominators (b None: a plain mean, b ≡ 1).
+    `clusters` (one key per item, or None) groups items that are not independent. `weights`
+    (optional) counts how many identical items each position stands for."""
+
+    __slots__ = ("n", "value", "psi", "clusters", "weights")
+
+    def __init__(
+        self,
+        a: Sequence[float],
+        b: Sequence[float] | None,
+        clusters: Sequence[Hashable] | None,
+        weights: Sequence[int] | None = None,
+    ):
+        self.weights = weights if weights is not None else [1] * len(a)
+        self.n = n = sum(self.weights)
+        w = self.weights
+        total_b = float(n) if b is None else math.fsum(map(operator.mul, w, b))
+        self.clusters = clusters
+        if n == 0 or total_b == 0:
+            self.value, self.psi = None, []
+            return
+        value = math.fsum(map(operator.mul, w, a)) / total_b
+        self.value = value
+        if b is None:
+            self.psi = [x - value for x in a]
+        else:
+            mean_b = total_b / n
+            self.psi = [(x - value * y) / mean_b for x, y in zip(a, b)]
+
+    def se_naive(self) -> float | None:
+        """sqrt(Σψ² / (n − 1) / n): Miller's eq. 1 on the influence values; None below 2 items."""
+        n = self.n
+        if self.value is None or n < 2:
+            return None
+        return _exact_zero(math.sqrt(math.fsum(w * p * p for w, p in zip(self.weights, self.psi)) / (n - 1) / n))
+
+    def cluster_sums(self) -> list[float]:
+        sums: dict[Hashable, float] = {}
+        assert self.clusters is not None
+        for key, w, p in zip(self.clusters, self.weights, self.psi):
+            sums[key] = sums.get(key, 0.0) + w * p
+        return list(sums.values())
+
+    def se_clustered(self, small_sample_correction: bool = True) -> tuple[float | None, int]:
+        """CR1 (CR0 times sqrt(C / (C − 1))) over the cluster sums of ψ, and C; None below 2 clusters."""
+        if self.value is None:
+            return None, 0
+        sums = self.cluster_sums()
+        c = len(sums)
+        if c < 2:
+            return None, c
+        cr0 = math.sqrt(math.fsum(s * s for s in sums)) / self.n
+        return _exact_zero(cr0 * math.sqrt(c / (c - 1)) if small_sample_correction else cr0), c
+
+
+def _exact_zero(se: float) -> float:
+    """0.0 for a standard error that is only rounding noise (every item scored alike)."""
+    return 0.0 if se < 1e-12 else se
+
+
+def correlation(x: Sequence[float], y: Sequence[float], weights: Sequence[int] | None = None) -> float | None:
+    """Pearson's correlation (each pair counted `weights` times); None when either side has no spread."""
+    w = weights if weights is not None else [1] * len(x)
+    n = sum(w)
+    if n < 2:
+        return None
+    mx, my = math.fsum(map(operator.mul, w, x)) / n, math.fsum(map(operator.mul, w, y)) / n
+    sxy = math.fsum(c * (a - mx) * (b - my) for c, a, b in zip(w, x, y))
+    sxx = math.fsum(c * (a - mx) ** 2 for c, a in zip(w, x))
+    syy = math.fsum(c * (b - my) ** 2 for c, b in zip(w, y))
+    return sxy / math.sqrt(sxx * syy) if sxx > 1e-24 and syy > 1e-24 else None
+
+
+def minimum_detectable(se_difference: float, level: float = 0.95, power: float = MDE_POWER) -> float:
+    """The smallest true difference a two-sided test at `level` finds with `power` (Miller eq. 10)."""
+    return (z_quantile(0.5 + level / 2) + z_quantile(power)) * se_difference
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q quantile by linear interpolation between order statistics."""
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)

@@ -1,12 +1,16 @@
-"""aggregate: every model's runs of one benchmark → a leaderboard of mean ± std per figure.
+"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars.
 
-Writes aggregate.{md,csv,json,tex} (and PNG bar charts when matplotlib is installed) under
-outputs/<bench>/, and warns when runs are missing, incomplete, or were made under different
-configurations.
+Per figure of every model: the item-level estimate (each task averaged over the runs that graded
+it, then the mean over tasks, with a standard error clustered where tasks share a context and a
+95% interval), the paper's mean ± std over runs (reproducibility), the minimum detectable
+difference, and paired comparisons between every two models on the tasks both graded.
+
+Writes aggregate.{md,csv,json,tex}, aggregate_comparisons.csv (and PNG bar charts when
+matplotlib is installed) under outputs/<bench>/, and warns when runs are missing, incomplete, or
+were made under different configurations.
 """
 
 import argparse
-import functools
 import re
 import sys
 from pathlib import Path
@@ -16,15 +20,9 @@ import orjson
 from .. import cli, jsonl, manifest, paths
 from ..benchmarks import Benchmark
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import plots, stats, tables
+from ..results import items, plots, render, stats
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
-MAIN = "main"  # the key of the headline table among a model's tables
-FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
-CI_NOTE = (
-    "95% interval: mean ± t(n − 1) · s/√n over the runs (Student's t, sample std s; run-to-run variation only, "
-    "not the choice of tasks; not clipped)."
-)
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -38,8 +36,22 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         "--std",
         choices=("sample", "population"),
         default="sample",
-        help="std shown in the tables: sample (n−1, default) or population (n); the JSON has both",
+        help="std over runs shown in the tables: sample (ddof 1, default) or population (ddof 0); the JSON has both",
     )
+    parser.add_argument(
+        "--runs-ci",
+        action="store_true",
+        help="also show the t-interval over runs (conditional on the task set: it leaves out which tasks were drawn)",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="B",
+        help="cross-check every item-level figure and comparison with B bootstrap replicates that resample "
+        "clusters (or tasks), percentile intervals (default 0: off)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed (default 0)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
 
 
@@ -53,15 +65,20 @@ def _fingerprints(run_dir: Path) -> dict:
     return out
 
 
-def collect(bench: Benchmark, root: Path, runs: int | None, models: list[str] | None) -> tuple[list[dict], list[str]]:
-    """Per model: its metrics and fingerprints per run. Also warnings about runs that do not line up."""
-    warnings, found = [], []
+def collect(
+    bench: Benchmark, root: Path, runs: int | None, models: list[str] | None
+) -> tuple[list[dict], list[str], list[str]]:
+    """Per model: its metrics, items and fingerprints per run. Also warnings about runs that do not
+    line up, and notes about what the item-level figures leave out."""
+    warnings: list[str] = []
+    notes: list[str] = []
+    found = []
     base = paths.bench_dir(root, bench.name)
     model_dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     for model_dir in model_dirs:
         if models and model_dir.name not in models:
             continue
-        per_run, fingerprints = {}, {}
+        per_run, fingerprints, per_run_items = {}, {}, {}
         for run_dir in model_dir.iterdir():
             match = _RUN_DIR.match(run_dir.name)
             if not match or not (run_dir / "score.json").exists():
@@ -74,9 +91,18 @@ def collect(bench: Benchmark, root: Path, runs: int | None, models: list[str] | 
             except orjson.JSONDecodeError as exc:
                 raise BadInput(f"not valid JSON ({exc})", run_dir / "score.json") from None
             fingerprints[k] = _fingerprints(run_dir)
+            items_file = paths.items_path(run_dir / "score.json")
+            if items_file.exists():
+                per_run_items[k] = items.read(items_file)
         if not per_run:
             continue
         name = model_dir.name
+        without = sorted(set(per_run) - set(per_run_items))
+        if without:
+            notes.append(
+                f"{name}: run(s) {without} have no items.json (scored by an older version): their tasks are left out "
+                "of the item-level figures; run score again"
+            )
         if runs is not None and len(per_run) < runs:
             absent = sorted(set(range(1, runs + 1)) - set(per_run))
             warnings.append(f"{name}: no score.json for run(s) {absent}")
@@ -90,14 +116,20 @@ def collect(bench: Benchmark, root: Path, runs: int | None, models: list[str] | 
                 f"{name}: runs cover different task sets (expected tasks per run: {dict(sorted(expected.items()))})"
             )
         warnings += _fingerprint_warnings(name, fingerprints)
-        found.append({"model": name, "runs": dict(sorted(per_run.items())), "fingerprints": fingerprints})
+        model_items = None
+        if per_run_items:
+            clusters = {cluster for cluster, _ in per_run_items.values()}
+            model_items = items.ModelItems([columns for _, columns in per_run_items.values()], clusters.pop())
+        found.append(
+            {"model": name, "runs": dict(sorted(per_run.items())), "fingerprints": fingerprints, "items": model_items}
+        )
     judges = {orjson.dumps(_judge_config(e)).decode() for e in found if _judge_config(e)}
     if len(judges) > 1:
         warnings.append(
             "models were judged under different judge configurations (judge model, parameters or prompt): "
             "their figures are not comparable"
         )
-    return found, warnings
+    return found, warnings, notes
 
 
 def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str]:
@@ -121,6 +153,7 @@ def _judge_config(entry: dict) -> dict | None:
 
 
 def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
+    """Run-to-run figures: mean and std over runs (the papers' table), and the t-interval over runs."""
     per_figure: dict[str, list[float]] = {}
     for values in per_run_values:
         for name, value in values.items():
@@ -144,7 +177,15 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
     return figures
 
 
-def summarize(bench: Benchmark, found: list[dict]) -> list[dict]:
+def _item_estimates(bench: Benchmark, model: dict, model_items: items.ModelItems, boot: items.Bootstrap | None) -> None:
+    """Attach each item-level figure's `items` object to the model's figure of that name."""
+    for figure in bench.item_figures:
+        target = model["figures"] if not figure.table else model["extra_tables"].setdefault(figure.table, {})
+        for name, label in model_items.subsets(figure):
+            target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
+
+
+def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None = None) -> list[dict]:
     models = []
     for entry in found:
         runs = list(entry["runs"].values())
@@ -153,137 +194,99 @@ def summarize(bench: Benchmark, found: list[dict]) -> list[dict]:
             for title, values in bench.extra_tables(metrics).items():
                 extra.setdefault(title, []).append(values)
         costs = [m.get("cost", {}).get("cost_usd") for m in runs]
-        models.append(
-            {
-                "model": entry["model"],
-                "runs": list(entry["runs"]),
-                "figures": _figures([bench.headline(m) for m in runs]),
-                "flagged": bench.flagged(runs),
-                "extra_tables": {title: _figures(values) for title, values in extra.items()},
-                "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
-                "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
-                "fingerprints": {f"run-{k}": fp for k, fp in entry["fingerprints"].items()},
-            }
-        )
+        model = {
+            "model": entry["model"],
+            "runs": list(entry["runs"]),
+            "figures": _figures([bench.headline(m) for m in runs]),
+            "flagged": bench.flagged(runs),
+            "extra_tables": {title: _figures(values) for title, values in extra.items()},
+            "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
+            "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
+            "fingerprints": {f"run-{k}": fp for k, fp in entry["fingerprints"].items()},
+        }
+        if entry["items"] is not None:
+            _item_estimates(bench, model, entry["items"], boot)
+        models.append(model)
     # headline() lists the overall figure first: sort by it, best first
-    models.sort(key=lambda m: -next(iter(m["figures"].values()), {"mean": 0.0})["mean"])
+    models.sort(key=lambda m: -(_sort_value(next(iter(m["figures"].values()), {})) or 0.0))
     return models
 
 
-def _table_figures(title: str, model: dict) -> dict:
-    """A model's figures of one table: the headline table's, or an extra table's by title."""
-    return model["figures"] if title == MAIN else model["extra_tables"].get(title, {})
+def _sort_value(figure: dict) -> float | None:
+    if figure.get("mean") is not None:
+        return figure["mean"]
+    return (figure.get("items") or {}).get("mean")
 
 
-def _table(models: list[dict], get_figures, std_kind: str) -> tuple[list[str], list[list], list[list], list[list]]:
-    """Figure names and the rows of one table as Markdown cells, CSV values and LaTeX cells."""
-    names: list[str] = []
-    for m in models:
-        names += [n for n in get_figures(m) if n not in names]
-    key = f"std_{std_kind}"
-    md_rows, csv_rows, tex_rows = [], [], []
-    for m in models:
-        figures = get_figures(m)
-        cells: list[str] = []
-        flat: list[float | str] = []
-        tex: list[str] = []
-        for n in names:
-            f = figures.get(n)
-            cells.append(f"{100 * f['mean']:.1f} ± {100 * f[key]:.1f}" if f else "-")
-            tex.append(f"${100 * f['mean']:.1f} \\pm {100 * f[key]:.1f}$" if f else "--")
-            ci = f["ci95"] if f and f["ci95"] else ["", ""]
-            flat += (
-                [round(100 * f["mean"], 4), round(100 * f[key], 4), round(100 * f["stderr"], 4)]
-                + [round(100 * v, 4) if not isinstance(v, str) else "" for v in ci]
-                if f
-                else [""] * 5
-            )
-        md_rows.append([m["model"], len(m["runs"]), *cells])
-        csv_rows.append([m["model"], len(m["runs"]), *flat])
-        tex_rows.append([m["model"], len(m["runs"]), *tex])
-    return names, md_rows, csv_rows, tex_rows
-
-
-def _mark_flagged(bench: Benchmark, models: list[dict], md_rows: list[list], tex_rows: list[list]) -> str:
-    """Put a † beside the headline figure of the models the benchmark flags; the note under the table, or ""."""
-    flagged = [i for i, m in enumerate(models) if m["flagged"]]
-    for i in flagged:
-        md_rows[i][2] += f" {FLAG}"
-        tex_rows[i][2] += FLAG_TEX
-    return bench.flag_note if flagged else ""
-
-
-def render(bench: Benchmark, models: list[dict], std_kind: str) -> tuple[str, str, str]:
-    """The leaderboard as Markdown, CSV and LaTeX: the headline table, then any extra tables."""
-    std_note = "sample std (n − 1)" if std_kind == "sample" else "population std (n)"
-    titles = [MAIN] + [t for m in models for t in m["extra_tables"] if t]
-    titles = list(dict.fromkeys(titles))
-    md_parts, tex_parts, csv_headers, csv_rows = (
-        [],
-        [],
-        ["model", "runs"],
-        [[m["model"], len(m["runs"])] for m in models],
-    )
-    for title in titles:
-        names, md_rows, flat_rows, tex_rows = _table(models, functools.partial(_table_figures, title), std_kind)
-        if not names:
-            continue
-        heading = bench.name if title == MAIN else f"{bench.name}: {title}"
-        flag_note = ""
-        if title == MAIN:
-            flag_note = _mark_flagged(bench, models, md_rows, tex_rows)
-            first = names[0]
-            md_headers = ["Model", "Runs", *names, f"{first} 95% CI", "Cost/run (USD)"]
-            for m, row in zip(models, md_rows):
-                ci = m["figures"].get(first, {}).get("ci95")
-                row.append(f"{100 * ci[0]:.1f} – {100 * ci[1]:.1f}" if ci else "n/a (1 run)")
-                row.append("-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}")
-        else:
-            md_headers = ["Model", "Runs", *names]
-        md_parts.append(
-            f"## {heading}: mean ± {std_note} over runs, in percent\n\n"
-            + tables.markdown_table(md_headers, md_rows)
-            + (f"\n{flag_note}\n" if flag_note else "")
-        )
-        tex_std = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
-        caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {tex_std} over runs, in percent"
-        if flag_note:
-            caption += ". " + tables.latex_escape(flag_note).replace("†", FLAG_TEX)
-        tex_parts.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
-        prefix = "" if title == MAIN else f"{title}: "
-        csv_headers += [
-            f"{prefix}{n} {part}"
-            for n in names
-            for part in ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")
-        ]
-        for full, row in zip(csv_rows, flat_rows):
-            full += row[2:]
-    md = "\n".join(md_parts) + f"\n{bench.aggregate_note}\n\n{CI_NOTE}\n"
-    csv_headers.append("cost_usd_per_run")
-    for full, m in zip(csv_rows, models):
-        full.append("" if m["cost_usd_per_run"] is None else round(m["cost_usd_per_run"], 6))
-    return md, tables.csv_text(csv_headers, csv_rows), "\n".join(tex_parts)
+def compare_models(
+    bench: Benchmark, models: list[dict], found: list[dict], boot: items.Bootstrap | None = None
+) -> list[dict]:
+    """Every pair of models, the higher-ranked one as `model` and the other as `baseline`, per item figure."""
+    by_name = {entry["model"]: entry["items"] for entry in found}
+    out = []
+    for i, first in enumerate(models):
+        for second in models[i + 1 :]:
+            mine, theirs = by_name[first["model"]], by_name[second["model"]]
+            if mine is None or theirs is None:
+                continue
+            for figure in bench.item_figures:
+                for name, _ in mine.subsets(figure):
+                    result = items.compare(mine, theirs, figure, name, boot)
+                    if result is not None:
+                        out.append(
+                            {
+                                "model": first["model"],
+                                "baseline": second["model"],
+                                "table": figure.table,
+                                "figure": name,
+                            }
+                            | result
+                        )
+    return out
 
 
 def main(argv: list[str]) -> int:
-    bench, args = cli.parser_for("aggregate", "Mean ± std over runs, per model.", _add_args, argv, per_run=False)
-    found, warnings = collect(bench, args.outputs_dir, args.runs, args.models)
+    bench, args = cli.parser_for(
+        "aggregate", "A leaderboard with item-level error bars, per model.", _add_args, argv, per_run=False
+    )
+    found, warnings, notes = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
         raise BadInput(
             f"no score.json under {paths.bench_dir(args.outputs_dir, bench.name)}/*/run-*/ (run score first)"
         )
-    models = summarize(bench, found)
-    md, csv_data, tex = render(bench, models, args.std)
+    boot = items.Bootstrap(args.bootstrap, args.seed) if args.bootstrap > 0 else None
+    models = summarize(bench, found, boot)
+    comparisons = compare_models(bench, models, found, boot)
+    flag_note = bench.flag_note if any(m["flagged"] for m in models) else ""
+    out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
     out_dir = paths.bench_dir(args.outputs_dir, bench.name)
-    summary = {"benchmark": bench.name, "std_shown": args.std, "ci95": CI_NOTE, "warnings": warnings, "models": models}
+    summary = {
+        "benchmark": bench.name,
+        "methods": {
+            "items": render.ITEMS_NOTE,
+            "runs": render.RUNS_NOTE.format(std="std (std_sample: ddof 1; std_population: ddof 0)"),
+            "ci95": render.RUNS_CI_NOTE,  # each figure's `ci95`; its `items.ci95` is the item-level interval
+            "power": render.POWER_NOTE,
+            "comparisons": render.COMPARE_NOTE,
+        },
+        "std_shown": args.std,
+        "bootstrap": {"replicates": args.bootstrap, "seed": args.seed, "method": "percentile"} if boot else None,
+        "warnings": warnings,
+        "notes": notes,
+        "models": models,
+        "comparisons": comparisons,
+    }
     jsonl.atomic_write(out_dir / "aggregate.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
-    jsonl.atomic_write(out_dir / "aggregate.md", md.encode())
-    jsonl.atomic_write(out_dir / "aggregate.csv", csv_data.encode())
-    jsonl.atomic_write(out_dir / "aggregate.tex", tex.encode())
-    print(md)
+    jsonl.atomic_write(out_dir / "aggregate.md", out.markdown.encode())
+    jsonl.atomic_write(out_dir / "aggregate.csv", out.csv.encode())
+    jsonl.atomic_write(out_dir / "aggregate.tex", out.latex.encode())
+    jsonl.atomic_write(out_dir / "aggregate_comparisons.csv", out.comparisons_csv.encode())
+    print(out.markdown)
     for w in warnings:
         print(f"aggregate: warning: {w}", file=sys.stderr)
-    print(f"aggregate: wrote {out_dir}/aggregate.{{md,csv,json,tex}}", file=sys.stderr)
+    for n in notes:
+        print(f"aggregate: note: {n}", file=sys.stderr)
+    print(f"aggregate: wrote {out_dir}/aggregate.{{md,csv,json,tex}} and aggregate_comparisons.csv", file=sys.stderr)
     if not args.no_plots:
         written = plots.write_all(bench, models, out_dir, args.std)
         if written is None:

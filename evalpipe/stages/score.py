@@ -11,6 +11,7 @@ from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..results import items
 from ..rows import Coverage
 
 
@@ -114,6 +115,11 @@ def main(argv: list[str]) -> int:
     metrics["judge_file"] = str(judge_path)
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
+    )
+    # per-item values for aggregate's item-level error bars (compact: it may hold a million items);
+    # written first, so that a score.json is never older than the items beside it
+    jsonl.atomic_write(
+        paths.items_path(output), items.dumps(bench.name, bench.item_cluster, bench.item_columns(tasks, judged))
     )
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))

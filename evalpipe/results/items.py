@@ -1,0 +1,450 @@
+"""Item-level uncertainty: how well each figure is known given the tasks drawn, and paired model comparisons.
+
+score writes one run's per-item values (`items.json`, a few columns per task); aggregate merges a
+model's runs into item means (each task averaged over the runs in which it was graded), then
+every figure becomes a ratio of item means with a delta-method standard error, clustered where
+the benchmark names a cluster (CL-bench: tasks sharing a context). docs/statistics.md explains
+the methods and how to read them.
+
+Items are counted, not listed: an item is its cluster, its group labels and its profile (every
+run's value of every column), and identical items are one entry with a weight. A million
+CoinFlip tasks over three runs are a few hundred distinct profiles, so every figure, comparison
+and projection costs one pass over the items to count them.
+"""
+
+import math
+import random
+from collections import Counter
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+from typing import Any, TypedDict
+
+import orjson
+
+from ..errors import BadInput
+from . import stats
+
+FORMAT = 1  # items.json's layout version
+LEVEL = 0.95
+SMALL_ITEMS = 100  # fewer items than this get a Wilson interval (where the figure is a proportion)
+MDE_RUNS = (1, 3, 5, 10)  # runs per item the minimum detectable difference is projected for
+
+
+@dataclass(frozen=True)
+class ItemFigure:
+    """One aggregate figure as a ratio of item means, mean(num) / mean(den) (den None: a plain mean).
+
+    With `by`, one figure per value of that group column, named `name.format(value)`."""
+
+    name: str
+    num: str
+    den: str | None = None
+    by: str | None = None
+    table: str = ""  # "" for the headline table, else the title of an extra table
+    proportion: bool = True  # per run, num ∈ {0, 1} and num ≤ den ∈ {0, 1}: Wilson applies
+
+
+class ItemColumns(TypedDict):
+    """One run's values per item, as score writes them (None: the item was not graded in that run)."""
+
+    keys: list  # the item of each position (a task id, or what several tasks share)
+    clusters: list | None  # the cluster of each item, or None when items are independent
+    groups: dict[str, list]  # group columns the `by` figures split on
+    columns: dict[str, list]  # value columns the figures read
+
+
+def dumps(benchmark: str, cluster: str | None, columns: ItemColumns) -> bytes:
+    """items.json's bytes (compact: it may hold a million items)."""
+    return orjson.dumps({"format": FORMAT, "benchmark": benchmark, "cluster": cluster, **columns})
+
+
+def read(path: Path) -> tuple[str | None, ItemColumns]:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"not valid JSON ({exc}); run score again", path) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BadInput(f"not an items file of format {FORMAT}; run score again", path)
+    try:
+        columns: ItemColumns = {
+            "keys": data["keys"],
+            "clusters": data["clusters"],
+            "groups": data["groups"],
+            "columns": data["columns"],
+        }
+    except KeyError as exc:
+        raise BadInput(f"no {exc} in the items file; run score again", path) from None
+    return data.get("cluster"), columns
+
+
+# ---- one model's runs merged into item means
+
+Entry = tuple[Hashable, float, float, int, int]  # (cluster, a, b, runs that graded it, how many such items)
+
+
+class ModelItems:
+    """A model's runs aligned by item key, each item coded by its profile (every run's value of
+    every column); figures read item means from the profiles."""
+
+    def __init__(self, runs: Sequence[ItemColumns], cluster: str | None):
+        if not runs:
+            raise ValueError("no runs")
+        self.cluster = cluster
+        first = runs[0]
+        if all(r["keys"] == first["keys"] for r in runs[1:]):
+            self.keys = first["keys"]
+            aligned = list(runs)
+        else:  # runs over different task sets: every item of any run, in first-seen order
+            position: dict[Hashable, int] = {}
+            for r in runs:
+                for key in r["keys"]:
+                    position.setdefault(key, len(position))
+            self.keys = list(position)
+            aligned = [_realigned(r, position) for r in runs]
+        n = len(self.keys)
+        self.n_runs = len(aligned)
+        self.column_names = sorted({name for r in aligned for name in r["columns"]})
+        columns = [r["columns"].get(name) or [None] * n for r in aligned for name in self.column_names]
+        index: dict[tuple, int] = {}
+        self.codes = [index.setdefault(p, len(index)) for p in zip(*columns)] if columns else [0] * n
+        self.profiles = list(index) or [()]
+        self.clusters = next((r["clusters"] for r in aligned if r["clusters"] is not None), None)
+        self.groups = first["groups"] if len(aligned) == 1 else _merged_groups(aligned)
+        self._values: dict[tuple[str, str | None], list[tuple[float, float, int]]] = {}
+        self._counts: dict[str | None, Counter] = {}
+
+    def _position(self, run: int, column: str) -> int:
+        try:
+            return run * len(self.column_names) + self.column_names.index(column)
+        except ValueError:
+            raise BadInput(f"the items files have no column {column!r}; run score again") from None
+
+    def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
+        """Per profile code: (a, b, k), the item means of num and den over the k runs where both
+        were graded. An item graded in no run counts as 0 in a plain mean and adds nothing to a ratio."""
+        cached = self._values.get((num, den))
+        if cached is not None:
+            return cached
+        nums = [self._position(j, num) for j in range(self.n_runs)]
+        dens = [self._position(j, den) for j in range(self.n_runs)] if den else [None] * self.n_runs
+        out = []
+        for profile in self.profiles:
+            sa = sb = 0.0
+            k = 0
+            for i, j in zip(nums, dens):
+                x = profile[i] if profile else None
+                y = 1 if j is None else profile[j]
+                if x is None or y is None:
+                    continue
+                sa += x
+                sb += y
+                k += 1
+            out.append((sa / k, sb / k if den else 1.0, k) if k else (0.0, 0.0 if den else 1.0, 0))
+        self._values[(num, den)] = out
+        return out
+
+    def counts(self, by: str | None) -> Counter:
+        """How many items share each (cluster, label of group `by`, profile code)."""
+        if by not in self._counts:
+            labels = self.groups.get(by) if by else None
+            self._counts[by] = Counter(zip(self.clusters or repeat(None), labels or repeat(None), self.codes))
+        return self._counts[by]
+
+    def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
+        """The figure's items (of the group value `label` for a `by` figure), counted."""
+        values = self.values(figure.num, figure.den)
+        out = []
+        for (cluster, item_label, code), count in self.counts(figure.by).items():
+            if figure.by is None or item_label == label:
+                a, b, k = values[code]
+                out.append((cluster, a, b, k, count))
+        return out
+
+    def subsets(self, figure: ItemFigure) -> Iterator[tuple[str, Hashable]]:
+        """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
+        if figure.by is None:
+            yield figure.name, None
+            return
+        labels = self.groups.get(figure.by)
+        if labels is None:
+            return
+        for label in dict.fromkeys(labels):
+            yield figure.name.format(label), label
+
+
+def _realigned(run: ItemColumns, position: dict[Hashable, int]) -> ItemColumns:
+    n = len(position)
+    where = [position[k] for k in run["keys"]]
+
+    def spread(values: list | None, fill: Any = None) -> list | None:
+        if values is None:
+            return None
+        out = [fill] * n
+        for i, v in zip(where, values):
+            out[i] = v
+        return out
+
+    return {
+        "keys": list(position),
+        "clusters": spread(run["clusters"]),
+        "groups": {g: spread(v) for g, v in run["groups"].items()},  # type: ignore[misc]
+        "columns": {c: spread(v) for c, v in run["columns"].items()},  # type: ignore[misc]
+    }
+
+
+def _merged_groups(runs: list[ItemColumns]) -> dict[str, list]:
+    """Group labels per item from whichever run has the item."""
+    merged: dict[str, list] = {}
+    for r in runs:
+        for name, labels in r["groups"].items():
+            current = merged.setdefault(name, list(labels))
+            for i, label in enumerate(labels):
+                if current[i] is None:
+                    current[i] = label
+    return merged
+
+
+# ---- one figure of one model
+
+
+def _se_method(figure: ItemFigure, cluster: str | None) -> str:
+    """naive (a mean over independent items), delta (a ratio), cr1:<key> (clustered), delta+cr1:<key>."""
+    if cluster is None:
+        return "delta" if figure.den else "naive"
+    return ("delta+" if figure.den else "") + f"cr1:{cluster}"
+
+
+def _quantile(figure: ItemFigure, clustered: bool, df: int) -> tuple[float, str]:
+    """A plain mean, or a clustered ratio, uses t(df); an unclustered ratio (the delta method) uses z."""
+    if figure.den is not None and not clustered:
+        return stats.z_quantile(0.5 + LEVEL / 2), "z"
+    return stats.t_quantile(0.5 + LEVEL / 2, df), f"t(df={df})"
+
+
+def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: "Bootstrap | None") -> dict:
+    """The `items` object of one figure: mean, standard errors, 95% interval and how they were made."""
+    entries = items.entries(figure, label)
+    clusters = [e[0] for e in entries] if items.clusters is not None else None
+    weights = [e[4] for e in entries]
+    a, b = [e[1] for e in entries], [e[2] for e in entries]
+    ratio = stats.RatioEstimate(a, b if figure.den else None, clusters, weights)
+    graded = [e[3] for e in entries]
+    n = ratio.n
+    out: dict[str, Any] = {
+        "mean": ratio.value,
+        "se": None,
+        "se_naive": ratio.se_naive(),
+        "ci95": None,
+        "n_items": n,
+        "n_clusters": None,
+        "runs_per_item": [min(graded), max(graded)] if graded else [0, 0],
+        "n_ungraded": sum(w for w, k in zip(weights, graded) if k == 0),
+        "se_method": _se_method(figure, items.cluster if clusters is not None else None),
+        "ci_method": None,
+        "ci_level": LEVEL,
+        "proportion": figure.proportion,
+    }
+    if ratio.value is None:
+        return out
+    se, df = out["se_naive"], n - 1
+    if clusters is not None:
+        se, c = ratio.se_clustered()
+        out["n_clusters"], df = c, c - 1
+        if se is not None and out["se_naive"]:
+            out["design_effect"] = (se / out["se_naive"]) ** 2
+    out["se"] = se
+    if se is not None:
+        q, out["ci_method"] = _quantile(figure, clusters is not None, df)
+        out["ci95"] = [ratio.value - q * se, ratio.value + q * se]
+        out["mde"] = stats.minimum_detectable(math.sqrt(2) * se, LEVEL)
+    exact_bound = figure.proportion and ratio.value in (0.0, 1.0)
+    out["small_sample"] = n < SMALL_ITEMS or exact_bound or se is None or se == 0
+    if out["small_sample"] and figure.proportion:
+        trials = math.fsum(w * y for w, y in zip(weights, b)) if figure.den else float(n)
+        successes = math.fsum(w * x for w, x in zip(weights, a))
+        deff = max(1.0, out.get("design_effect") or 1.0)  # clustered: Kish's effective sample size
+        interval = stats.wilson(successes / deff, trials / deff, LEVEL)
+        if interval is not None:
+            out["ci95_from_se"] = out["ci95"]
+            out["ci95"], out["ci_method"] = list(interval), "wilson"
+    if figure.proportion and figure.den is None and se is not None:
+        out.update(_runs_projection(entries, n, se))
+    if bootstrap is not None:
+        clustered = clusters is not None
+        out["bootstrap"] = bootstrap.interval([_units(entries, figure, clustered)], figure.name, clustered)
+    return out
+
+
+def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
+    """From the spread between an item's runs (0/1 scores): the run-to-run std it predicts and
+    the minimum detectable difference with other numbers of runs per item."""
+    graded = {e[3] for e in entries}
+    if not graded or min(graded) < 2:
+        return {}
+    # within-item variance of 0/1 scores with mean x over k runs: k·x(1 − x)/(k − 1)
+    within = math.fsum(w * k * x * (1 - x) / (k - 1) for _, x, _, k, w in entries)
+    out: dict[str, Any] = {"run_std_predicted": math.sqrt(within) / n}
+    if len(graded) == 1:
+        (k,) = graded
+        noise = within / k / n / n  # the part of se² that more runs per item shrink
+        between = max(0.0, se * se - noise)
+        out["mde_runs"] = {
+            str(r): stats.minimum_detectable(math.sqrt(2 * (between + noise * k / r)), LEVEL) for r in MDE_RUNS
+        }
+    return out
+
+
+# ---- the optional cluster bootstrap
+
+Units = tuple[list[float], list[float]]  # per resampling unit: the sum of numerators and of denominators
+
+
+def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
+    """Resampling units: clusters (their sums), or single items (each counted entry spelled out)."""
+    if clustered:
+        sums: dict[Hashable, list[float]] = {}
+        for cluster, a, b, _, w in entries:
+            cell = sums.setdefault(cluster, [0.0, 0.0])
+            cell[0] += w * a
+            cell[1] += w * (b if figure.den else 1.0)
+        return [s[0] for s in sums.values()], [s[1] for s in sums.values()]
+    nums: list[float] = []
+    dens: list[float] = []
+    for _, a, b, _, w in entries:
+        nums += [a] * w
+        dens += [b if figure.den else 1.0] * w
+    return nums, dens
+
+
+class Bootstrap:
+    """Percentile intervals from resampling whole clusters (or items), each with all its runs."""
+
+    def __init__(self, replicates: int, seed: int):
+        self.replicates, self.seed = replicates, seed
+
+    def interval(self, sides: list[Units], label: str, clustered: bool) -> dict:
+        """Bootstrap the ratio Σa/Σb of one side, or the difference of two sides' ratios on the same draws."""
+        count = len(sides[0][0])
+        rng = random.Random(f"{self.seed}:{label}")
+        draws: list[float] = []
+        picks = range(count)
+        for _ in range(self.replicates if count else 0):
+            chosen = rng.choices(picks, k=count)
+            values = []
+            for nums, dens in sides:
+                total = sum(map(dens.__getitem__, chosen))
+                values.append(sum(map(nums.__getitem__, chosen)) / total if total else math.nan)
+            draws.append(values[0] if len(values) == 1 else values[0] - values[1])
+        finite = sorted(d for d in draws if not math.isnan(d))
+        return {
+            "method": "percentile",
+            "resampled": "clusters" if clustered else "items",
+            "replicates": self.replicates,
+            "seed": self.seed,
+            "ci95": [stats.percentile(finite, (1 - LEVEL) / 2), stats.percentile(finite, (1 + LEVEL) / 2)]
+            if finite
+            else None,
+            "se": stats.std(finite) if len(finite) > 1 else None,
+            "undefined_replicates": len(draws) - len(finite),
+        }
+
+
+# ---- paired comparison of two models
+
+
+def compare(
+    model: ModelItems, baseline: ModelItems, figure: ItemFigure, name: str, bootstrap: "Bootstrap | None"
+) -> dict | None:
+    """model − baseline on the items both graded (of the figure's group value), paired item by item."""
+    label = None
+    if figure.by is not None:
+        label = next((x for _, x in model.subsets(figure) if figure.name.format(x) == name), None)
+        if label is None:
+            return None
+    mine, theirs = model.values(figure.num, figure.den), baseline.values(figure.num, figure.den)
+    joint, left_out = _joint_counts(model, baseline, figure.by)
+    entries = []  # (cluster, a1, b1, a2, b2, count) for items both graded
+    dropped = 0
+    for (cluster, item_label, code1, code2), count in joint.items():
+        if figure.by is not None and item_label != label:
+            continue
+        a1, b1, k1 = mine[code1]
+        a2, b2, k2 = theirs[code2]
+        if k1 and k2:
+            entries.append((cluster, a1, b1, a2, b2, count))
+        elif k1 or k2:
+            dropped += count
+    for side, values in ((0, mine), (1, theirs)):
+        for (item_label, code), count in left_out[side].items():
+            if (figure.by is None or item_label == label) and values[code][2]:
+                dropped += count
+    n = sum(e[5] for e in entries)
+    if n < 2:
+        return None
+    clusters = [e[0] for e in entries] if model.clusters is not None else None
+    weights = [e[5] for e in entries]
+    den = figure.den is not None
+    side1 = stats.RatioEstimate([e[1] for e in entries], [e[2] for e in entries] if den else None, clusters, weights)
+    side2 = stats.RatioEstimate([e[3] for e in entries], [e[4] for e in entries] if den else None, clusters, weights)
+    if side1.value is None or side2.value is None:
+        return None
+    diff = stats.RatioEstimate([p - q for p, q in zip(side1.psi, side2.psi)], None, clusters, weights)
+    se, df = diff.se_naive(), n - 1
+    n_clusters = None
+    if clusters is not None:
+        se, n_clusters = diff.se_clustered()
+        df = n_clusters - 1
+    q, ci_method = _quantile(figure, clusters is not None, df)
+    out: dict[str, Any] = {
+        "diff": side1.value - side2.value,
+        "se": se,
+        "ci95": None,
+        "p_value": None,
+        "correlation": stats.correlation(side1.psi, side2.psi, weights),
+        "n_items": n,
+        "n_clusters": n_clusters,
+        "n_left_out": dropped,  # graded by one of the two models only
+        "mde": stats.minimum_detectable(se, LEVEL) if se else None,
+        "se_method": _se_method(figure, model.cluster if clusters is not None else None),
+        "ci_method": ci_method,
+    }
+    # se == 0: every paired difference is the same, so there is no spread to test against (no interval, no p)
+    if se:
+        out["ci95"] = [out["diff"] - q * se, out["diff"] + q * se]
+        t = out["diff"] / se
+        out["p_value"] = math.erfc(abs(t) / math.sqrt(2)) if ci_method == "z" else stats.t_two_sided_p(t, df)
+    if bootstrap is not None:
+        one = [(e[0], e[1], e[2], 0, e[5]) for e in entries]
+        two = [(e[0], e[3], e[4], 0, e[5]) for e in entries]
+        clustered = clusters is not None
+        out["bootstrap"] = bootstrap.interval(
+            [_units(one, figure, clustered), _units(two, figure, clustered)], f"{name}:diff", clustered
+        )
+    return out
+
+
+def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, tuple[Counter, Counter]]:
+    """Items of both models counted by (model's cluster, model's group label, model's code, baseline's
+    code), and each model's items the other lacks, counted by (label, code)."""
+    labels = model.groups.get(by) if by else None
+    clusters = model.clusters or repeat(None)
+    if model.keys == baseline.keys:
+        joint = Counter(zip(clusters, labels or repeat(None), model.codes, baseline.codes))
+        return joint, (Counter(), Counter())
+    position = {key: j for j, key in enumerate(baseline.keys)}
+    pairs = [(i, position[key]) for i, key in enumerate(model.keys) if key in position]
+    cl = list(clusters) if model.clusters else [None] * len(model.keys)
+    lab = labels or [None] * len(model.keys)
+    joint = Counter((cl[i], lab[i], model.codes[i], baseline.codes[j]) for i, j in pairs)
+    matched_mine = {i for i, _ in pairs}
+    matched_theirs = {j for _, j in pairs}
+    their_labels = baseline.groups.get(by) if by else None
+    only_mine = Counter((lab[i], model.codes[i]) for i in range(len(model.keys)) if i not in matched_mine)
+    only_theirs = Counter(
+        (their_labels[j] if their_labels else None, baseline.codes[j])
+        for j in range(len(baseline.keys))
+        if j not in matched_theirs
+    )
+    return joint, (only_mine, only_theirs)

@@ -1,0 +1,350 @@
+"""aggregate's tables as Markdown, CSV and LaTeX: the leaderboard, the item-level estimates, the
+run-to-run table of the papers, power, and the paired comparisons.
+
+Each model (from aggregate's summary) has `figures` (the headline table) and `extra_tables`;
+each figure has run-level keys (mean, std_sample, std_population, stderr, ci95, n, values) and,
+where the runs have items.json, an `items` object (see results/items.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import tables
+from .items import MDE_RUNS
+
+MAIN = "main"  # the key of the headline table among a model's tables
+FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
+SMALL, SMALL_TEX = "‡", "\\textsuperscript{\\ddag}"  # beside an item-level figure from few items or a rate of 0 or 1
+
+ITEMS_NOTE = (
+    "Items: each task's score averaged over the runs that graded it, then the mean over tasks, with its "
+    "standard error (SE, in parentheses) and 95% interval [in brackets]; the intervals say how well the score is "
+    "known given the tasks drawn. Methods per column in the last row: naive = SE over independent items; "
+    "cr1:<key> = cluster-robust SE (CR1) over tasks sharing <key>; delta = the delta method for a ratio of item "
+    "means; t(df) = Student's t with df = items − 1, or clusters − 1 when clustered; z = normal; wilson = "
+    "Wilson's interval. Intervals of rates are clipped to [0, 100] for display (aggregate.json has them raw)."
+)
+SMALL_NOTE = (
+    f"{SMALL} Small sample (fewer than 100 items, or a rate of exactly 0 or 100, or no spread): the interval of a "
+    "rate is Wilson's (for clustered items, on the effective sample size); other figures: cross-check with "
+    "`--bootstrap`."
+)
+RUNS_NOTE = (
+    "Runs: mean ± {std} over the runs: reproducibility of the score on this task set (sampling and judge noise), "
+    "not an error bar for the model's skill."
+)
+RUNS_CI_NOTE = (
+    "t-interval over runs: mean ± t(runs − 1) · s/√runs, conditional on the task set (it leaves out which tasks "
+    "were drawn); not clipped."
+)
+POWER_NOTE = (
+    "Minimum detectable difference (MDE): the smallest true gap, in points, that a two-sided test at α = 0.05 "
+    "finds with 80% power against a model of the same variance when the two are not paired (a paired comparison, "
+    "below, usually does better). Projected from the spread between each task's runs for other runs per task."
+)
+COMPARE_NOTE = (
+    "Paired comparisons: model − baseline on the tasks both graded, task by task (a task missing for either "
+    "model is left out and counted), with the SE of the paired difference (clustered like the figure), its 95% "
+    "interval, two-sided p-value, the correlation of the two models' task scores, and the MDE of this pair."
+)
+
+
+@dataclass(frozen=True)
+class Tables:
+    markdown: str
+    csv: str
+    latex: str
+    comparisons_csv: str
+
+
+def table_figures(title: str, model: dict) -> dict:
+    """A model's figures of one table: the headline table's, or an extra table's by title."""
+    return model["figures"] if title == MAIN else model["extra_tables"].get(title, {})
+
+
+def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
+    names: list[str] = []
+    for m in models:
+        names += [n for n in figures_of(m) if n not in names]
+    return names
+
+
+def _p(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _interval(items: dict) -> tuple[float, float] | None:
+    ci = items.get("ci95")
+    if not ci:
+        return None
+    low, high = ci
+    if items.get("proportion"):
+        low, high = max(0.0, low), min(1.0, high)
+    return low, high
+
+
+def items_cell(items: dict | None, tex: bool = False) -> str:
+    """`mean (SE) [low, high]` in percent, with the small-sample mark."""
+    if not items or items.get("mean") is None:
+        return "--" if tex else "-"
+    text = _p(items["mean"]) + (f" ({_p(items['se'])})" if items.get("se") is not None else "")
+    interval = _interval(items)
+    if interval:
+        text += f" [{_p(interval[0])}, {_p(interval[1])}]"
+    if tex:
+        text = tables.latex_escape(text) + (SMALL_TEX if items.get("small_sample") else "")
+    elif items.get("small_sample"):
+        text += f" {SMALL}"
+    return text
+
+
+def runs_cell(figure: dict | None, std_key: str, with_ci: bool, tex: bool = False) -> str:
+    if not figure or figure.get("mean") is None:
+        return "--" if tex else "-"
+    mean, std = 100 * figure["mean"], 100 * figure[std_key]
+    text = f"${mean:.1f} \\pm {std:.1f}$" if tex else f"{mean:.1f} ± {std:.1f}"
+    if with_ci:
+        ci = figure.get("ci95")
+        span = f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "[n/a: 1 run]"
+        text += " " + (tables.latex_escape(span) if tex else span)
+    return text
+
+
+def _method(models: list[dict], figures_of: Callable[[dict], dict], name: str) -> str:
+    """How a column's item-level figures were made, when all models agree (else "varies")."""
+    seen = set()
+    for m in models:
+        items = (figures_of(m).get(name) or {}).get("items")
+        if items and items.get("mean") is not None:
+            seen.add(f"{items['se_method']}, {items['ci_method'] or 'no interval'}")
+    return seen.pop() if len(seen) == 1 else ("varies (see JSON)" if seen else "-")
+
+
+def _has_items(models: list[dict], figures_of: Callable[[dict], dict]) -> bool:
+    return any((f or {}).get("items") for m in models for f in figures_of(m).values())
+
+
+def _headline_items(model: dict) -> dict | None:
+    first = next(iter(model["figures"].values()), None)
+    return (first or {}).get("items")
+
+
+def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, runs_ci: bool, flag_note: str) -> Tables:
+    """Every table of a benchmark's aggregate, in Markdown, CSV (one row per model) and LaTeX."""
+    std_key = f"std_{std_kind}"
+    std_words = "sample std (ddof 1)" if std_kind == "sample" else "population std (ddof 0)"
+    std_tex = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
+    md: list[str] = []
+    tex: list[str] = []
+    flagged = {m["model"] for m in models if m["flagged"]}
+    main_names = _names(models, lambda m: m["figures"])
+    first = main_names[0] if main_names else None
+
+    # the leaderboard: the headline figure, over items and over runs
+    if first is not None:
+        headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
+        headers += [f"{first}: runs, mean ± std", f"MDE ({first})", "Cost/run (USD)"]
+        rows, tex_rows = [], []
+        for m in models:
+            figure = m["figures"].get(first)
+            items = (figure or {}).get("items") or {}
+            mark = f" {FLAG}" if m["model"] in flagged else ""
+            cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
+            counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
+            rows.append(
+                [m["model"], len(m["runs"]), *counts, items_cell(items) + mark]
+                + [runs_cell(figure, std_key, False), _p(items.get("mde")), cost]
+            )
+            tex_rows.append(
+                [m["model"], len(m["runs"]), *counts, items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
+                + [runs_cell(figure, std_key, False, tex=True), _p(items.get("mde")), cost]
+            )
+        notes = [ITEMS_NOTE if _has_items(models, lambda m: m["figures"]) else NO_ITEMS_NOTE]
+        notes.append(RUNS_NOTE.format(std=std_words))
+        if flagged and flag_note:
+            notes.append(flag_note)
+        md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
+        md.append("\n\n".join(notes) + "\n")
+        tex.append(
+            tables.latex_table(headers, tex_rows, caption=tables.latex_escape(f"{bench.name}: leaderboard, in percent"))
+        )
+
+    titles = [MAIN] + list(dict.fromkeys(t for m in models for t in m["extra_tables"] if t))
+    for title in titles:
+
+        def figures_of(m: dict, title: str = title) -> dict:
+            return table_figures(title, m)
+
+        names = _names(models, figures_of)
+        if not names:
+            continue
+        heading = bench.name if title == MAIN else f"{bench.name}: {title}"
+        if _has_items(models, figures_of):
+            rows = [
+                [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items")) for n in names)] for m in models
+            ]
+            rows.append(["method", *(_method(models, figures_of, n) for n in names)])
+            md.append(
+                f"## {heading}: item-level estimates, in percent\n\n" + tables.markdown_table(["Model", *names], rows)
+            )
+            if any(
+                ((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names
+            ):
+                md.append(SMALL_NOTE + "\n")
+            tex_rows = [
+                [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items"), tex=True) for n in names)]
+                for m in models
+            ]
+            caption = f"{heading}: item-level mean (SE) [95% CI], in percent"
+            tex.append(tables.latex_table(["Model", *names], tex_rows, caption=tables.latex_escape(caption)))
+        if any(f.get("mean") is not None for m in models for f in figures_of(m).values()):
+            rows = [
+                [m["model"], len(m["runs"]), *(runs_cell(figures_of(m).get(n), std_key, runs_ci) for n in names)]
+                for m in models
+            ]
+            tex_rows = [
+                [
+                    m["model"],
+                    len(m["runs"]),
+                    *(runs_cell(figures_of(m).get(n), std_key, runs_ci, tex=True) for n in names),
+                ]
+                for m in models
+            ]
+            if title == MAIN:  # the benchmark's mark beside the headline figure (flag_note says why)
+                for m, row, tex_row in zip(models, rows, tex_rows):
+                    if m["model"] in flagged:
+                        row[2] += f" {FLAG}"
+                        tex_row[2] += FLAG_TEX
+            md.append(
+                f"## {heading}: run-to-run, mean ± {std_words} over runs, in percent\n\n"
+                + tables.markdown_table(["Model", "Runs", *names], rows)
+                + (f"\n{RUNS_CI_NOTE}\n" if runs_ci else "")
+            )
+            caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {std_tex} over runs, in percent"
+            if title == MAIN and flagged and flag_note:
+                caption += ". " + tables.latex_escape(flag_note).replace(FLAG, FLAG_TEX)
+            tex.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
+
+    power = _power_table(models, first)
+    if power:
+        md.append(f"## {bench.name}: power ({first}), in points\n\n" + power + f"\n{POWER_NOTE}\n")
+    shown = [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]
+    if shown:
+        md.append(
+            f"## {bench.name}: paired comparisons, in points\n\n" + _comparison_table(shown) + f"\n{COMPARE_NOTE}\n"
+        )
+        tex.append(_comparison_latex(shown, bench.name))
+    md.append(f"{bench.aggregate_note}\n")
+    return Tables("\n".join(md), _csv(models, titles, std_kind), "\n".join(tex), _comparisons_csv(comparisons))
+
+
+NO_ITEMS_NOTE = "Items: no items.json beside the runs' score.json (scored by an older version): run score again."
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _power_table(models: list[dict], first: str | None) -> str:
+    rows = []
+    for m in models:
+        items = ((m["figures"].get(first) or {}).get("items") or {}) if first else {}
+        if items.get("mde") is None:
+            continue
+        projected = items.get("mde_runs") or {}
+        k = items["runs_per_item"][1]
+        rows.append([m["model"], f"{_p(items['mde'])} ({k} runs)", *(_p(projected.get(str(r))) for r in MDE_RUNS)])
+    if not rows:
+        return ""
+    return tables.markdown_table(["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)], rows)
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}"
+
+
+def _comparison_row(c: dict) -> list[str]:
+    ci = c["ci95"]
+    return [
+        c["model"],
+        c["baseline"],
+        c["figure"],
+        f"{_signed(c['diff'])} ({_p(c['se'])})",
+        f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-",
+        "-" if c["p_value"] is None else f"{c['p_value']:.3g}",
+        "-" if c["correlation"] is None else f"{c['correlation']:.2f}",
+        str(c["n_items"]),
+        _count(c["n_clusters"]),
+        str(c["n_left_out"]),
+        _p(c["mde"]),
+    ]
+
+
+COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
+COMPARE_HEADERS += ["Items", "Clusters", "Left out", "MDE"]
+
+
+def _comparison_table(comparisons: list[dict]) -> str:
+    return tables.markdown_table(COMPARE_HEADERS, [_comparison_row(c) for c in comparisons])
+
+
+def _comparison_latex(comparisons: list[dict], bench: str) -> str:
+    rows = [[row[0], *map(tables.latex_escape, row[1:])] for row in map(_comparison_row, comparisons)]
+    caption = tables.latex_escape(f"{bench}: paired comparisons (model − baseline), in points")
+    return tables.latex_table(COMPARE_HEADERS, rows, caption=caption)
+
+
+def _r(value: float | None, scale: float = 100) -> object:
+    return "" if value is None else round(scale * value, 4)
+
+
+def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
+    """One row per model: per figure its run-level columns, then its item-level ones."""
+    headers = ["model", "runs"]
+    rows: list[list] = [[m["model"], len(m["runs"])] for m in models]
+    for title in titles:
+
+        def figures_of(m: dict, title: str = title) -> dict:
+            return table_figures(title, m)
+
+        prefix = "" if title == MAIN else f"{title}: "
+        for name in _names(models, figures_of):
+            headers += [
+                f"{prefix}{name} {part}"
+                for part in ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")
+            ]
+            headers += [
+                f"{prefix}{name} items {part}"
+                for part in ("mean %", "se %", "ci95 low %", "ci95 high %", "n", "clusters", "se method", "ci method")
+            ]
+            for row, m in zip(rows, models):
+                f = figures_of(m).get(name) or {}
+                ci = f.get("ci95") or [None, None]
+                if f.get("mean") is not None:
+                    row += [_r(f["mean"]), _r(f[f"std_{std_kind}"]), _r(f["stderr"]), _r(ci[0]), _r(ci[1])]
+                else:
+                    row += [""] * 5
+                items = f.get("items") or {}
+                ici = items.get("ci95") or [None, None]
+                row += [_r(items.get("mean")), _r(items.get("se")), _r(ici[0]), _r(ici[1])]
+                row += [items.get("n_items", ""), _count(items.get("n_clusters")) if items else ""]
+                row += [items.get("se_method", ""), items.get("ci_method") or ""]
+    headers.append("cost_usd_per_run")
+    for row, m in zip(rows, models):
+        row.append("" if m["cost_usd_per_run"] is None else round(m["cost_usd_per_run"], 6))
+    return tables.csv_text(headers, rows)
+
+
+def _comparisons_csv(comparisons: list[dict]) -> str:
+    headers = ["model", "baseline", "table", "figure", "diff %", "se %", "ci95 low %", "ci95 high %", "p_value"]
+    headers += ["correlation", "n_items", "n_clusters", "n_left_out", "mde %", "se method", "ci method"]
+    rows = []
+    for c in comparisons:
+        ci = c["ci95"] or [None, None]
+        rows.append(
+            [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
+            + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
+            + [_count(c["n_clusters"])]
+            + [c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
+        )
+    return tables.csv_text(headers, rows)
