@@ -9,6 +9,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 REPORT_STAMP := $(VENV)/.report-installed
+DATA_STAMP := $(VENV)/.data-installed
 
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
@@ -21,7 +22,7 @@ PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))
 pipeline_settings = $(foreach v,$(PIPELINE_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
-.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report coin-flip-data error-recovery-data chaos bench clean-venv
+.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench clean-venv
 
 install: $(STAMP)
 
@@ -42,6 +43,11 @@ $(REPORT_STAMP): $(STAMP) requirements-report.txt
 
 # The whole pipeline offline on a real local model (no account needed).
 demo: $(DEMO_STAMP) $(REPORT_STAMP)
+# Hugging Face Hub downloads (optional for the pipeline; the tests exercise them, so `make test` installs it too).
+$(DATA_STAMP): $(STAMP) requirements-data.txt
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-data.txt
+	touch $(DATA_STAMP)
+
 	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d $(call quote,$(BBM_DIR)) ]; then \
 	  $(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(call quote,$(BBM_DIR)) --out data/error_recovery --variants small; fi
 	$(PYTHON) -m evalpipe.devtools.demo
@@ -51,11 +57,11 @@ serve-local: $(DEMO_STAMP)
 	$(PYTHON) -m evalpipe.devtools.localmodel serve $(if $(LOCAL_PORT),--port $(call quote,$(LOCAL_PORT)))
 
 # The tests run only once lint passes, so CI (`make test`) keeps it green.
-test: lint $(STAMP) $(REPORT_STAMP)
+test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP)
 	$(PYTHON) -m pytest -q
 
 # The in-process layer alone (no subprocesses; about 20 s): for a quick loop while editing.
-test-fast: $(STAMP) $(REPORT_STAMP)
+test-fast: $(STAMP) $(REPORT_STAMP) $(DATA_STAMP)
 	$(PYTHON) -m pytest -q -m "not e2e"
 
 # Formatting, lint rules and types (ruff and mypy; their settings are in pyproject.toml).
@@ -87,6 +93,11 @@ error-recovery-data: $(STAMP)
 # Kill every stage at random under injected faults; prints kills, faults, rows lost, duplicates.
 CHAOS_KILLS ?= 20
 chaos: $(STAMP)
+# The real datasets from the Hugging Face Hub into data/hf/ (git-ignored), with a lock file of revision and
+# sha256: CL-bench and CoinFlip, or one (BENCH=clbench|coin_flip); REVISION=... instead of the pinned one.
+data: $(DATA_STAMP)
+	$(PYTHON) -m evalpipe.datasets.hub $(if $(BENCH),$(call quote,$(BENCH))) $(if $(REVISION),--revision $(call quote,$(REVISION)))
+
 	$(PYTHON) -m evalpipe.devtools.chaos --kills $(CHAOS_KILLS)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each

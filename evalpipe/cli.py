@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import benchmarks, redact
+from .datasets import hub
 from .errors import EXIT_INTERRUPTED, UNWRITABLE_ERRNOS, BadInput, OutputUnwritable, StageError
 from .paths import DEFAULT_ROOT
 
@@ -58,7 +59,9 @@ def parser_for(
     per_run: bool = True,
 ):
     """Parse argv in two passes: --bench first, then the full flag set including the benchmark's own.
-    Without --bench, --help also lists every other benchmark's own flags (they still parse only with it)."""
+    Without --bench, --help also lists every other benchmark's own flags (they still parse only with it).
+    A word `hf://<repo>[@<revision>]/<file or split>` stands for that Hub file, fetched into data/hf/ first."""
+    argv = hub.resolve_argv(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--bench")
     known, _ = pre.parse_known_args(argv)
@@ -169,7 +172,12 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         "--backoff", type=float, default=1.0, help="first backoff wait in seconds, doubled per retry (default 1)"
     )
     g.add_argument("--backoff-max", type=float, default=60.0, help="longest backoff wait in seconds (default 60)")
-    g.add_argument("--temperature", type=float)
+    g.add_argument(
+        "--temperature",
+        type=number_or_none,
+        help="sent as temperature (default: not sent, or the benchmark's own for infer: coin_flip sends 0, as "
+        "EvalScope does); `none` sends none",
+    )
     g.add_argument("--top-p", type=float)
     g.add_argument("--max-tokens", type=int, help="cap on generated tokens")
     g.add_argument(
@@ -247,6 +255,11 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         default="auto",
         help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)",
     )
+
+
+def number_or_none(text: str) -> float | None:
+    """A number, or `none` for a parameter not to send at all."""
+    return None if text.strip().lower() == "none" else float(text)
 
 
 def _extra_body(text: str | None) -> dict:

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from . import benchmarks, jsonl
-from .errors import BadInput
+from .datasets import hub
+from .errors import BadInput, StageError
 
 
 def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) -> int:
@@ -35,7 +36,11 @@ def main() -> int:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--input", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
+    try:
+        args = parser.parse_args(hub.resolve_argv(sys.argv[1:]))  # --data/--input may be hf://...
+    except StageError as exc:
+        print(f"expand: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     if args.output.exists():
         print(f"expand: error: {args.output} exists; choose a new file", file=sys.stderr)
         return 2

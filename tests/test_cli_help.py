@@ -48,7 +48,7 @@ def test_infer_help_without_bench_lists_the_other_benchmarks_flags(capsys):
 def test_judge_help_without_bench_lists_the_other_benchmarks_flags(capsys):
     text = help_text(capsys, "judge")
     shown = groups(text)
-    assert "--parse {strict,lenient}" in shown["coin_flip options (with --bench coin_flip)"]
+    assert "--parse {evalscope,strict,lenient}" in shown["coin_flip options (with --bench coin_flip)"]
     assert "--judge-prompt" in text and "--error-analysis" in text  # clbench's own, in their usual place
     assert not any(title.startswith("error_recovery options") for title in shown)  # it has no judge flags
 
@@ -57,7 +57,11 @@ def test_help_with_bench_shows_that_benchmarks_flags(capsys):
     text = help_text(capsys, "infer", "--bench", "coin_flip")
     assert "--fewshot FEWSHOT" in text and "options (with --bench" not in text and "--reasoning-role" not in text
     text = help_text(capsys, "judge", "--bench=coin_flip")
-    assert "--parse {strict,lenient}" in text and "--judge-prompt" not in text and "options (with --bench" not in text
+    assert (
+        "--parse {evalscope,strict,lenient}" in text
+        and "--judge-prompt" not in text
+        and "options (with --bench" not in text
+    )
 
 
 def test_another_benchmarks_flag_is_still_an_error_without_its_bench(capsys):

@@ -14,7 +14,6 @@ from evalpipe.benchmarks.coin_flip import (
     ZERO_SHOT,
     CoinFlip,
     CoinFlipOptions,
-    parse_answer,
     worked_example,
 )
 from evalpipe.datasets import coin_flip as gen
@@ -27,28 +26,12 @@ from .conftest import ROOT, read_jsonl, write_jsonl
 DATA = ROOT / "data" / "coin_flip"
 
 
-# ---- parse rules
+# ---- parse rules: the table of reply shapes is tests/test_coin_flip_parse.py
 
 
-@pytest.mark.parametrize(
-    "text, strict, lenient",
-    [
-        ("Reasoning...\nANSWER: YES", "YES", "YES"),
-        ("ANSWER: no", "NO", "NO"),
-        ("Answer: yes", None, "YES"),
-        ("**ANSWER: YES**", None, "YES"),
-        ("ANSWER: YES.", None, "YES"),
-        ("ANSWER: NO\nwait, let me recount\nANSWER: YES", "YES", "YES"),
-        ("ANSWER:\nNO", "NO", "NO"),
-        ("ANSWER: YES, the coin is heads up", None, "YES"),
-        ("ANSWER: MAYBE", None, None),
-        ("The coin is heads up. YES", None, None),
-        ("", None, None),
-    ],
-)
-def test_parse_rules(text, strict, lenient):
-    assert parse_answer(text, "strict") == strict
-    assert parse_answer(text, "lenient") == lenient
+def test_lenient_is_evalscope_under_one_name():
+    assert CoinFlip(CoinFlipOptions(parse="lenient")).options.parse == "evalscope"
+    assert CoinFlip().options.parse == "evalscope"  # the default
 
 
 # ---- metrics
@@ -268,7 +251,8 @@ def test_make_pipeline_for_coin_flip(server, env, tmp_path):
     p, r = tp / (tp + fp), tp / (tp + fn)
     assert abs(score["f1"] - 2 * p * r / (p + r)) < 1e-12
     judged = read_jsonl(tmp_path / "coin_flip" / "m" / "run-1" / "judge.jsonl")
-    assert all(row["parse_mode"] == "strict" for row in judged)
+    assert all(row["parse_mode"] == "evalscope" for row in judged)  # EvalScope's rule is the default
+    assert all(r.body["temperature"] == 0 for r in server.chat_requests())  # as EvalScope sends it
     sent = sorted(r.last_content for r in server.chat_requests())
     assert all(len(r.messages) == 1 and r.messages[0]["role"] == "user" for r in server.chat_requests())
     assert sent == sorted(ZERO_SHOT.format(question=t["question"]) for t in tasks for _ in range(2))  # 2 runs
@@ -278,16 +262,42 @@ def test_make_pipeline_for_coin_flip(server, env, tmp_path):
 
 
 @pytest.mark.e2e
-def test_lenient_parse_regrades_without_calls(server, stage, tmp_path):
+def test_another_parse_mode_regrades_without_calls_and_is_in_the_gradings_fingerprint(server, stage, tmp_path):
     server.handler = lambda r: Reply(content="**ANSWER: YES**")
     stage("infer", "--bench", "coin_flip", "--model", "m", "--output", "infer.jsonl", "--max-samples", "10", check=0)
-    stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", check=0)
-    stage("score", "--bench", "coin_flip", "--input", "judge.jsonl", check=0)
-    strict = json.loads((tmp_path / "score.json").read_text())
-    assert strict["unparsed"] == 10
+    answers = json.loads((tmp_path / "infer.jsonl.manifest.json").read_text())["fingerprint"]
     calls = len(server.chat_requests())
-    stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", "--parse", "lenient", check=0)
-    stage("score", "--bench", "coin_flip", "--input", "judge.jsonl", check=0)
-    lenient = json.loads((tmp_path / "score.json").read_text())
-    assert lenient["unparsed"] == 0 and lenient["yes_ratio"] == 1.0
-    assert len(server.chat_requests()) == calls
+
+    def grade(*flags):
+        stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", *flags, check=0)
+        stage("score", "--bench", "coin_flip", "--input", "judge.jsonl", check=0)
+        judged = read_jsonl(tmp_path / "judge.jsonl")[-10:]
+        grading = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())["fingerprint"]
+        return json.loads((tmp_path / "score.json").read_text()), {r["parse_mode"] for r in judged}, grading
+
+    default, modes, grading = grade()  # evalscope: bold markers around the line are stripped
+    assert default["unparsed"] == 0 and default["yes_ratio"] == 1.0
+    assert modes == {"evalscope"} and grading == {"grader": "rule", "parse": "evalscope"}
+    strict, modes, grading = grade("--parse", "strict")  # the same answers graded again: none is parsed
+    assert strict["unparsed"] == 10 and modes == {"strict"} and grading["parse"] == "strict"
+    alias, modes, grading = grade("--parse", "lenient")  # an alias: recorded under its one name
+    assert alias["unparsed"] == 0 and modes == {"evalscope"} and grading["parse"] == "evalscope"
+    assert len(server.chat_requests()) == calls  # grading is free
+    infer_manifest = json.loads((tmp_path / "infer.jsonl.manifest.json").read_text())
+    assert infer_manifest["fingerprint"] == answers and "parse" not in answers  # the answers did not change
+    assert answers["temperature"] == 0.0
+
+
+@pytest.mark.e2e
+def test_temperature_flag_overrides_or_drops_the_default(server, stage, tmp_path):
+    def infer(output, *flags):
+        stage("infer", "--model", "m", "--output", output, "--max-samples", "2", *flags, check=0)
+
+    infer("a.jsonl", "--bench", "coin_flip")  # EvalScope's temperature 0
+    infer("b.jsonl", "--bench", "coin_flip", "--temperature", "0.7")
+    infer("c.jsonl", "--bench", "coin_flip", "--temperature", "none")  # for models that refuse the field
+    infer("d.jsonl")  # clbench: nothing sent, as upstream
+    sent = [r.body.get("temperature", "unset") for r in server.chat_requests()]
+    assert sent == [0, 0, 0.7, 0.7, "unset", "unset", "unset", "unset"]
+    params = [json.loads((tmp_path / f"{n}.jsonl.manifest.json").read_text())["params"] for n in "abcd"]
+    assert params == [{"temperature": 0.0}, {"temperature": 0.7}, {}, {}]

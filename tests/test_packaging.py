@@ -12,6 +12,7 @@ FILES = {
     "requirements-dev.txt": PROJECT["optional-dependencies"]["tests"],
     "requirements-report.txt": PROJECT["optional-dependencies"]["plots"],
     "requirements-demo.txt": PROJECT["optional-dependencies"]["local"],
+    "requirements-data.txt": PROJECT["optional-dependencies"]["data"],
 }
 
 

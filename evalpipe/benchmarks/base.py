@@ -75,6 +75,8 @@ class Benchmark:
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
     demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
+    # infer's defaults for generation flags, where the reference sends its own (e.g. temperature 0)
+    generation_defaults: ClassVar[dict[str, Any]] = {}
     # the figures aggregate gives item-level error bars, as ratios of item means of item_columns()
     item_figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score"),)
     item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)

@@ -1,14 +1,15 @@
 """CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO.
 
-Prompts use EvalScope's templates exactly; the answer is read from the last `ANSWER:` line by a
-rule (no judge model); F1 over YES/NO is the headline metric.
+Prompts use EvalScope's templates exactly; the answer is read by EvalScope 1.14.1's rule (no judge
+model; `parse_answer`); F1 over YES/NO is the headline metric. Requests carry `temperature: 0`, as
+EvalScope sends them, unless --temperature says otherwise.
 """
 
 import json
 import random
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,13 @@ FEW_SHOT_HEADER = "Here are some examples of how to solve similar problems:"
 DATA_DIR = PROJECT / "data" / "coin_flip"
 
 _STRICT = re.compile(r"ANSWER:\s*(.*)")
-_LENIENT = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
-_MARKUP = re.compile(r"[*_`]+")
+# EvalScope 1.14.1 (SPEC §2): the answer marker alone (case-insensitive, bold allowed after the colon),
+# then the verdict words: an exact lower-case reply, else exactly one kind of whole capitalised word.
+_MARKER = re.compile(r"ANSWER\s*:\s*\**\s*", re.IGNORECASE)
+_EXACT = re.compile(r"(yes|no)[.!]?")
+_YES_WORD = re.compile(r"\b(?:Yes|YES)\b")
+_NO_WORD = re.compile(r"\b(?:No|NO)\b")
+PARSE_MODES = ("evalscope", "strict", "lenient")  # lenient: an alias of evalscope, kept for old command lines
 _PERSON = re.compile(r" ([^ .]+) (flips|does not flip) the coin\.")
 
 
@@ -57,13 +63,13 @@ def worked_example(question: str, answer: str) -> str:
     return f"{question}\n\nReasoning:\n{' '.join(steps)}\nANSWER: {verdict}"
 
 
-def parse_answer(text: str, mode: str = "strict") -> str | None:
+def parse_answer(text: str, mode: str = "evalscope") -> str | None:
     """YES, NO, or None when unparsed.
 
-    strict (EvalScope-compatible): the last match of `ANSWER:\\s*(.*)` (case-sensitive marker),
-    stripped and upper-cased, must be exactly YES or NO.
-    lenient (EvalScope 1.14.1 style): case-insensitive marker, markdown emphasis removed, and the
-    first whole word after it must be yes or no.
+    evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's, see `evalscope_extract`
+    and `evalscope_verdict`.
+    strict (an older, stricter rule for format-following studies): the text after the last
+    case-sensitive `ANSWER:` to the end of its line, stripped, must be YES or NO in any case.
     """
     if mode == "strict":
         found = _STRICT.findall(text or "")
@@ -71,12 +77,30 @@ def parse_answer(text: str, mode: str = "strict") -> str | None:
             return None
         verdict = found[-1].strip().upper()
         return verdict if verdict in ("YES", "NO") else None
-    found = _LENIENT.findall(_MARKUP.sub("", text or ""))
-    if not found:
+    return evalscope_verdict(evalscope_extract(text or ""))
+
+
+def evalscope_extract(text: str) -> str:
+    """The answer text as EvalScope 1.14.1 extracts it: after the last `ANSWER:` marker (any case, bold
+    markers after the colon allowed) to the end of that line, stripped of whitespace, then of `*` at
+    both ends, then of whitespace; without a marker, the whole reply unchanged."""
+    markers = list(_MARKER.finditer(text))
+    if not markers:
+        return text
+    line = text[markers[-1].end() :].split("\n", 1)[0]
+    return line.strip().strip("*").strip()
+
+
+def evalscope_verdict(answer: str) -> str | None:
+    """EvalScope 1.14.1's verdict: an exact lower-case `yes`/`no` (one optional `.` or `!`) decides;
+    otherwise exactly one of the whole words Yes/YES or No/NO must occur (both or neither: None)."""
+    exact = _EXACT.fullmatch(answer.strip())
+    if exact:
+        return exact.group(1).upper()
+    has_yes, has_no = _YES_WORD.search(answer) is not None, _NO_WORD.search(answer) is not None
+    if has_yes == has_no:
         return None
-    words = re.findall(r"[A-Za-z]+", found[-1])
-    verdict = words[0].upper() if words else ""
-    return verdict if verdict in ("YES", "NO") else None
+    return "YES" if has_yes else "NO"
 
 
 _GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}
@@ -129,10 +153,11 @@ class CoinFlipOptions:
         DATA_DIR / "validation.jsonl", "split the demos come from (default data/coin_flip/validation.jsonl)"
     )
     parse: str = flag(
-        "strict",
-        "answer parsing: strict (EvalScope-compatible, default) or lenient (EvalScope 1.14.1 style)",
+        "evalscope",
+        "answer parsing: evalscope (default: EvalScope 1.14.1's rule exactly), strict (a case-sensitive "
+        "ANSWER: line that is exactly YES or NO, for format-following studies), or lenient (the same as evalscope)",
         stage="judge",
-        choices=("strict", "lenient"),
+        choices=PARSE_MODES,
     )
 
 
@@ -152,10 +177,14 @@ class CoinFlip(Benchmark):
     )
     # three worked demos teach even the tiny model the ANSWER line
     demo = {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"}
+    # what EvalScope sends for coin_flip; infer uses it unless --temperature is given (docs/upstream.md)
+    generation_defaults = {"temperature": 0.0}
     options: CoinFlipOptions
 
     def __init__(self, options: CoinFlipOptions | None = None):
         super().__init__(options)
+        if self.options.parse == "lenient":  # one name per rule: rows and fingerprints say evalscope
+            self.options = replace(self.options, parse="evalscope")
         self.demos = ""
         fewshot, data = self.options.fewshot, self.options.fewshot_data
         if fewshot:

@@ -96,8 +96,9 @@ def _dry_run(job: Job, args) -> int:
 
 
 def _refuse(job: Job, args, written: Written, in_batches: list[dict]) -> None:
-    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches."""
-    paid_for = written or in_batches or job.also_paid_for()
+    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches.
+    A rule's rows (no endpoint) cost nothing: the benchmark's `is_judged` decides which to grade again."""
+    paid_for = job.endpoint is not None and (written or in_batches or job.also_paid_for())
     if job.fingerprint is not None and paid_for and not args.allow_config_change:
         manifest.refuse_if_changed(job.output, job.fingerprint)
     batch_backend.refuse_other_engines(job.output, in_batches, args)

@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import cli, jsonl, manifest, paths
 from ..benchmarks import Benchmark, row_id
 from ..checkpoint import StepCache
+from ..datasets import hub
 from ..llm import Endpoint
 from . import engine
 
@@ -18,7 +19,11 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     """infer's own flags and the endpoint's (cli.parser_for adds the benchmark's)."""
     parser.add_argument("--model", required=True, help="model name sent to the endpoint")
     default = bench.default_data.relative_to(paths.PROJECT) if bench.default_data else None
-    parser.add_argument("--input", type=Path, help=f"dataset JSONL (default: the bundled sample, {default})")
+    parser.add_argument(
+        "--input",
+        type=Path,
+        help=f"dataset JSONL, or hf://<repo>[@<revision>]/<file or split> (default: the bundled sample, {default})",
+    )
     parser.add_argument(
         "--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)"
     )
@@ -36,6 +41,8 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         "without it such a rerun is refused",
     )
     cli.add_endpoint_args(parser)
+    # the reference's generation settings for this benchmark (e.g. coin_flip: temperature 0), unless given
+    parser.set_defaults(**bench.generation_defaults)
 
 
 def main(argv: list[str]) -> int:
@@ -94,6 +101,7 @@ def _record(bench: Benchmark, args, data: Path, data_sha: str, endpoint: Endpoin
         "benchmark": bench.name,
         "dataset": str(data.resolve()),
         "dataset_sha256": data_sha,
+        "dataset_source": hub.source_of(data),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
         "max_samples": args.max_samples,
         "model": args.model,
         "endpoint": endpoint.host,

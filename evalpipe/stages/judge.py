@@ -9,11 +9,13 @@ import gc
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 from .. import cli, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis
+from ..datasets import hub
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..llm import Endpoint
 from . import engine
@@ -38,8 +40,8 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--input",
         type=Path,
-        help="inference JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl; "
-        "with --error-analysis the judge JSONL)",
+        help="inference JSONL, or hf://<repo>[@<revision>]/<file> "
+        "(default outputs/<bench>/<model>/run-<K>/infer.jsonl; with --error-analysis the judge JSONL)",
     )
     parser.add_argument(
         "--output",
@@ -111,8 +113,9 @@ def input_path(bench: Benchmark, args, first_file: str) -> Path:
 
 
 def _default_output(in_path: Path) -> Path:
-    """judge.jsonl beside an infer.jsonl, else outputs/<input-name>_graded.jsonl as upstream."""
-    if in_path.name == "infer.jsonl":
+    """judge.jsonl beside an infer.jsonl (not one fetched from the Hub), else outputs/<input-name>_graded.jsonl
+    as upstream."""
+    if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
         return in_path.with_name("judge.jsonl")
     return Path("outputs") / f"{in_path.stem}_graded.jsonl"
 
@@ -154,7 +157,7 @@ def rows_job(
 ) -> engine.Job:
     """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
     the output's latest row for its id `is_done`; `work(row, client)` makes it."""
-    fingerprint = _fingerprint(args, endpoint, prompts)
+    fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
 
     def announce(pending: list) -> None:
         """Say how many of the input rows are done and how many this run does."""
@@ -185,10 +188,13 @@ def rows_job(
     )
 
 
-def _fingerprint(args, endpoint: Endpoint | None, prompts: list[str]) -> dict | None:
-    """What makes the rows what they are: the prompts and the flags that shape a judge request."""
+def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
+    """What makes the rows what they are: the prompts and the flags that shape a judge request; for a
+    rule, the benchmark's own judge options (e.g. CoinFlip's --parse). The answers' fingerprint (infer's)
+    never holds these: grading again another way leaves the answers as they are."""
     if endpoint is None:
-        return None  # a rule judge: nothing about the judge to keep apart
+        own = [f.name for f in fields(bench.Options) if f.metadata.get("stage") == stage]
+        return {"grader": "rule", **{name: getattr(bench.options, name) for name in own}}
     inputs = {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}
     return manifest.fingerprint(args, inputs, _NOT_IN_FINGERPRINT)
 

@@ -1,0 +1,499 @@
+"""Real datasets from the Hugging Face Hub, fetched once into data/hf/ and locked by commit and sha256.
+
+    python -m evalpipe.datasets.hub                          # every benchmark's published data (make data)
+    python -m evalpipe.datasets.hub clbench --revision REV   # one benchmark, another revision
+    python -m evalpipe.datasets.hub hf://owner/name@REV/FILE-OR-SPLIT
+
+A file lands at data/hf/<owner>/<name>/<path in the repo>; `hf-lock.json` beside it records, per
+file, the revision asked for, the commit it resolved to, the size and the sha256, so that a later
+run can prove it reads the same bytes. The stages take `--input hf://<repo>[@<revision>]/<file or
+split>` (also `--data`, `--fewshot-data`): `resolve_argv` turns each such word into the local file
+through the same code. A file already fetched at a pinned commit is used offline. A branch or tag
+is asked of the Hub each time: if it now points elsewhere than the lock records, the run stops and
+says how to take the new data or keep the old. Downloads go through `huggingface_hub` (its cache,
+HF_ENDPOINT, HF_TOKEN or `hf auth login` for gated repos) and are copied into place atomically:
+nothing half-written is ever left in data/.
+
+The download needs the optional `huggingface_hub` (requirements-data.txt, installed by `make data`);
+reading an already-fetched file does not.
+"""
+
+import argparse
+import hashlib
+import os
+import re
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+import orjson
+
+from .. import jsonl
+from ..errors import EXIT_UNREACHABLE, BadInput, StageError
+from ..paths import PROJECT
+
+SCHEME = "hf://"
+LOCK_NAME = "hf-lock.json"
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+# tencent/CL-bench: the newest commit we could identify without network ("Update README.md", with
+# CL-bench.jsonl); --revision (make data REVISION=...) takes another.
+CLBENCH_REVISION = "6f5df61d91c8f0e861b031f84cc1cb5bfbe4c20e"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a benchmark's real data is published: a dataset repo, a revision, and its files or splits."""
+
+    repo: str
+    revision: str
+    targets: tuple[str, ...]
+    note: str = ""
+
+
+SOURCES: dict[str, Source] = {
+    "clbench": Source("tencent/CL-bench", CLBENCH_REVISION, ("CL-bench.jsonl",)),
+    # No commit of this repo could be read from here: `main` is asked once, and the lock pins the
+    # commit it resolved to (docs/benchmarks.md#coinflip).
+    "coin_flip": Source("extraordinarylab/coin-flip", "main", ("test", "validation")),
+}
+# Benchmarks whose real data is elsewhere: what to do instead.
+ELSEWHERE = {
+    "error_recovery": "BIG-Bench Mistake is not on the Hub: download its five task files (dyck_languages.jsonl, "
+    "logical_deduction.jsonl, multistep_arithmetic.jsonl, tracking_shuffled_objects.jsonl, word_sorting.jsonl) "
+    "from the GitHub repository WHGTyen/BIG-Bench-Mistake into a folder and run "
+    "`make error-recovery-data BBM_DIR=<folder>`",
+}
+
+# Split names as the Hub's dataset viewer reads them from file names (the `datasets` conventions).
+_SPLIT_WORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")  # what the benchmarks' loaders read
+_SEPARATORS = re.compile(r"[-._ 0-9/]+")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class HubUnreachable(StageError):
+    """The Hub did not answer (no network, DNS, a dead mirror) and the file is not here yet."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+@dataclass(frozen=True)
+class Ref:
+    """hf://<repo>[@<revision>]/<target>: a file path in a dataset repo, or a split name."""
+
+    repo: str
+    revision: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.repo}@{urllib.parse.quote(self.revision, safe='')}/{self.target}"
+
+
+def parse_ref(text: str) -> Ref:
+    """The Ref of `hf://owner/name[@revision]/file-or-split` (a revision with `/` is written %2F)."""
+    body = text[len(SCHEME) :] if text.startswith(SCHEME) else text
+    parts = body.split("/", 2)
+    if len(parts) < 3 or not all(parts):
+        raise BadInput(f"{text}: expected hf://<owner>/<name>[@<revision>]/<file or split>")
+    owner, name, target = parts
+    name, _, revision = name.partition("@")
+    if not all(_NAME.fullmatch(part) for part in (owner, name)) or ".." in target.split("/"):
+        raise BadInput(f"{text}: not a dataset repo and file of the Hub (owner/name, letters, digits, -_.)")
+    repo = f"{owner}/{name}"
+    return Ref(repo, urllib.parse.unquote(revision) if revision else default_revision(repo), target.strip("/"))
+
+
+def default_revision(repo: str) -> str:
+    """The pinned revision of a benchmark's repo, else `main`."""
+    return next((s.revision for s in SOURCES.values() if s.repo == repo), "main")
+
+
+def root() -> Path:
+    """Where fetched files go: $EVALPIPE_HUB_DIR, else data/hf/ in the project (git-ignored)."""
+    return Path(os.environ.get("EVALPIPE_HUB_DIR") or PROJECT / "data" / "hf")
+
+
+def repo_dir(repo: str, base: Path | None = None) -> Path:
+    return (base or root()).joinpath(*repo.split("/"))
+
+
+# ---- the stages' --input hf://...
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names,
+    fetched first when needed."""
+    out = []
+    for word in argv:
+        flag, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
+        if value.startswith(SCHEME):
+            local = str(fetch(parse_ref(value)))
+            word = f"{flag}={local}" if eq else local
+        out.append(word)
+    return out
+
+
+def source_of(path: Path) -> str | None:
+    """hf://<repo>@<commit>/<file> when `path` is a fetched file whose bytes match its lock, else None."""
+    try:
+        base = root().resolve()
+        parts = path.resolve().relative_to(base).parts
+    except (OSError, ValueError):
+        return None
+    if len(parts) < 3:  # <owner>/<name>/<file...>
+        return None
+    repo, file = "/".join(parts[:2]), "/".join(parts[2:])
+    entry = _read_lock(repo_dir(repo, base)).get("files", {}).get(file)
+    return f"{SCHEME}{repo}@{entry['commit']}/{file}" if entry and _matches(path, entry) else None
+
+
+# ---- fetching
+
+
+def fetch(ref: Ref, base: Path | None = None) -> Path:
+    """The local copy of `ref`, fetched and locked when it is not here yet (or no longer matches)."""
+    folder = repo_dir(ref.repo, base)
+    lock = _read_lock(folder)
+    files = lock.setdefault("files", {})
+    known = _entry_for(files, ref.target)
+    if known is not None:
+        path, entry = folder / known, files[known]
+        if entry.get("revision") == ref.revision and _COMMIT.fullmatch(ref.revision) and _matches(path, entry):
+            return path  # a commit never moves: no need to ask
+    try:
+        commit, listing, card = _resolve(ref)
+    except HubUnreachable as exc:
+        return _offline(ref, folder, files, known, exc)
+    if known is not None and files[known].get("revision") == ref.revision and files[known].get("commit") != commit:
+        old = files[known]["commit"]
+        raise BadInput(
+            f"{ref.repo}@{ref.revision} moved: {folder / known} was fetched at commit {old}, the Hub now has {commit}; "
+            f"to take the new data ask for --revision {commit} (hf://{ref.repo}@{commit}/{ref.target}), "
+            f"to keep the old one --revision {old}"
+        )
+    file = _file_for(ref, listing, card)
+    path = folder / file
+    entry = files.get(file)
+    split = ref.target if ref.target != file else (entry or {}).get("split")  # asked by name: keep its split
+    if entry and entry.get("commit") == commit and _matches(path, entry):
+        if entry.get("revision") != ref.revision or entry.get("split") != split:
+            entry.update(revision=ref.revision, split=split)
+            _write_lock(folder, ref.repo, lock)
+        return path
+    cached = _download(ref, file, commit)
+    size, sha256 = _copy_into_place(cached, path)
+    for other in [k for k, v in files.items() if k != file and split and v.get("split") == split]:
+        files[other]["split"] = None  # the split now lives in another file
+    files[file] = {
+        "revision": ref.revision,
+        "commit": commit,
+        "split": split,
+        "size": size,
+        "sha256": sha256,
+        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _write_lock(folder, ref.repo, lock)
+    print(f"hub: {ref.repo}@{commit[:12]} {file} → {path} ({size:,} bytes, sha256 {sha256[:16]}…)", file=sys.stderr)
+    return path
+
+
+def _entry_for(files: dict, target: str) -> str | None:
+    """The locked file that `target` names: the file itself, or the file of that split."""
+    if target in files:
+        return target
+    return next((f for f, e in files.items() if e.get("split") == target), None)
+
+
+def _matches(path: Path, entry: dict) -> bool:
+    """Whether the local file has the locked size and sha256."""
+    try:
+        if path.stat().st_size != entry.get("size"):
+            return False
+    except OSError:
+        return False
+    return _sha256(path) == entry.get("sha256")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _hub():
+    """huggingface_hub, or a one-line error saying how to install it."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise BadInput(
+            "fetching from the Hugging Face Hub needs huggingface_hub: run `make data` once, or "
+            ".venv/bin/pip install -r requirements-data.txt"
+        ) from None
+    return huggingface_hub
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _cache_dir() -> str:
+    """huggingface_hub's cache, read from the environment now (its own constants are read at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def _page(ref: Ref) -> str:
+    return f"{_endpoint()}/datasets/{ref.repo}/tree/{urllib.parse.quote(ref.revision, safe='')}"
+
+
+def _resolve(ref: Ref) -> tuple[str, list[str], dict]:
+    """The commit `ref.revision` points to now, the repo's file list there, and its card's metadata."""
+    hub = _hub()
+    from huggingface_hub import errors
+
+    try:
+        info = hub.HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision, timeout=30)
+    except errors.RevisionNotFoundError:
+        raise BadInput(f"{ref.repo} has no revision {ref.revision!r} on the Hub ({_endpoint()})") from None
+    except errors.GatedRepoError:
+        raise BadInput(_gated(ref)) from None
+    except errors.RepositoryNotFoundError:
+        raise BadInput(
+            f"no dataset {ref.repo} on the Hub ({_endpoint()}), or it is private or gated: check the name, "
+            "and log in (`hf auth login`, or HF_TOKEN) if it needs an account"
+        ) from None
+    except errors.HFValidationError as exc:
+        raise BadInput(f"{ref}: {exc}") from None
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubUnreachable(f"the Hub answered HTTP {status}") from None
+    except OSError as exc:  # connection refused, DNS, TLS, timeouts (httpx's errors are OSErrors or not: below)
+        raise HubUnreachable(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith(("httpx", "httpcore")):
+            raise HubUnreachable(f"{type(exc).__name__}: {exc}") from None
+        raise
+    if not info.sha:
+        raise HubUnreachable(f"{_endpoint()} did not say which commit {ref.revision} is (not a Hub endpoint?)")
+    card = info.card_data.to_dict() if info.card_data is not None else {}
+    return info.sha, [s.rfilename for s in info.siblings or []], card
+
+
+def _gated(ref: Ref) -> str:
+    return (
+        f"{ref.repo} is gated: accept its terms at {_endpoint()}/datasets/{ref.repo} and log in "
+        "(`hf auth login`, or HF_TOKEN); the token is never written anywhere by evalpipe"
+    )
+
+
+def _file_for(ref: Ref, listing: list[str], card: dict) -> str:
+    """The repo file `ref.target` names: a file, or the one file of a split."""
+    unsafe = [f for f in listing if f.startswith("/") or ".." in f.split("/")]
+    if unsafe:
+        raise BadInput(f"{ref.repo}@{ref.revision}: the Hub listed a file outside the repo ({unsafe[0]!r})")
+    if ref.target in listing:
+        return ref.target
+    found = split_files(ref.target, listing, card)
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(f for f in listing if not f.startswith(".")) or "none"
+    if not found:
+        raise BadInput(f"{ref.repo}@{ref.revision} has no file or split {ref.target!r} (its files: {shown})")
+    raise BadInput(
+        f"the {ref.target} split of {ref.repo}@{ref.revision} is {len(found)} files ({', '.join(found)}): "
+        f"name one, e.g. hf://{ref.repo}@{ref.revision}/{found[0]}"
+    )
+
+
+def split_files(split: str, listing: list[str], card: dict | None = None) -> list[str]:
+    """The data files of `split`: as the dataset card's `configs` declare them, else by the Hub's file-name
+    conventions (a path word `test`, `validation`/`valid`/`dev`/`val`, `train`, ... between separators)."""
+    data = [f for f in listing if f.endswith(_DATA_SUFFIXES)]
+    for config in (card or {}).get("configs") or []:
+        if config.get("config_name", "default") != "default":
+            continue
+        files = config.get("data_files")
+        entries = files if isinstance(files, list) else [{"split": "train", "path": files}]
+        for item in entries:
+            if isinstance(item, dict) and item.get("split") == split:
+                patterns = item.get("path")
+                patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+                return sorted(f for f in data if any(fnmatch(f, p) for p in patterns))
+    words = _SPLIT_WORDS.get(split, (split,))
+    exact = [f for f in data if split in _SEPARATORS.split(f)]
+    return sorted(exact or [f for f in data if set(words) & set(_SEPARATORS.split(f))])
+
+
+def _download(ref: Ref, file: str, commit: str) -> Path:
+    """The file at `commit` in huggingface_hub's cache (its own retries resume a broken connection)."""
+    hub = _hub()
+    from huggingface_hub import errors
+
+    try:
+        cached = hub.hf_hub_download(
+            ref.repo,
+            file,
+            repo_type="dataset",
+            revision=commit,
+            cache_dir=_cache_dir(),
+            endpoint=_endpoint(),
+        )
+    except errors.GatedRepoError:
+        raise BadInput(_gated(ref)) from None
+    except errors.RemoteEntryNotFoundError:
+        raise BadInput(f"{ref.repo}@{commit[:12]} lists {file} but the Hub has no such file (HTTP 404)") from None
+    except errors.LocalEntryNotFoundError as exc:  # huggingface_hub's word for "could not reach the Hub"
+        raise HubUnreachable(f"{exc.__cause__ or exc}".splitlines()[0]) from None
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubUnreachable(f"the Hub answered HTTP {status} while sending {file}") from None
+    except OSError as exc:
+        raise HubUnreachable(f"the download of {file} broke off ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith(("httpx", "httpcore")):
+            raise HubUnreachable(f"the download of {file} broke off ({type(exc).__name__}: {exc})") from None
+        raise
+    _verify(Path(cached), file)
+    return Path(cached)
+
+
+def _verify(cached: Path, file: str) -> None:
+    """The bytes against the Hub's own id of them: the blob is named by its ETag, the sha256 of an LFS
+    file or the git blob id of a small one."""
+    name = Path(os.path.realpath(cached)).name
+    if re.fullmatch(r"[0-9a-f]{64}", name):
+        actual, what = _sha256(cached), "sha256"
+    elif re.fullmatch(r"[0-9a-f]{40}", name):
+        data = cached.read_bytes()
+        actual, what = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest(), "git blob id"
+    else:
+        return  # a copy without its blob name (no symlinks): huggingface_hub checked the size
+    if actual != name:
+        os.unlink(os.path.realpath(cached))  # a corrupt blob must not be served from the cache again
+        raise HubUnreachable(f"{file} arrived corrupted ({what} {actual[:12]}…, the Hub says {name[:12]}…)")
+
+
+def _copy_into_place(source: Path, target: Path) -> tuple[int, str]:
+    """Write `source`'s bytes to `target` atomically (a temp file beside it, then a rename); return the
+    size and sha256."""
+    data = source.read_bytes()
+    jsonl.atomic_write(target, data)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnreachable) -> Path:
+    """No answer from the Hub: a locked file that still matches is used (a moved branch cannot be seen);
+    else a file placed by hand where it belongs; else one line saying what to download and where to put it."""
+    if known is not None and _matches(folder / known, files[known]):
+        entry = files[known]
+        print(
+            f"hub: warning: cannot reach the Hub ({why}); using {folder / known}, locked at commit "
+            f"{entry['commit'][:12]} (whether {ref.revision} moved since cannot be checked)",
+            file=sys.stderr,
+        )
+        return folder / known
+    if known is not None:  # locked, but the copy here was changed or removed: never used unchecked
+        placed, changed = [], f" (the copy at {folder / known} no longer matches {LOCK_NAME})"
+    else:
+        placed, changed = [folder / ref.target] if (folder / ref.target).is_file() else [], ""
+    if not placed and known is None and folder.is_dir():
+        local = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != LOCK_NAME]
+        placed = [folder / f for f in split_files(ref.target, local)]
+    if len(placed) == 1:
+        print(
+            f"hub: warning: cannot reach the Hub ({why}); using {placed[0]} as placed by hand "
+            f"(sha256 {_sha256(placed[0])}, not checked against the Hub, not locked)",
+            file=sys.stderr,
+        )
+        return placed[0]
+    if "." in Path(ref.target).name:
+        url = f"{_endpoint()}/datasets/{ref.repo}/resolve/{urllib.parse.quote(ref.revision, safe='')}/{ref.target}"
+        where = f"download {url} and put it at {folder / ref.target}"
+    else:
+        where = (
+            f"download the {ref.target} split's file from {_page(ref)} and put it under {folder}/ "
+            f"(keeping its name, which says {ref.target})"
+        )
+    raise HubUnreachable(f"cannot reach the Hugging Face Hub to fetch {ref} ({why}){changed}: {where}, then run again")
+
+
+def _read_lock(folder: Path) -> dict:
+    path = folder / LOCK_NAME
+    try:
+        lock = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise BadInput(f"cannot read the lock file ({exc}); delete it to fetch afresh", path) from None
+    if not isinstance(lock, dict) or not isinstance(lock.get("files", {}), dict):
+        raise BadInput("not a lock file of evalpipe; delete it to fetch afresh", path)
+    return lock
+
+
+def _write_lock(folder: Path, repo: str, lock: dict) -> None:
+    body = {"repo": repo, "repo_type": "dataset", "files": dict(sorted(lock.get("files", {}).items()))}
+    jsonl.atomic_write(folder / LOCK_NAME, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+# ---- the command line (make data)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m evalpipe.datasets.hub",
+        description="Fetch benchmarks' real datasets from the Hugging Face Hub into data/hf/ (with a lock file).",
+    )
+    parser.add_argument(
+        "what",
+        nargs="*",
+        help=f"benchmarks ({', '.join([*SOURCES, *ELSEWHERE])}; default: all) or hf://<repo>[@<rev>]/<file or split>",
+    )
+    parser.add_argument("--revision", help="revision (commit, branch or tag) instead of the pinned one")
+    args = parser.parse_args(argv)
+    wanted = args.what or [*SOURCES, *ELSEWHERE]
+    refs: list[Ref] = []
+    for word in wanted:
+        if word.startswith(SCHEME):
+            refs.append(parse_ref(word))
+        elif word in SOURCES:
+            src = SOURCES[word]
+            refs += [Ref(src.repo, args.revision or src.revision, t) for t in src.targets]
+        elif word in ELSEWHERE:
+            print(f"hub: {word}: {ELSEWHERE[word]}", file=sys.stderr)
+            if args.what:
+                return 2
+        else:
+            raise BadInput(f"{word}: no published dataset to fetch (choose from {', '.join([*SOURCES, *ELSEWHERE])})")
+    if args.revision and len({r.repo for r in refs}) > 1:
+        raise BadInput("--revision names a revision of one repo: give one benchmark with it (BENCH=...)")
+    for ref in refs:
+        path = fetch(ref)
+        note = " (reading Parquet needs pyarrow: .venv/bin/pip install pyarrow)" if path.suffix == ".parquet" else ""
+        print(f"{ref} → {_shown(path)}{note}")
+    return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    from ..cli import run_stage
+
+    sys.exit(run_stage("hub", main))
