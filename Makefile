@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 REPORT_STAMP := $(VENV)/.report-installed
 DATA_STAMP := $(VENV)/.data-installed
+BROWSER_STAMP := $(VENV)/.browser-installed
 
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
@@ -41,13 +42,13 @@ $(REPORT_STAMP): $(STAMP) requirements-report.txt
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-report.txt
 	touch $(REPORT_STAMP)
 
-# The whole pipeline offline on a real local model (no account needed).
-demo: $(DEMO_STAMP) $(REPORT_STAMP)
 # Hugging Face Hub downloads (optional for the pipeline; the tests exercise them, so `make test` installs it too).
 $(DATA_STAMP): $(STAMP) requirements-data.txt
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-data.txt
 	touch $(DATA_STAMP)
 
+# The whole pipeline offline on a real local model (no account needed).
+demo: $(DEMO_STAMP) $(REPORT_STAMP)
 	@if [ ! -f data/error_recovery/small.jsonl ] && [ -d $(call quote,$(BBM_DIR)) ]; then \
 	  $(PYTHON) -m evalpipe.datasets.error_recovery --bbm-dir $(call quote,$(BBM_DIR)) --out data/error_recovery --variants small; fi
 	$(PYTHON) -m evalpipe.devtools.demo
@@ -56,8 +57,18 @@ $(DATA_STAMP): $(STAMP) requirements-data.txt
 serve-local: $(DEMO_STAMP)
 	$(PYTHON) -m evalpipe.devtools.localmodel serve $(if $(LOCAL_PORT),--port $(call quote,$(LOCAL_PORT)))
 
+# Debian's chromium and chromium-driver, for the viewer's browser tests and `make bench`: installed when
+# missing and possible (Debian, as root). Otherwise no stamp is made, and those tests skip and say why.
+$(BROWSER_STAMP): | $(STAMP)
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then touch $@; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: installing Debian's chromium and chromium-driver (the viewer's browser tests)"; \
+	  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  then touch $@; else echo "browser: apt-get failed: the browser tests will be skipped"; fi; \
+	else echo "browser: no chromium/chromedriver, and installing needs root and apt-get: the browser tests will be skipped"; fi
+
 # The tests run only once lint passes, so CI (`make test`) keeps it green.
-test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP)
+test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP) $(BROWSER_STAMP)
 	$(PYTHON) -m pytest -q
 
 # The in-process layer alone (no subprocesses; about 20 s): for a quick loop while editing.
@@ -77,9 +88,14 @@ $(PIPELINE_STAGES): $(STAMP)
 	@$(if $(filter $@,$(PIPELINE_GOALS)),$(if $(filter $@,$(firstword $(PIPELINE_GOALS))),$(call pipeline,$(PIPELINE_GOALS)),true),$(call pipeline,$@))
 
 # Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
-# and OUTPUTS/report.md with all of them.
+# OUTPUTS/report.md with all of them, and OUTPUTS/report.html with every sample (docs/viewer.md).
 report: $(REPORT_STAMP)
 	$(PYTHON) -m evalpipe.results.leaderboard $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
+
+# The real datasets from the Hugging Face Hub into data/hf/ (git-ignored), with a lock file of revision and
+# sha256: CL-bench and CoinFlip, or one (BENCH=clbench|coin_flip); REVISION=... instead of the pinned one.
+data: $(DATA_STAMP)
+	$(PYTHON) -m evalpipe.datasets.hub $(if $(BENCH),$(call quote,$(BENCH))) $(if $(REVISION),--revision $(call quote,$(REVISION)))
 
 # Regenerate the seeded CoinFlip splits (committed; the same seed gives the same bytes).
 coin-flip-data: $(STAMP)
@@ -93,17 +109,12 @@ error-recovery-data: $(STAMP)
 # Kill every stage at random under injected faults; prints kills, faults, rows lost, duplicates.
 CHAOS_KILLS ?= 20
 chaos: $(STAMP)
-# The real datasets from the Hugging Face Hub into data/hf/ (git-ignored), with a lock file of revision and
-# sha256: CL-bench and CoinFlip, or one (BENCH=clbench|coin_flip); REVISION=... instead of the pinned one.
-data: $(DATA_STAMP)
-	$(PYTHON) -m evalpipe.datasets.hub $(if $(BENCH),$(call quote,$(BENCH))) $(if $(REVISION),--revision $(call quote,$(REVISION)))
-
 	$(PYTHON) -m evalpipe.devtools.chaos --kills $(CHAOS_KILLS)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
 # figure beside its target (about 8 minutes; BENCH_ARGS=--tiny for a quick look).
 BENCH_ARGS ?=
-bench: $(STAMP)
+bench: $(STAMP) $(BROWSER_STAMP)
 	$(PYTHON) -m evalpipe.devtools.bench $(BENCH_ARGS)
 
 clean-venv:

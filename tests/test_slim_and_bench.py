@@ -64,5 +64,7 @@ def test_the_benchmark_script_runs_in_tiny_mode():
         "slim rows",
         "score.py",
         "aggregate.py",
+        "viewer CoinFlip",
+        "viewer CL-bench-shaped",
     ):
         assert part in proc.stdout, part

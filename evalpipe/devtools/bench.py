@@ -7,6 +7,8 @@ Figures are ratios measured in the same run where they can be (a shared machine 
   resume        the pending set over a 1,000,000-row infer file and a CL-bench-sized one
   score         score.py and aggregate.py over 1,000,000 judged rows
   slim          the size of slim rows (no copied messages) on a CL-bench-sized file
+  viewer        report.html of 100,000 CoinFlip samples and of a CL-bench-shaped set: built, then opened,
+                filtered and searched in headless chromium (viewerbench.py)
 
     python -m evalpipe.devtools.bench [--tiny]
 """
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..paths import PROJECT
+from . import viewerbench
 from .testserver import FakeOpenAI, Reply, Request
 
 SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"
@@ -353,6 +356,8 @@ def main() -> int:
             "<= 5 s",
             aggregate_s <= 5,
         )
+        for row in viewerbench.figures(work, t):
+            report.add(*row)
         clustered = clbench_error_bars(work / "error-bars")
         report.add(
             "CL-bench-shaped run set (1,899 tasks / 500 contexts, 3 runs × 2 models): clustered / naive SE of Overall",

@@ -71,7 +71,9 @@ def main() -> int:
         print("\ndemo: interrupted; `make demo` again resumes where it stopped", flush=True)
         return code
     print(
-        f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/ (report: {ROOT}/report.md)", flush=True
+        f"demo: done in {time.monotonic() - started:.0f}s; results under {ROOT}/ "
+        f"(report: {ROOT}/report.md; every sample: {ROOT}/report.html)",
+        flush=True,
     )
     return worst
 

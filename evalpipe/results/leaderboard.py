@@ -14,6 +14,7 @@ from .. import benchmarks, cli, jsonl
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..paths import DEFAULT_ROOT
 from ..stages import aggregate
+from . import viewer
 
 MAX_DEPTH = 3  # outputs/a/b/c is the deepest root looked at
 _RUN_DIR = re.compile(r"run-\d+$")
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     out = args.outputs_dir / "report.md"
     jsonl.atomic_write(out, ("# Results\n\n" + "\n".join(sections)).encode())
     print(f"report: wrote {out}", file=sys.stderr)
+    viewer.write(args.outputs_dir)  # report.html beside report.md: every sample, in one offline page
     return code
 
 

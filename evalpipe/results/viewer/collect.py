@@ -1,0 +1,666 @@
+"""What the viewer shows, read from the stage files alone: every sample of every run, and each benchmark's summary.
+
+Rows are read one line at a time and turned at once into a compact sample: the long texts of a
+conversation (a CL-bench context, a few-shot prompt) go into one shared table, each distinct text
+once, so nine model-runs of one task hold its context once. Only the last row per task id is kept,
+as the stages do. A damaged or unfinished folder is read as far as it goes, and each problem is
+written down for the report instead of stopping it: a line that is not JSON, a torn last line, a run
+with no judge rows, a score.json older than its judge rows, a writer still holding the file.
+"""
+
+import base64
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ... import benchmarks, paths
+from ...results import stats
+
+MAX_DEPTH = 3  # as `make report`: outputs/a/b/c is the deepest results root looked at
+RUN_DIR = re.compile(r"run-(\d+)$")
+STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
+PREVIEW_CHARS = 80  # of an answer, shown in the sample list
+INLINE_CHARS = 160  # shorter message texts stay in the sample; longer ones go to the shared table
+NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no grade yet
+PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
+
+
+# ---------------------------------------------------------------- reading rows, tolerantly
+
+
+@dataclass
+class FileNote:
+    """What reading one JSONL file found besides its rows."""
+
+    path: Path
+    lines: int = 0  # complete JSON rows read
+    bad_lines: list[int] = field(default_factory=list)  # line numbers that are not JSON objects
+    torn_tail: bool = False  # a last line without newline that is not JSON (a write cut short, or in progress)
+    superseded: int = 0  # rows replaced by a later row for the same task id
+
+    def problems(self, where: str) -> list[str]:
+        out = []
+        if self.bad_lines:
+            shown = ", ".join(map(str, self.bad_lines[:5])) + (" …" if len(self.bad_lines) > 5 else "")
+            out.append(f"{where}: {len(self.bad_lines)} line(s) are not JSON rows and were skipped (line {shown})")
+        if self.torn_tail:
+            out.append(f"{where}: the last line is incomplete (a write cut short, or still being written); ignored")
+        return out
+
+
+_FAST_ID = b'{"idx":"'
+
+
+def _fast_id(raw: bytes) -> str | None:
+    """The id of one of our rows, sliced from the line without parsing it (None when it cannot be)."""
+    if raw.startswith(_FAST_ID):
+        end = raw.find(b'"', 8)
+        if end > 0 and b"\\" not in raw[8:end]:
+            return raw[8:end].decode("utf-8", "replace")
+    return None
+
+
+def scan(path: Path, note: FileNote, skip: set | None = None, skipped: set | None = None) -> Iterator[dict]:
+    """The rows of one JSONL file, streamed; damaged lines are counted in `note`, never raised.
+
+    Rows whose id is in `skip` are passed over without being parsed when the id can be read
+    from the line's start (our rows all start with {"idx": ...}); their ids go into `skipped`."""
+    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if skip is not None and raw.endswith(b"\n"):
+                fast = _fast_id(raw)
+                if fast is not None and fast in skip:
+                    if skipped is not None:
+                        skipped.add(fast)
+                    continue
+            try:
+                row = loads(raw)
+            except JSONDecodeError:
+                if not raw.strip():
+                    continue
+                if not raw.endswith(b"\n"):
+                    note.torn_tail = True
+                else:
+                    note.bad_lines.append(lineno)
+                continue
+            if type(row) is not dict:
+                note.bad_lines.append(lineno)
+                continue
+            note.lines += 1
+            yield row
+
+
+def row_id(row: dict) -> str:
+    found = benchmarks.row_id(row)
+    return found if isinstance(found, str) else orjson.dumps(found).decode()
+
+
+# ---------------------------------------------------------------- the shared text table
+
+
+class Texts:
+    """Each distinct long text once; texts above `cap` characters are cut to a head and a tail."""
+
+    def __init__(self, cap: int | None):
+        self.cap = cap
+        self.items: list[str] = []
+        self.full_chars: list[int] = []  # each text's length before any cut
+        self._ids: dict[str, int] = {}
+
+    def ref(self, text: str) -> int | str:
+        """The text itself when short, else its index in the table."""
+        if len(text) <= INLINE_CHARS:
+            return text
+        found = self._ids.get(text)
+        if found is None:
+            found = self._ids[text] = len(self.items)
+            self.items.append(self._cut(text))
+            self.full_chars.append(len(text))
+        return found
+
+    def _cut(self, text: str) -> str:
+        if self.cap is None or len(text) <= self.cap:
+            return text
+        head = self.cap * 3 // 4
+        tail = self.cap - head
+        cut = len(text) - head - tail
+        return (
+            text[:head]
+            + f"\n\n[… {cut:,} characters not embedded in this report (--context-chars {self.cap:,}) …]\n\n"
+            + (text[-tail:] if tail else "")
+        )
+
+    def cut_summary(self) -> dict:
+        cut = [(i, n) for i, n in enumerate(self.full_chars) if self.cap is not None and n > self.cap]
+        total = sum(self.full_chars)
+        omitted = sum(n - self.cap for _, n in cut) if self.cap is not None else 0
+        return {
+            "cap": self.cap,
+            "texts": len(self.items),
+            "texts_cut": len(cut),
+            "chars_total": total,
+            "chars_omitted": omitted,
+        }
+
+
+# ---------------------------------------------------------------- per benchmark: facets and detail
+
+
+def _meta(row: dict) -> dict:
+    meta = row.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+class Shape:
+    """How one benchmark's samples are faceted and shown (the generic shape; benchmarks refine it)."""
+
+    kind = "generic"
+    facets = ("Category", "Sub-category")
+
+    def facet_values(self, row: dict) -> tuple[str, str, str]:
+        """(first facet, second facet, group): the group ties samples that belong together."""
+        meta = _meta(row)
+        first = meta.get("context_category", meta.get("category", ""))
+        return _text(first), _text(meta.get("sub_category", "")), ""
+
+    def detail(self, row: dict, sample: dict) -> None:
+        """Add benchmark-specific fields to a sample's detail."""
+
+    def preview(self, row: dict, output: str) -> str:
+        """The text shown beside the sample in the list."""
+        return output
+
+
+class CLBenchShape(Shape):
+    kind = "clbench"
+
+    def facet_values(self, row):
+        meta = _meta(row)
+        return _text(meta.get("context_category", "")), _text(meta.get("sub_category", "")), ""
+
+
+class CoinFlipShape(Shape):
+    kind = "coin_flip"
+    facets = ("Gold", "Prediction")
+
+    def __init__(self):
+        from ...benchmarks.coin_flip import ZERO_SHOT
+
+        self.before, self.after = ZERO_SHOT.split("{question}")
+
+    def facet_values(self, row):
+        judged = "judge_status" in row
+        prediction = row.get("prediction")
+        shown = _text(prediction) if prediction is not None else ("unparsed" if judged else "")
+        return _text(row.get("target", "")), shown, ""
+
+    def detail(self, row, sample):
+        prompt = next((m.get("content") for m in row.get("messages") or [] if isinstance(m, dict)), None)
+        if isinstance(prompt, str):
+            start = prompt.rfind(self.before)
+            end = prompt.find(self.after, start + len(self.before)) if start >= 0 else -1
+            if start >= 0 and end >= 0:
+                sample["question"] = prompt[start + len(self.before) : end]
+
+
+class ErrorRecoveryShape(Shape):
+    kind = "error_recovery"
+    facets = ("Task", "Variation")
+
+    def facet_values(self, row):
+        meta = _meta(row)
+        problem = row_id(row).rsplit(":", 1)[0]
+        return _text(meta.get("task", "")), _text(meta.get("variation", "")), problem
+
+    def preview(self, row, output):
+        answer = row.get("answer")
+        return f"→ {_text(answer)} (target {_text(row.get('target'))})" if answer is not None else output
+
+    def detail(self, row, sample):
+        messages = [m for m in row.get("messages") or [] if isinstance(m, dict)]
+        meta = _meta(row)
+        question = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+        if isinstance(question, str):
+            sample["question"] = question
+        if meta.get("variation") in ("CR", "IR") and len(messages) > 2 and isinstance(messages[2].get("content"), str):
+            given = messages[2]["content"]
+            output = row.get("model_output")
+            if isinstance(output, str) and output and given.endswith("\n\n" + output):  # --chat-compat merge
+                given = given[: -len(output) - 2]
+            sample["given"] = given
+            if meta.get("variation") == "IR":
+                lines = given.split("\n")
+                m = meta.get("mistake_index")
+                cut = m if isinstance(m, int) and 0 <= m < len(lines) else len(lines) - 1
+                sample["mistake_at"] = len("\n".join(lines[:cut])) + (1 if cut else 0)
+
+
+SHAPES: dict[str, Callable[[], Shape]] = {
+    "clbench": CLBenchShape,
+    "coin_flip": CoinFlipShape,
+    "error_recovery": ErrorRecoveryShape,
+}
+
+
+def shape_for(bench: str) -> Shape:
+    return SHAPES.get(bench, Shape)()
+
+
+# ---------------------------------------------------------------- one run's samples
+
+DETAIL_KEYS = (
+    "status",
+    "error",
+    "finish_reason",
+    "usage",
+    "latency_s",
+    "batch",
+    "calls",
+    "answer",
+    "target",
+    "prediction",
+    "parse_mode",
+    "correct",
+    "normalized_correct",
+    "requirement_status",
+    "judge_status",
+    "judge_salvage",
+    "judge_notes",
+    "judge_error",
+    "judge_model",
+    "judge_usage",
+    "judge_latency_s",
+    "judge_attempts",
+    "judge_batch",
+)
+_SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", *DETAIL_KEYS}
+
+
+def rubric_texts(rubrics: Any) -> list[str]:
+    out = []
+    for rubric in rubrics if isinstance(rubrics, list) else []:
+        text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
+        out.append(_text(text).strip())
+    return out
+
+
+def passed(row: dict) -> int:
+    """1 or 0 from a judge row's score (anything but a clear 1 is a fail)."""
+    score = row.get("score")
+    return 1 if score in (1, "1", True) or (type(score) is float and score == 1.0) else 0
+
+
+def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
+    """A compact sample: the index fields the list filters on, and the detail shown when it is opened."""
+    answer = row.get("model_output")
+    answer = answer if isinstance(answer, str) else _text(answer)
+    messages = []
+    for m in row.get("messages") or []:
+        if isinstance(m, dict):
+            messages.append([_text(m.get("role")), texts.ref(_text(m.get("content")))])
+    f1, f2, group = shape.facet_values(row)
+    status = _text(row.get("judge_status") or "ok") if judged else NO_JUDGE
+    detail: dict[str, Any] = {"output": answer}
+    if "messages" in row:
+        detail["messages"] = messages
+    else:
+        detail["slim"] = True  # written with --slim: the conversation is not in the rows
+    rubrics = rubric_texts(row.get("rubrics"))
+    if rubrics:
+        detail["rubrics"] = rubrics
+    if judged and "grading_rationale" in row:
+        detail["rationale"] = _text(row["grading_rationale"])
+    if isinstance(row.get("metadata"), dict):
+        detail["metadata"] = row["metadata"]
+    for key in DETAIL_KEYS:
+        if key in row:
+            detail[key] = row[key]
+    extra = {k: v for k, v in row.items() if k not in _SHOWN and not k.startswith("analysis_")}
+    if extra:
+        detail["extra"] = extra
+    shape.detail(row, detail)
+    shown = shape.preview(row, answer)
+    preview = " ".join(shown[: PREVIEW_CHARS * 2].split())[:PREVIEW_CHARS]
+    return {
+        "id": row_id(row),
+        "f1": f1,
+        "f2": f2,
+        "group": group,
+        "pass": passed(row) if judged else -1,
+        "status": status,
+        "errors": [],
+        "preview": preview,
+        "detail": detail,
+    }
+
+
+@dataclass
+class Run:
+    """One outputs/<bench>/<model>/run-<K>/ folder as read."""
+
+    model: str
+    k: int
+    folder: Path
+    samples: list[dict] = field(default_factory=list)
+    infer_rows: int = 0
+    judge_rows: int = 0
+    analysis_rows: int = 0
+    expected: int | None = None
+    score: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def _expected(folder: Path, score: dict | None) -> int | None:
+    """The selected task count: score.json's coverage, else the infer manifest's."""
+    if score and isinstance(score.get("coverage"), dict) and isinstance(score["coverage"].get("expected"), int):
+        return score["coverage"]["expected"]
+    manifest = _read_json(folder / "infer.jsonl.manifest.json")
+    counts = manifest.get("counts") if isinstance(manifest, dict) else None
+    selected = counts.get("selected") if isinstance(counts, dict) else None
+    return selected if isinstance(selected, int) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _writer_alive(lock: Path) -> int | None:
+    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage.
+
+    Reads the pid only: taking the lock, even briefly, could make a starting run exit as locked."""
+    try:
+        pid = int(lock.read_text().strip() or "0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid > 0 else b""
+    except (OSError, ValueError):
+        return None
+    return pid if any(w in cmdline for w in (b"infer", b"judge", b"evalpipe")) else None
+
+
+def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: Texts) -> Run:
+    run = Run(model, k, folder)
+    where = f"{bench}/{model}/run-{k}"
+    infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
+    by_id: dict[str, dict] = {}
+    judge_note = FileNote(judge_path)
+    if judge_path.exists():
+        for row in scan(judge_path, judge_note):
+            sample = sample_from(row, True, shape, texts)
+            judge_note.superseded += sample["id"] in by_id
+            by_id[sample["id"]] = sample
+        run.judge_rows = len(by_id)
+    elif infer_path.exists():
+        run.problems.append(f"{where}: no judge.jsonl yet (answers shown ungraded; run judge)")
+    judged_ids = set(by_id)
+    infer_note = FileNote(infer_path)
+    if infer_path.exists():
+        # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
+        answered: set[str] = set()
+        for row in scan(infer_path, infer_note, skip=judged_ids, skipped=answered):
+            task = row_id(row)
+            answered.add(task)
+            if task not in judged_ids:
+                by_id[task] = sample_from(row, False, shape, texts)
+        run.infer_rows = len(answered)
+        ungraded = len(by_id) - len(judged_ids)
+        if ungraded and judge_path.exists():
+            run.problems.append(f"{where}: {ungraded} answer(s) have no judge row yet (run judge)")
+    elif judge_path.exists():
+        run.problems.append(f"{where}: no infer.jsonl (judge rows shown alone)")
+    analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
+    if analysis_path.exists():
+        analysis_note = FileNote(analysis_path)
+        for row in scan(analysis_path, analysis_note):
+            analysed = by_id.get(row_id(row))
+            run.analysis_rows += 1
+            if analysed is None:
+                continue
+            types = row.get("error_types")
+            analysed["errors"] = [_text(t) for t in types] if isinstance(types, list) else []
+            analysed["detail"]["analysis"] = {
+                k: row[k]
+                for k in (
+                    "error_types",
+                    "error_reason",
+                    "analysis_status",
+                    "analysis_error",
+                    "analysis_model",
+                    "analysis_attempts",
+                )
+                if k in row
+            }
+        run.problems += analysis_note.problems(f"{where}/{analysis_path.name}")
+    run.problems += infer_note.problems(f"{where}/infer.jsonl") + judge_note.problems(f"{where}/judge.jsonl")
+    for name in ("infer.jsonl", "judge.jsonl", analysis_path.name):
+        pid = _writer_alive(folder / f"{name}.lock")
+        if pid is not None:
+            run.problems.append(f"{where}/{name}: being written by a running stage (pid {pid}): this is a snapshot")
+    score_path = folder / "score.json"
+    if score_path.exists():
+        run.score = _read_json(score_path)
+        if not isinstance(run.score, dict):
+            run.score = None
+            run.problems.append(f"{where}/score.json: not valid JSON; ignored")
+        elif judge_path.exists() and judge_path.stat().st_mtime > score_path.stat().st_mtime + 1:
+            run.problems.append(f"{where}: judge.jsonl changed after score.json was written (run score again)")
+    elif judge_path.exists():
+        run.problems.append(f"{where}: no score.json yet (run score)")
+    run.expected = _expected(folder, run.score)
+    if run.expected is not None and len(by_id) < run.expected:
+        run.problems.append(
+            f"{where}: {run.expected - len(by_id)} of {run.expected} selected tasks have no row on disk yet"
+        )
+    run.samples = list(by_id.values())
+    return run
+
+
+# ---------------------------------------------------------------- where the results are
+
+
+def _is_run_dir(p: Path) -> bool:
+    return bool(RUN_DIR.match(p.name)) and any((p / f).exists() for f in STAGE_FILES)
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "run-"))]
+
+
+def benches_in(root: Path) -> list[str]:
+    """Registered benchmarks with at least one run folder holding a stage file under root/<bench>/<model>/."""
+    found = []
+    for name in benchmarks.REGISTRY:
+        base = root / name
+        if base.is_dir() and any(_is_run_dir(run) for model in _subfolders(base) for run in model.glob("run-*")):
+            found.append(name)
+    return found
+
+
+def find_roots(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
+    """(root, its benchmarks) for every results root at or below outputs_dir, the top first, then by path."""
+    found, pending = [], [(outputs_dir, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        present = benches_in(folder)
+        if present:
+            found.append((folder, present))
+        if depth < MAX_DEPTH:
+            pending += [(sub, depth + 1) for sub in _subfolders(folder) if sub.name not in present]
+    return sorted(found, key=lambda item: item[0].relative_to(outputs_dir).parts)
+
+
+# ---------------------------------------------------------------- one benchmark's summary
+
+
+def _figures_from_scores(bench: str, runs: list[Run]) -> list[dict]:
+    """Without aggregate.json: each model's headline figures, mean ± sample std over its runs' score.json."""
+    try:
+        headline = benchmarks.get(bench).headline
+    except Exception:  # an unknown benchmark cannot say its figures
+        return []
+    per_model: dict[str, list[dict]] = {}
+    for run in runs:
+        if run.score is not None:
+            try:
+                per_model.setdefault(run.model, []).append(headline(run.score))
+            except (KeyError, TypeError, AttributeError):
+                continue
+    models = []
+    for model, values in sorted(per_model.items()):
+        figures = {}
+        for name in values[0]:
+            series = [v[name] for v in values if isinstance(v.get(name), (int, float))]
+            if series:
+                figures[name] = {
+                    "mean": stats.mean(series),
+                    "std_sample": stats.std(series, "sample"),
+                    "n": len(series),
+                    "values": series,
+                }
+        models.append({"model": model, "runs": len(values), "figures": figures})
+    return models
+
+
+_FIGURE_KEYS = ("mean", "std_sample", "std_population", "stderr", "ci95", "n", "values", "items")
+
+
+def _slim_figures(figures: Any) -> dict:
+    if not isinstance(figures, dict):
+        return {}
+    return {
+        str(name): {k: f[k] for k in _FIGURE_KEYS if k in f}
+        for name, f in figures.items()
+        if isinstance(f, dict) and isinstance(f.get("mean"), (int, float))
+    }
+
+
+def leaderboard(bench_dir: Path, bench: str, runs: list[Run], problems: list[str]) -> dict:
+    """The leaderboard from aggregate.json (issue 15's item-level keys when present), else from score.json."""
+    where = bench_dir.name
+    data = _read_json(bench_dir / "aggregate.json") if (bench_dir / "aggregate.json").exists() else None
+    if isinstance(data, dict) and isinstance(data.get("models"), list):
+        models = []
+        for m in data["models"]:
+            if not isinstance(m, dict):
+                continue
+            runs_field = m.get("runs")
+            models.append(
+                {
+                    "model": _text(m.get("model")),
+                    "runs": len(runs_field) if isinstance(runs_field, list) else runs_field,
+                    "figures": _slim_figures(m.get("figures")),
+                    "extra_tables": {
+                        str(t): _slim_figures(f)
+                        for t, f in (m.get("extra_tables") or {}).items()
+                        if isinstance(f, dict)
+                    },
+                    "flagged": bool(m.get("flagged")),
+                    "cost_usd_per_run": m.get("cost_usd_per_run"),
+                }
+            )
+        comparisons = [c for c in data.get("comparisons") or [] if isinstance(c, dict)]
+        return {
+            "source": "aggregate.json",
+            "models": models,
+            "comparisons": comparisons,
+            "warnings": [_text(w) for w in data.get("warnings") or []],
+            "notes": _notes(data),
+            "std_shown": _text(data.get("std_shown") or "sample"),
+        }
+    problems.append(
+        f"{where}: no aggregate.json"
+        + (" (not valid JSON)" if (bench_dir / "aggregate.json").exists() else "")
+        + ": the figures below are computed from the runs' score.json (run make report or aggregate)"
+    )
+    return {
+        "source": "score.json",
+        "models": _figures_from_scores(bench, runs),
+        "comparisons": [],
+        "warnings": [],
+        "notes": [],
+        "std_shown": "sample",
+    }
+
+
+def _notes(data: dict) -> list[str]:
+    """How to read the figures: aggregate.json's `methods` (by name), its `notes`, or its older `ci95` note."""
+    out = []
+    methods = data.get("methods")
+    if isinstance(methods, dict):
+        out += [_text(v) for v in methods.values() if v]
+    elif methods:
+        out.append(_text(methods))
+    notes = data.get("notes")
+    out += [_text(n) for n in notes if n] if isinstance(notes, list) else [_text(notes)] if notes else []
+    if isinstance(data.get("ci95"), str) and not isinstance(methods, dict):
+        out.append(data["ci95"])
+    return out
+
+
+def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
+    out = []
+    for png in sorted(bench_dir.glob("aggregate*.png")):
+        try:
+            data = png.read_bytes()
+        except OSError:
+            continue
+        if len(data) > PLOT_BYTES_MAX or not data.startswith(b"\x89PNG"):
+            problems.append(f"{bench_dir.name}/{png.name}: not embedded (too large or not a PNG)")
+            continue
+        out.append({"name": png.name, "src": "data:image/png;base64," + base64.b64encode(data).decode()})
+    return out
+
+
+def read_bench(root: Path, bench: str, texts: Texts) -> tuple[dict, list[Run]]:
+    """One benchmark of one results root: its summary (leaderboard, plots, runs, problems) and its runs."""
+    bench_dir = root / bench
+    shape = shape_for(bench)
+    runs: list[Run] = []
+    problems: list[str] = []
+    for model_dir in _subfolders(bench_dir):
+        run_dirs = sorted(
+            (int(m.group(1)), p)
+            for p in model_dir.iterdir()
+            if p.is_dir() and (m := RUN_DIR.match(p.name)) and _is_run_dir(p)
+        )
+        for k, folder in run_dirs:
+            run = read_run(bench, model_dir.name, k, folder, shape, texts)
+            runs.append(run)
+            problems += run.problems
+    summary = {
+        "bench": bench,
+        "kind": shape.kind,
+        "facets": list(shape.facets),
+        "leaderboard": leaderboard(bench_dir, bench, runs, problems),
+        "plots": plots(bench_dir, problems),
+        "problems": problems,
+    }
+    return summary, runs
+
+
+def size_of(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

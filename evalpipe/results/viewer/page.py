@@ -1,0 +1,98 @@
+"""The single HTML file: the template's CSS and script inline, the data in inert blocks, a strict CSP.
+
+Data never becomes markup. The small summary is JSON in a `<script type="application/json">`
+block, escaped so that nothing in it can end the block (`<`, `>`, `&`, U+2028, U+2029 as \\u
+escapes; orjson escapes none of them). The bulk — the sample index, the samples' details in chunks
+of CHUNK, and the shared texts — is gzip, base64-encoded (an alphabet without `<`), one block per
+chunk, so the page decodes a chunk only when a sample in it is opened or searched. The page's one
+script and one style are allowed by their sha256 in the Content-Security-Policy, which forbids
+every network request; in Chromium, Trusted Types also make any use of innerHTML throw.
+"""
+
+import base64
+import gzip
+import hashlib
+import json
+import re
+from importlib import resources
+from typing import Any
+
+import orjson
+
+CHUNK = 500  # samples per detail block
+TEXT_CHUNK_CHARS = 256_000  # shared texts per block (a longer text gets a block of its own)
+GZIP_LEVEL = 6
+
+_SCRIPT_ESCAPES = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
+)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON; a string orjson refuses (a lone surrogate) is written with \\u escapes instead."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str).encode()
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe to place inside a <script> block: it cannot end the block or open a comment."""
+    data = dumps(obj)
+    for raw, escaped in _SCRIPT_ESCAPES:
+        data = data.replace(raw, escaped)
+    return data.decode()
+
+
+def packed(obj: Any) -> str:
+    """gzip + base64 of the JSON (deterministic: no timestamp in the gzip header)."""
+    return base64.b64encode(gzip.compress(dumps(obj), compresslevel=GZIP_LEVEL, mtime=0)).decode("ascii")
+
+
+def csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def csp(script: str, style: str) -> str:
+    return "; ".join(
+        (
+            "default-src 'none'",
+            f"script-src {csp_hash(script)}",
+            f"style-src {csp_hash(style)}",
+            "img-src data:",
+            "connect-src 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "require-trusted-types-for 'script'",
+            "trusted-types 'none'",
+        )
+    )
+
+
+_MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
+
+
+def render(meta: dict, blocks: list[tuple[str, str]]) -> str:
+    """The page: the template with its CSS, script, CSP, the escaped summary and the packed blocks."""
+    template, style, script = _asset("viewer.html"), _asset("viewer.css"), _asset("viewer.js")
+    for name, text, end in (("viewer.css", style, "</style"), ("viewer.js", script, "</script")):
+        assert end not in text.lower() and "<!--" not in text, f"{name} must not contain {end} or <!--"
+    body = "\n".join(f'<script type="application/octet-stream" id="{name}">{data}</script>' for name, data in blocks)
+    values = {
+        "CSP": csp(script, style),
+        "STYLE": style,
+        "META": script_json(meta),
+        "BLOCKS": body,
+        "SCRIPT": script,
+    }
+    found = _MARKER.findall(template)
+    assert sorted(found) == sorted(values), f"template markers {found}"
+    return _MARKER.sub(lambda m: values[m.group(1)], template)
