@@ -251,7 +251,7 @@ def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env
     assert_one_error_line(
         proc,
         "score",
-        "cannot write outputs/clbench/m/run-1/score.json: Permission denied; "
+        "cannot write outputs/clbench/m/run-1/items.json: Permission denied; "
         "the folder outputs/clbench/m/run-1 is read-only",
     )
     assert sorted(p.name for p in run_dir.iterdir()) == ["judge.jsonl"]
