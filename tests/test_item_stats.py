@@ -158,6 +158,7 @@ def test_all_equal_scores_give_a_zero_standard_error_and_the_wilson_fallback():
     assert est["small_sample"] and est["ci_method"] == "wilson"
     low, high = est["ci95"]
     assert high == 1.0 and 0.97 < low < 1.0
+    assert "mde" not in est and "mde_runs" not in est  # no spread: nothing to say about detectable gaps
 
 
 def test_a_task_missing_from_some_runs_uses_the_runs_that_graded_it():

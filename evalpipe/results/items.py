@@ -258,7 +258,8 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
     if se is not None:
         q, out["ci_method"] = _quantile(figure, clusters is not None, df)
         out["ci95"] = [ratio.value - q * se, ratio.value + q * se]
-        out["mde"] = stats.minimum_detectable(math.sqrt(2) * se, LEVEL)
+        if se > 0:  # no spread at all says nothing about the differences it could detect
+            out["mde"] = stats.minimum_detectable(math.sqrt(2) * se, LEVEL)
     exact_bound = figure.proportion and ratio.value in (0.0, 1.0)
     out["small_sample"] = n < SMALL_ITEMS or exact_bound or se is None or se == 0
     if out["small_sample"] and figure.proportion:
@@ -269,7 +270,7 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
         if interval is not None:
             out["ci95_from_se"] = out["ci95"]
             out["ci95"], out["ci_method"] = list(interval), "wilson"
-    if figure.proportion and figure.den is None and se is not None:
+    if figure.proportion and figure.den is None and se:
         out.update(_runs_projection(entries, n, se))
     if bootstrap is not None:
         clustered = clusters is not None
