@@ -49,8 +49,8 @@ class CapturingClient:
     def __init__(self, endpoint: Endpoint, task_id):
         self.endpoint, self.task_id = endpoint, task_id
 
-    async def complete(self, messages: list[dict]) -> Completion:
-        body = self.endpoint.request_body(messages)
+    async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
+        body = self.endpoint.request_body(messages, fields)
         raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
 
 
@@ -150,10 +150,10 @@ class ReplayClient:
     def __init__(self, endpoint: Endpoint, results: dict[str, dict], task_id):
         self.endpoint, self.results, self.task_id = endpoint, results, task_id
 
-    async def complete(self, messages: list[dict]) -> Completion:
+    async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         from openai.types.chat import ChatCompletion
 
-        row = self.results.get(custom_id(self.task_id, self.endpoint.request_body(messages)))
+        row = self.results.get(custom_id(self.task_id, self.endpoint.request_body(messages, fields)))
         if row is None:
             raise NotInBatch()
         response = row.get("response") or {}

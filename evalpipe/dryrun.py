@@ -34,7 +34,7 @@ class RecordingClient:
         self.calls = 0
         self.prompt_chars = 0
 
-    async def complete(self, messages: list[dict]) -> Completion:
+    async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         self.calls += 1
         self.prompt_chars += sum(len(str(m.get("content") or "")) for m in messages)
         if self.first_call_only:

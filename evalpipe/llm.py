@@ -21,6 +21,7 @@ import socket
 import ssl
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,6 +47,14 @@ _RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
+
+
+class Rejected(CallFailed):
+    """A request the caller's `final` test marked as rejected for good (no retry): status and text kept."""
+
+    def __init__(self, message: str, status: int | None, text: str):
+        super().__init__(message)
+        self.status, self.text = status, text
 
 
 class MalformedReply(Exception):
@@ -92,10 +101,23 @@ class Endpoint:
         redact.register(key)
         return key
 
-    def request_body(self, messages: list[dict]) -> dict:
+    def request_body(self, messages: list[dict], fields: dict | None = None) -> dict:
         """The chat request body a call sends (ChatClient hands the same fields to the SDK): model,
-        messages, generation parameters and provider-specific fields."""
-        return {"model": self.model, "messages": messages, **self.params, **self.extra_body}
+        messages, generation parameters and provider-specific fields; `fields` of one call override
+        them (a None value removes the field)."""
+        params, extra = self.call_fields(fields)
+        return {"model": self.model, "messages": messages, **params, **extra}
+
+    def call_fields(self, fields: dict | None) -> tuple[dict, dict]:
+        """(params, extra_body) of one call: the endpoint's, with `fields` put into extra_body
+        (a field whose value is None is not sent at all)."""
+        params, extra = dict(self.params), dict(self.extra_body)
+        for name, value in (fields or {}).items():
+            params.pop(name, None)
+            extra.pop(name, None)
+            if value is not None:
+                extra[name] = value
+        return params, extra
 
     @property
     def host(self) -> str:
@@ -110,6 +132,7 @@ class Completion:
     usage: dict[str, int]
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
+    reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
 
 
 def _status(exc: BaseException) -> int | None:
@@ -125,8 +148,17 @@ def _error_code(exc: BaseException) -> str:
     return ""
 
 
+def error_text(exc: BaseException) -> str:
+    """The error's code and message, as one text to match against."""
+    return f"{_error_code(exc)} {exc}"
+
+
+def status_of(exc: BaseException) -> int | None:
+    return _status(exc)
+
+
 def is_context_length(exc: BaseException) -> bool:
-    return context_length_error(_status(exc), f"{_error_code(exc)} {exc}")
+    return context_length_error(_status(exc), error_text(exc))
 
 
 def context_length_error(status: int | None, text: str) -> bool:
@@ -228,27 +260,28 @@ class ChatClient:
             return min(hinted, MAX_RETRY_AFTER)
         return self._fallback_wait(state)
 
-    async def _call_once(self, messages: list[dict]) -> Any:
+    async def _call_once(self, messages: list[dict], fields: dict | None) -> Any:
         if self.limit is None:
-            return await self._request(messages)
+            return await self._request(messages, fields)
         async with self.limit:
             sent = time.monotonic()
             try:
-                response = await self._request(messages)
+                response = await self._request(messages, fields)
             except openai.RateLimitError as exc:
                 self.limit.rate_limited(retry_after_seconds(exc))
                 raise
             self.limit.succeeded(time.monotonic() - sent)
             return response
 
-    async def _request(self, messages: list[dict]) -> Any:
+    async def _request(self, messages: list[dict], fields: dict | None = None) -> Any:
+        params, extra = self.endpoint.call_fields(fields)
         try:
             response = await self._client.chat.completions.create(
                 model=self.endpoint.model,
                 # the benchmarks build plain dicts; the SDK sends them as they are
                 messages=cast(list[ChatCompletionMessageParam], messages),
-                extra_body=self.endpoint.extra_body or None,
-                **self.endpoint.params,
+                extra_body=extra or None,
+                **params,
             )
         except openai.APIStatusError as exc:
             self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
@@ -258,8 +291,16 @@ class ChatClient:
             raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
         return response
 
-    async def complete(self, messages: list[dict]) -> Completion:
-        """One chat completion. Raises ContextTooLong, CallFailed or EndpointRefused."""
+    async def complete(
+        self,
+        messages: list[dict],
+        fields: dict | None = None,
+        final: Callable[[BaseException], bool] | None = None,
+    ) -> Completion:
+        """One chat completion. Raises ContextTooLong, CallFailed or EndpointRefused.
+
+        `fields` override the endpoint's body fields for this call (Endpoint.call_fields); an error
+        for which `final` is true is not retried and raises Rejected at once."""
         started = time.monotonic()
         attempts = failures = 0
 
@@ -275,14 +316,19 @@ class ChatClient:
                 return True
             return failures > self.endpoint.max_retries or time.monotonic() - started >= self.endpoint.max_retry_seconds
 
-        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable), wait=self._wait, stop=give_up, reraise=True)
+        def retryable(exc: BaseException) -> bool:
+            return is_retryable(exc) and not (final is not None and final(exc))
+
+        retrying = AsyncRetrying(retry=retry_if_exception(retryable), wait=self._wait, stop=give_up, reraise=True)
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    response = await self._call_once(messages)
+                    response = await self._call_once(messages, fields)
         except Exception as exc:
             status = _status(exc)
+            if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
+                raise Rejected(describe(exc), status, error_text(exc)) from None
             if is_context_length(exc):
                 raise ContextTooLong(describe(exc)) from None
             unreachable = self._unreachable_error(exc)
@@ -331,7 +377,20 @@ def completion_from(response: Any, latency_s: float | None, attempts: int) -> Co
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
+        reasoning=_reasoning(message),
     )
+
+
+def _reasoning(message: Any) -> str:
+    """The reasoning field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)."""
+    if message is None:
+        return ""
+    extra = getattr(message, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name, getattr(message, name, None))
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""
 
 
 def usage_dict(usage: Any) -> dict[str, int]:

@@ -66,6 +66,12 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+def learned(output: Path, key: str) -> dict:
+    """What earlier runs on this output learned under `key` (see Record.finish); {} when nothing."""
+    value = ((read(output) or {}).get("learned") or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def read(output: Path) -> dict | None:
     path = path_for(output)
     if not os.path.exists(path):
@@ -96,6 +102,8 @@ class Record:
             "ended_at": None,
             "counts": None,
         }
+        if isinstance(previous.get("learned"), dict):  # what earlier runs learned of the endpoint stays
+            self.info["learned"] = previous["learned"]
         old, new = previous.get("fingerprint"), info.get("fingerprint")
         self.new_fingerprint = None
         if old is not None and new is not None and differences(old, new):
@@ -103,6 +111,11 @@ class Record:
         self._write()
 
     def finish(self, **counts) -> None:
+        """Record the end; a `learned` count (e.g. the judge's response_format per endpoint) is kept at the
+        top level instead, merged into what earlier runs learned, for the next run to start from."""
+        learned = counts.pop("learned", None)
+        if learned:
+            self.info["learned"] = {**(self.info.get("learned") or {}), **learned}
         pending = counts.get("pending", 0)
         added = counts.get("written", 0) or pending - counts.get("still_pending", pending)
         if self.new_fingerprint is not None and added:

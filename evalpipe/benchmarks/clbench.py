@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cost, jsonl
+from .. import cost, jsonl, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
 from ..paths import PROJECT
 from ..results import tables
@@ -56,12 +56,47 @@ Answer with one JSON object and nothing else, with exactly these keys:
 
 # judge_status values; the first two are real grades, the rest are conservative zero scores
 OK, SALVAGED = "ok", "salvaged"
-EMPTY_OUTPUT, API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH = (
+EMPTY_OUTPUT, API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED = (
     "empty_output",
     "api_error",
     "parse_error",
     "judge_context_length",
+    "judge_truncated",
 )
+
+# The contract's JSON shape, asked for through response_format (keys in the contract's order: the
+# score comes last); OpenAI strict-mode subset, fixed for every row (the list length is checked here).
+JUDGE_KEYS = ("Grading Rationale", "List of Requirement Satisfaction Status", "Overall Score")
+JUDGE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        JUDGE_KEYS[0]: {"type": "string"},
+        JUDGE_KEYS[1]: {"type": "array", "items": {"type": "string", "enum": ["yes", "no"]}},
+        JUDGE_KEYS[2]: {"type": "integer", "enum": [0, 1]},
+    },
+    "required": list(JUDGE_KEYS),
+    "additionalProperties": False,
+}
+
+
+def schema_problems(obj: Any, n_rubrics: int) -> list[str]:
+    """How a reply breaks JUDGE_SCHEMA or the rubric count (empty: it keeps both)."""
+    if not isinstance(obj, dict):
+        return [f"JSON {type(obj).__name__}, not an object"]
+    problems = []
+    if sorted(obj) != sorted(JUDGE_KEYS):
+        problems.append(f"keys {sorted(obj)}")
+    statuses = obj.get(JUDGE_KEYS[1])
+    if not isinstance(statuses, list) or any(s not in ("yes", "no") for s in statuses):
+        problems.append("status list is not a list of 'yes'/'no'")
+    elif len(statuses) != n_rubrics:
+        problems.append(f"{len(statuses)} statuses for {n_rubrics} rubrics")
+    score = obj.get(JUDGE_KEYS[2])
+    if isinstance(score, bool) or score not in (0, 1):
+        problems.append(f"'Overall Score' {score!r}")
+    if not isinstance(obj.get(JUDGE_KEYS[0]), str):
+        problems.append("'Grading Rationale' is not a string")
+    return problems
 
 
 def rubric_lines(rubrics: Any) -> list[str]:
@@ -165,7 +200,7 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
         return "empty judge reply"
     reasons = []
     try:
-        obj = json.loads(_strip_outer_fence(text))
+        obj = judge_format.loads(_strip_outer_fence(text))
     except json.JSONDecodeError as exc:
         reasons.append(f"not JSON ({exc.msg})")
     else:
@@ -207,42 +242,93 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
 @dataclass
 class Asked:
     value: Any  # what `parse` made of the reply, or None when no reply could be used
-    status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH
+    status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED
     usage: dict
     latency_s: float | None  # None when a reply came from a batch (no latency to measure)
     attempts: int
     error: str | None = None
+    mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
+    field: str = "content"  # where the last reply was read: content, or reasoning (content empty)
+    enforced: bool | None = None  # False: the last reply broke the schema its structured mode asked for
 
     @property
     def latency_rounded(self) -> float | None:
         return None if self.latency_s is None else round(self.latency_s, 3)
 
 
-async def ask_judge(judge: "ChatClient", prompt: str, parse: Callable[[str], Any], attempts: int) -> Asked:
-    """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times."""
+@dataclass(frozen=True)
+class Contract:
+    """The JSON a judge call asks for: the response_format name, its schema, and the exact check of a reply."""
+
+    name: str
+    schema: dict
+    problems: Callable[[Any], list[str]]
+
+
+async def ask_judge(
+    judge: "ChatClient",
+    prompt: str,
+    parse: Callable[[str], Any],
+    attempts: int,
+    formats: judge_format.Formats | None = None,
+    contract: Contract | None = None,
+) -> Asked:
+    """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times.
+
+    With `formats` and `contract`, the call asks for the contract's JSON through response_format
+    (judge_format), and a reply in a structured mode that breaks it marks the mode not enforced. A
+    reply with empty content is read from the reasoning field; one cut at the token limit that is
+    not complete JSON is JUDGE_TRUNCATED at once."""
     usage: dict = {}
     latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
+    last = Asked(None, PARSE_ERROR, usage, None, 0)
 
     def asked(value, status, n, error=None) -> Asked:
         latency = None if not latencies or None in latencies else sum(latencies)
-        return Asked(value, status, usage, latency, n, error)
+        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced)
 
     attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
+    messages = [{"role": "user", "content": prompt}]
     failure = None
     for n in range(1, attempts + 1):
         try:
-            reply = await judge.complete([{"role": "user", "content": prompt}])
+            if formats is not None and contract is not None:
+                answer = await judge_format.ask(formats, judge, messages, name=contract.name, schema=contract.schema)
+                reply, last.mode = answer.completion, answer.mode
+            else:
+                reply = await judge.complete(messages)
         except ContextTooLong as exc:
             return asked(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
         except CallFailed as exc:
             return asked(None, API_ERROR, n, str(exc))
         cost.add_counts(usage, reply.usage)
         latencies.append(reply.latency_s)
-        parsed = parse(reply.text)
+        text, last.field = reply.text, "content"
+        if not text.strip() and reply.reasoning.strip():
+            text, last.field = reply.reasoning, "reasoning"
+        truncated = reply.finish_reason == "length"
+        last.enforced = None
+        if formats is not None and contract is not None and last.mode in judge_format.STRUCTURED and not truncated:
+            last.enforced = not judge_format.check(text, contract.problems)
+            formats.ladder(judge).mark(last.mode or "", last.enforced)
+        if truncated and judge_format.check(text, lambda obj: []):  # not even complete JSON
+            tokens = reply.usage.get("completion_tokens")
+            return asked(
+                None,
+                JUDGE_TRUNCATED,
+                n,
+                f"reply cut at the token limit{f' after {tokens} tokens' if tokens else ''}; it ended {text[-200:]!r}",
+            )
+        parsed = parse(text)
         if not isinstance(parsed, str):
             return asked(parsed, OK, n)
-        failure = f"{parsed}; reply began {reply.text[:200]!r}"
+        failure = f"{parsed}; reply began {text[:200]!r}"
     return asked(None, PARSE_ERROR, attempts, failure)
+
+
+def parse_route(how: str, field: str) -> str:
+    """How a reply was read: the parser's route, prefixed `reasoning:` when read from the reasoning field."""
+    return how if field == "content" else f"{field}:{how}"
 
 
 # ---------------------------------------------------------------- error types of failed solutions
@@ -284,6 +370,31 @@ Answer with one JSON object and nothing else:
 """
 
 _TYPE_BY_NAME = {t.lower(): t for t in ERROR_TYPES}
+ERROR_ANALYSIS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "Error Types": {"type": "array", "items": {"type": "string", "enum": list(ERROR_TYPES)}, "minItems": 1},
+        "Reason": {"type": "string"},
+    },
+    "required": ["Error Types", "Reason"],
+    "additionalProperties": False,
+}
+
+
+def analysis_problems(obj: Any) -> list[str]:
+    """How an analyst's reply breaks ERROR_ANALYSIS_SCHEMA (empty: it keeps it)."""
+    if not isinstance(obj, dict):
+        return [f"JSON {type(obj).__name__}, not an object"]
+    problems = [] if sorted(obj) == ["Error Types", "Reason"] else [f"keys {sorted(obj)}"]
+    types = obj.get("Error Types")
+    if not isinstance(types, list) or not types or any(t not in ERROR_TYPES for t in types):
+        problems.append("'Error Types' is not a list of the four types")
+    if not isinstance(obj.get("Reason"), str):
+        problems.append("'Reason' is not a string")
+    return problems
+
+
+ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems)
 
 
 def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
@@ -292,7 +403,7 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
         return "empty reply"
     candidates = []
     try:
-        candidates.append((json.loads(_strip_outer_fence(text)), "json"))
+        candidates.append((judge_format.loads(_strip_outer_fence(text)), "json"))
     except ValueError:
         pass
     candidates += [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]]
@@ -344,6 +455,24 @@ class CLBenchOptions:
     rejudge_parse_errors: bool = flag(
         False, "also judge again the rows whose judge reply could not be parsed", stage="judge"
     )
+    judge_format: str = flag(
+        "auto",
+        "response_format the judge is asked for: auto tries json_schema, then json_object with a schema, "
+        "then json_object, then none, and keeps what the endpoint takes; none sends upstream's exact request",
+        stage="judge",
+        choices=judge_format.CHOICES,
+    )
+    judge_max_tokens: int = flag(
+        16384,
+        "the judge's token budget when --max-tokens is not given (sent as max_tokens, or max_completion_tokens "
+        "where the endpoint needs it; 0 sends none; --judge-format none sends none)",
+        stage="judge",
+    )
+    rejudge_truncated: bool = flag(
+        False,
+        "also judge again the rows whose judge reply was cut at the token limit (raise the budget)",
+        stage="judge",
+    )
 
 
 class CLBench(ErrorAnalysis, Benchmark):
@@ -351,7 +480,7 @@ class CLBench(ErrorAnalysis, Benchmark):
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     Options = CLBenchOptions
     judge_uses_llm = True
-    score_fields = ("score", "judge_status")
+    score_fields = ("score", "judge_status", "judge_format", "judge_parse")
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
     demo = {
         "MAX_SAMPLES": "6",
@@ -378,6 +507,8 @@ class CLBench(ErrorAnalysis, Benchmark):
                 raise BadInput(f"cannot read the judge prompt: {exc.strerror}", prompt_file) from None
             if "{response}" not in self.judge_template:
                 raise BadInput("the judge prompt has no {response} placeholder", prompt_file)
+        # what this run learns of the judge endpoints' response_format (judge.py saves it in the manifest)
+        self.judge_formats = judge_format.Formats(self.options.judge_format, self.options.judge_max_tokens or None)
 
     # ---- which tasks
 
@@ -436,6 +567,8 @@ class CLBench(ErrorAnalysis, Benchmark):
     def is_judged(self, row: dict) -> bool:
         if row.get("judge_status") == PARSE_ERROR and self.options.rejudge_parse_errors:
             return False
+        if row.get("judge_status") == JUDGE_TRUNCATED and self.options.rejudge_truncated:
+            return False
         return not self.is_provisional(row)
 
     def judge_prompt(self, rubrics: Any, response: str) -> str:
@@ -453,17 +586,22 @@ class CLBench(ErrorAnalysis, Benchmark):
         assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
+        contract = Contract("clbench_judge", JUDGE_SCHEMA, lambda obj: schema_problems(obj, n_rubrics))
         asked = await ask_judge(
             judge,
             self.judge_prompt(rubrics, output),
             lambda text: parse_judge_reply(text, n_rubrics),
             self.options.parse_attempts,
+            self.judge_formats,
+            contract,
         )
         accounts = dict(
             judge_model=judge.endpoint.model,
             judge_usage=asked.usage or None,
             judge_latency_s=asked.latency_rounded,
             judge_attempts=asked.attempts,
+            judge_format=asked.mode,
+            judge_format_enforced=False if asked.enforced is False else None,
         )
         verdict = asked.value
         if verdict is not None:
@@ -475,12 +613,15 @@ class CLBench(ErrorAnalysis, Benchmark):
                 status=OK if verdict.how == "json" else SALVAGED,
                 judge_salvage=None if verdict.how == "json" else verdict.how,
                 judge_notes=verdict.notes or None,
+                judge_parse=parse_route(verdict.how, asked.field),
                 **accounts,
             )
         why = {
             JUDGE_CONTEXT_LENGTH: "the judge prompt exceeded the judge's context: score 0",
             API_ERROR: "judge API call failed after retries: score 0 (judged again on the next run)",
             PARSE_ERROR: f"judge reply unparseable after {asked.attempts} attempts: score 0",
+            JUDGE_TRUNCATED: "judge reply cut at the token limit: score 0 (--rejudge-truncated with a larger "
+            "--judge-max-tokens judges it again)",
         }[asked.status]
         return _graded(
             row, rationale=why, statuses=[], score=0, status=asked.status, judge_error=asked.error, **accounts
@@ -495,6 +636,8 @@ class CLBench(ErrorAnalysis, Benchmark):
     def is_analyzed(self, row: dict) -> bool:
         status = row.get("analysis_status")
         if status == PARSE_ERROR and self.options.rejudge_parse_errors:
+            return False
+        if status == JUDGE_TRUNCATED and self.options.rejudge_truncated:
             return False
         return status != API_ERROR
 
@@ -527,12 +670,22 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
         asked = await ask_judge(
-            judge, self.error_analysis_prompt(judge_row), parse_error_types, self.options.parse_attempts
+            judge,
+            self.error_analysis_prompt(judge_row),
+            parse_error_types,
+            self.options.parse_attempts,
+            self.judge_formats,
+            ANALYSIS_CONTRACT,
         )
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
-            out.update(error_types=types, error_reason=reason, analysis_status=OK if how == "json" else SALVAGED)
+            out.update(
+                error_types=types,
+                error_reason=reason,
+                analysis_status=OK if how == "json" else SALVAGED,
+                analysis_parse=parse_route(how, asked.field),
+            )
         else:
             out.update(analysis_status=asked.status, analysis_error=asked.error)
         out.update(
@@ -540,7 +693,10 @@ class CLBench(ErrorAnalysis, Benchmark):
             analysis_usage=asked.usage or None,
             analysis_latency_s=asked.latency_rounded,
             analysis_attempts=asked.attempts,
+            analysis_format=asked.mode,
         )
+        if asked.enforced is False:
+            out["analysis_format_enforced"] = False
         return out
 
     def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
@@ -685,6 +841,9 @@ class CLBench(ErrorAnalysis, Benchmark):
         lines.append("Sub-categories:")
         lines += [line("  " + k, v) for k, v in metrics["by_sub_category"].items()]
         lines.append("Judge status: " + ", ".join(f"{k} {v}" for k, v in metrics["judge_status"].items()))
+        for key, title in (("judge_format", "Judge format"), ("judge_parse", "Judge parse route")):
+            if metrics.get(key):
+                lines.append(f"{title}: " + ", ".join(f"{k} {v}" for k, v in metrics[key].items()))
         return "\n".join(lines)
 
 

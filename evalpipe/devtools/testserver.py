@@ -6,6 +6,11 @@ delay, an HTTP error with headers (Retry-After), a hang, a connection reset, a m
 trickled body. Run it in-process (FakeOpenAI, in a background thread) or as
 `python -m evalpipe.devtools.testserver` (deterministic answers).
 
+`with_server_kind(kind, handler)` puts a handler behind the `response_format` behaviour of a real
+server kind (SERVER_KINDS: enforcing, llama-cpp-python's 500, 2024 llama-server's 500, DeepSeek's
+422, rejecting every format with a 400, silently ignoring, an OpenAI reasoning model refusing
+`max_tokens`); `--server-kind` does the same for the command line.
+
 It also serves the Files and Batches APIs (/v1/files, /v1/batches) well enough for the SDK's
 `client.files` and `client.batches`. Each line of a batch is answered by the same `handler` as an
 online call (the Request carries the line's `custom_id`; delay, hang, reset and trickle are
@@ -78,6 +83,7 @@ class Reply:
     trickle: float = 0.0  # seconds between body chunks of 16 bytes
     finish_reason: str = "stop"
     usage: dict | None = None
+    reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -125,13 +131,81 @@ def completion_body(request: Request, reply: Reply) -> bytes:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply.content},
+                    "message": {
+                        "role": "assistant",
+                        "content": reply.content,
+                        **({"reasoning_content": reply.reasoning} if reply.reasoning is not None else {}),
+                    },
                     "finish_reason": reply.finish_reason,
                 }
             ],
             "usage": usage,
         }
     ).encode()
+
+
+# ---- How servers answer a response_format they do not support (../shared/research/judge.md §2)
+
+# kind → what it does with each response_format type; texts as those servers send them
+SERVER_KINDS = {
+    "enforcing": "accepts json_schema, json_object and json_object with a schema (OpenAI, vLLM, llama-server)",
+    "llama_cpp_python": "json_schema → HTTP 500 with the pydantic text; json_object (+schema) accepted",
+    "llama_server_2024": "json_schema → HTTP 500 `response_format type must be one of ...`; json_object accepted",
+    "deepseek": "json_schema → HTTP 422 `json_schema is unavailable now`; json_object accepted",
+    "rejecting": "every response_format → HTTP 400 `Unrecognized request argument supplied: response_format`",
+    "ignoring": "accepts every response_format and ignores it (HTTP 200, nothing enforced)",
+    "reasoning": "like enforcing, and max_tokens → HTTP 400 asking for max_completion_tokens (OpenAI o-series)",
+}
+_LLAMA_CPP_PYTHON_500 = (
+    "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n  Input should be 'text' or "
+    "'json_object' [type=literal_error, input_value='json_schema', input_type=str]"
+)
+
+
+def format_gate(kind: str, request: Request) -> Reply | None:
+    """The rejection a server of `kind` (SERVER_KINDS) answers to this request, or None when it answers normally."""
+    if kind not in SERVER_KINDS:
+        raise ValueError(f"unknown server kind {kind!r}; one of {sorted(SERVER_KINDS)}")
+    body = request.body or {}
+    fmt = body.get("response_format")
+    kind_of = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "reasoning" and "max_tokens" in body:
+        return Reply.error(
+            400,
+            "Unsupported parameter: 'max_tokens' is not supported with this model. "
+            "Use 'max_completion_tokens' instead.",
+            "unsupported_parameter",
+        )
+    if kind_of is None or kind in ("enforcing", "ignoring", "reasoning"):
+        return None
+    if kind == "rejecting":
+        return Reply.error(400, "Unrecognized request argument supplied: response_format")
+    if kind_of != "json_schema":
+        return None
+    if kind == "llama_cpp_python":
+        return Reply(
+            status=500,
+            body=json.dumps({"error": {"message": _LLAMA_CPP_PYTHON_500, "type": "internal_server_error"}}).encode(),
+        )
+    if kind == "llama_server_2024":
+        text = 'response_format type must be one of "text" or "json_object", but got: json_schema'
+        return Reply(
+            status=500, body=json.dumps({"error": {"code": 500, "message": text, "type": "server_error"}}).encode()
+        )
+    return Reply.error(
+        422,
+        "Failed to deserialize the JSON body into the target type: response_format: "
+        "response_format.type `json_schema` is unavailable now",
+    )
+
+
+def with_server_kind(kind: str, handler: Callable[[Request], Reply]) -> Callable[[Request], Reply]:
+    """`handler` behind a server of `kind`: its rejections first, else the handler's answer."""
+
+    def gated(request: Request) -> Reply:
+        return format_gate(kind, request) or handler(request)
+
+    return gated
 
 
 # ---- Files and Batches: formats and bookkeeping
@@ -821,6 +895,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A deterministic OpenAI-compatible test server on loopback.")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument(
+        "--server-kind",
+        choices=sorted(SERVER_KINDS),
+        default="enforcing",
+        help="how it answers a response_format: " + "; ".join(f"{k}: {v}" for k, v in SERVER_KINDS.items()),
+    )
     args = parser.parse_args()
 
     def handler(request: Request) -> Reply:
@@ -828,7 +908,7 @@ def main() -> None:
         reply.delay = args.delay
         return reply
 
-    server = FakeOpenAI(handler, port=args.port).start()
+    server = FakeOpenAI(with_server_kind(args.server_kind, handler), port=args.port).start()
     print(f"OPENAI_BASE_URL={server.base_url}", flush=True)
     try:
         threading.Event().wait()

@@ -29,6 +29,8 @@ _NOT_IN_FINGERPRINT = (
     "judge_prompt",
     "parse_attempts",
     "rejudge_parse_errors",
+    "rejudge_truncated",
+    "judge_max_tokens",  # a budget: raised to judge truncated rows again, it does not change the others
     "parse",
     "error_analysis",
 )
@@ -168,6 +170,14 @@ def rows_job(
         )
 
     stand_ins = _StandIns(label, bench, work)
+    formats = getattr(bench, "judge_formats", None)  # judge_format.Formats of an LLM judge asking for JSON
+    run_counts = stand_ins.counts
+    if formats is not None and endpoint is not None:
+        formats.seed(manifest.learned(output, "judge_format"))
+
+        def run_counts(summary) -> dict:
+            return {**stand_ins.counts(summary), "learned": {"judge_format": formats.state()}}
+
     return engine.Job(
         label=label,
         output=output,
@@ -183,7 +193,7 @@ def rows_job(
         session=stand_ins.session,
         first_call_only=True,
         rows_pending=True,
-        run_counts=stand_ins.counts,
+        run_counts=run_counts,
         settle=stand_ins.settle,
     )
 

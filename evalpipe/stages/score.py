@@ -90,7 +90,21 @@ def summarize(bench: Benchmark, tasks: list[Task], judged: dict) -> dict:
     """One run's metrics: the benchmark's own figures, then coverage and judge statuses."""
     metrics = bench.metrics(tasks, judged)
     metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged)
+    for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
+        counts = field_counts(tasks, judged, key)
+        if counts:
+            metrics[key] = counts
     return metrics
+
+
+def field_counts(tasks: list[Task], judged: dict, key: str) -> dict[str, int]:
+    """How many of the selected tasks' judge rows have each value of `key` (rows without it are not counted)."""
+    counts: dict[str, int] = {}
+    for task in tasks:
+        value = (judged.get(task.id) or {}).get(key)
+        if value is not None:
+            counts[str(value)] = counts.get(str(value), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,316 @@
+"""Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run.
+
+The ladder, most to least constrained (the mode names are what judge rows record as `judge_format`):
+
+  json_schema         {"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}
+  json_object_schema  {"type": "json_object", "schema": ...}  (llama.cpp, llama-cpp-python: a grammar)
+  json_object         {"type": "json_object"}                 (valid JSON, any shape)
+  none                no response_format: free text, upstream's request
+
+Per endpoint and model (a Ladder), the first request goes alone while the others wait. A rejection
+that says the mode is unsupported (HTTP 400/404/415/422, or a 500 whose text names the format, as
+llama-cpp-python answers) steps down at once, without transport retries, and the same prompt is
+sent again in the next mode: a rejection costs no row and is no failure. A 200 proves nothing (some
+servers accept and ignore the format), so every reply in a structured mode is validated by the
+caller, and a mode whose replies break the schema is marked not enforced (the replies still go
+through the free-text salvage chain). An endpoint that rejects `max_tokens` for
+`max_completion_tokens` (OpenAI reasoning models) gets the latter from then on.
+
+The decisions go into the output's manifest (`learned.judge_format`), and the next run starts from them.
+"""
+
+import asyncio
+import json
+import re
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import EndpointRefused
+
+if TYPE_CHECKING:  # the openai SDK is loaded only by stages that call an API (score reads rows only)
+    from .llm import ChatClient, Completion
+
+MODES = ("json_schema", "json_object_schema", "json_object", "none")
+CHOICES = ("auto", "json_schema", "json_object", "none")
+STRUCTURED = ("json_schema", "json_object_schema")  # modes that carry the schema: their replies must keep it
+_LADDERS = {
+    "auto": MODES,
+    "json_schema": ("json_schema",),
+    "json_object": ("json_object_schema", "json_object"),
+    "none": ("none",),
+}
+_REJECTED_STATUS = (400, 404, 415, 422)
+# Texts of "this format is not supported" answers (../shared/research/judge.md §2, §6.2), lower case.
+_UNSUPPORTED_HINTS = (
+    "response_format",
+    "json_schema",
+    "json_object",
+    "input should be",
+    "must be one of",
+    "not supported",
+    "unavailable",
+    "unknown name",
+    "unrecognized request argument",
+    "no endpoints found that can handle",
+)
+# A 500 counts only when its text names the format (llama-cpp-python, 2024 llama-server).
+_FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should be 'text'")
+_REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+
+
+def modes_for(choice: str) -> tuple[str, ...]:
+    return _LADDERS[choice]
+
+
+def response_format(mode: str, name: str, schema: dict) -> dict | None:
+    """The `response_format` body field of a mode (None: not sent)."""
+    if mode == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": schema}
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def wants_max_completion_tokens(status: int | None, text: str) -> bool:
+    """OpenAI reasoning models: `Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'`."""
+    text = text.lower()
+    return status == 400 and "max_tokens" in text and "max_completion_tokens" in text
+
+
+def unsupported(status: int | None, text: str) -> bool:
+    """Whether an error says the requested response_format is not supported (research note §6.2)."""
+    from .llm import context_length_error
+
+    if status is None or context_length_error(status, text) or wants_max_completion_tokens(status, text):
+        return False
+    text = text.lower()
+    if status in _REJECTED_STATUS:
+        return any(hint in text for hint in _UNSUPPORTED_HINTS)
+    return status == 500 and any(hint in text for hint in _FORMAT_NAMES)
+
+
+_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
+
+
+def budget_too_large(status: int | None, text: str) -> bool:
+    """Our token budget is more than the model or its context allows (OpenAI: `max_tokens is too large: ...
+    supports at most N completion tokens`; vLLM: `'max_tokens' or 'max_completion_tokens' is too large`)."""
+    text = text.lower()
+    return status in (400, 422) and "too large" in text and ("max_tokens" in text or "max_completion_tokens" in text)
+
+
+def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
+    """Which errors end a judge call at once: the ladder handles them (a budget error only when the budget is ours)."""
+    from .llm import error_text, status_of
+
+    def final(exc: BaseException) -> bool:
+        status, text = status_of(exc), error_text(exc)
+        if own_budget and budget_too_large(status, text):
+            return True
+        return unsupported(status, text) or wants_max_completion_tokens(status, text)
+
+    return final
+
+
+def default_token_field(base_url: str, model: str) -> str:
+    """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+@dataclass
+class Ladder:
+    """What one endpoint and model take, learned during the run."""
+
+    modes: tuple[str, ...]
+    index: int = 0
+    settled: bool = False  # a request in the current mode was answered
+    token_field: str | None = None  # learned: the body field that carries the token budget
+    budget_cap: int | None = None  # learned: the most our default budget may be here (0: send none)
+    rejected: dict[str, str] = field(default_factory=dict)  # mode → the rejection's text
+    not_enforced: set[str] = field(default_factory=set)  # structured modes whose replies broke the schema
+    _lock: asyncio.Lock | None = field(default=None, repr=False)
+
+    @property
+    def mode(self) -> str:
+        return self.modes[self.index]
+
+    def state(self) -> dict:
+        return {
+            "choice": next(c for c, modes in _LADDERS.items() if modes == self.modes),
+            "mode": self.mode,
+            "settled": self.settled,
+            "rejected": dict(self.rejected),
+            "not_enforced": sorted(self.not_enforced),
+            "token_field": self.token_field,
+            "budget_cap": self.budget_cap,
+        }
+
+    def seed(self, saved: dict) -> None:
+        """Start from an earlier run's decisions (its manifest), where they fit this run's ladder."""
+        mode = saved.get("mode")
+        if saved.get("settled") and mode in self.modes:
+            self.index = self.modes.index(mode)
+            self.rejected.update({k: str(v) for k, v in (saved.get("rejected") or {}).items() if k in self.modes})
+        self.not_enforced.update(m for m in saved.get("not_enforced") or () if m in STRUCTURED)
+        if saved.get("token_field") in ("max_tokens", "max_completion_tokens"):
+            self.token_field = saved["token_field"]
+        if isinstance(saved.get("budget_cap"), int) and saved["budget_cap"] >= 0:
+            self.budget_cap = saved["budget_cap"]
+
+    def mark(self, mode: str, enforced: bool) -> None:
+        if not enforced and mode in STRUCTURED:
+            self.not_enforced.add(mode)
+
+
+class Formats:
+    """The ladders of one run (per endpoint and model) for a `--judge-format` choice and a token budget."""
+
+    def __init__(self, choice: str = "auto", budget: int | None = None):
+        if choice not in _LADDERS:
+            raise ValueError(f"judge format {choice!r} is not one of {CHOICES}")
+        self.choice, self.budget = choice, budget
+        self.ladders: dict[str, Ladder] = {}
+        self.saved: dict[str, dict] = {}
+
+    @staticmethod
+    def key(client: "ChatClient") -> str:
+        return f"{client.endpoint.host} {client.endpoint.model}"
+
+    def ladder(self, client: "ChatClient") -> Ladder:
+        key = self.key(client)
+        if key not in self.ladders:
+            ladder = Ladder(modes_for(self.choice))
+            if (
+                key in self.saved and self.saved[key].get("choice", "auto") == self.choice
+            ):  # forced teaches auto nothing
+                ladder.seed(self.saved[key])
+            self.ladders[key] = ladder
+        return self.ladders[key]
+
+    def seed(self, learned: dict) -> None:
+        """The `judge_format` an earlier run's manifest learned, by endpoint and model."""
+        if isinstance(learned, dict):
+            self.saved = {k: v for k, v in learned.items() if isinstance(v, dict)}
+
+    def state(self) -> dict:
+        return {**self.saved, **{k: ladder.state() for k, ladder in self.ladders.items()}}
+
+
+@dataclass
+class Answer:
+    completion: "Completion"
+    mode: str
+
+
+async def ask(
+    formats: Formats,
+    client: "ChatClient",
+    messages: list[dict],
+    *,
+    name: str,
+    schema: dict,
+) -> Answer:
+    """One reply to `messages` in the best mode the endpoint takes (see the module's docstring)."""
+    ladder = formats.ladder(client)
+    if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
+        mode = ladder.mode
+        return Answer(await client.complete(messages, _fields(formats, ladder, client, mode, name, schema)), mode)
+    if not ladder.settled:
+        if ladder._lock is None:
+            ladder._lock = asyncio.Lock()
+        async with ladder._lock:
+            if not ladder.settled:
+                return await _send(formats, ladder, client, messages, name, schema)
+    return await _send(formats, ladder, client, messages, name, schema)
+
+
+async def _send(
+    formats: Formats, ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict
+) -> Answer:
+    from .llm import Rejected
+
+    while True:
+        mode = ladder.mode
+        fields = _fields(formats, ladder, client, mode, name, schema)
+        own_budget = not _given_budget(client) and any(k in fields for k in ("max_tokens", "max_completion_tokens"))
+        try:
+            reply = await client.complete(messages, fields, final=_final_for(own_budget))
+        except Rejected as exc:
+            if wants_max_completion_tokens(exc.status, exc.text) and ladder.token_field != "max_completion_tokens":
+                ladder.token_field = "max_completion_tokens"
+                continue
+            if own_budget and budget_too_large(exc.status, exc.text):
+                at_most = _AT_MOST.search(exc.text)
+                sent = fields.get("max_tokens") or fields.get("max_completion_tokens") or 0
+                # the model's own cap when it says it, else send none and let the server use what is left
+                ladder.budget_cap = int(at_most.group(1)) if at_most and int(at_most.group(1)) < sent else 0
+                continue
+            if not unsupported(exc.status, exc.text) or mode == "none":
+                raise
+            if ladder.mode == mode:  # not stepped down meanwhile by another request
+                ladder.rejected[mode] = str(exc)[:300]
+                if ladder.index + 1 >= len(ladder.modes):
+                    raise EndpointRefused(
+                        f"{client.endpoint.host} rejects response_format {mode} for model "
+                        f"{client.endpoint.model!r} ({str(exc)[:200]}); use --judge-format auto"
+                    ) from None
+                ladder.index += 1
+                ladder.settled = False
+            continue
+        ladder.settled = True
+        return Answer(reply, mode)
+
+
+def _fields(
+    formats: Formats, ladder: Ladder, client: "ChatClient", mode: str, name: str, schema: dict
+) -> dict[str, Any]:
+    """The body fields of one judge call: response_format and the token budget, in the endpoint's spelling."""
+    fields: dict[str, Any] = {}
+    fmt = response_format(mode, name, schema)
+    if fmt is not None:
+        fields["response_format"] = fmt
+    params = client.endpoint.params
+    given = _given_budget(client)
+    budget = given if given is not None else None if formats.choice == "none" else formats.budget
+    if given is None and budget and ladder.budget_cap is not None:
+        budget = min(budget, ladder.budget_cap)
+    if budget:
+        wanted = ladder.token_field or (
+            next((k for k in ("max_tokens", "max_completion_tokens") if k in params), None)
+            or default_token_field(client.endpoint.url, client.endpoint.model)
+        )
+        other = "max_tokens" if wanted == "max_completion_tokens" else "max_completion_tokens"
+        fields[wanted] = budget
+        if other in params:
+            fields[other] = None
+    return fields
+
+
+def _given_budget(client: "ChatClient") -> int | None:
+    """The user's own --max-tokens, in whichever field it is sent."""
+    params = client.endpoint.params
+    return next((params[k] for k in ("max_tokens", "max_completion_tokens") if k in params), None)
+
+
+# ---- validation of replies in a structured mode
+
+
+def loads(text: str) -> Any:
+    """The reply as JSON (control characters inside strings allowed: llama-cpp-python's grammar emits them)."""
+    return json.loads(text, strict=False)
+
+
+def check(text: str, validate: Callable[[Any], list[str]]) -> list[str]:
+    """What keeps the reply from matching the schema exactly (empty: it matches)."""
+    try:
+        obj = loads(text.strip())
+    except ValueError as exc:
+        return [f"not JSON ({exc})"]
+    return validate(obj)
