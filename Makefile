@@ -1,4 +1,4 @@
-# The pipeline: make infer judge score aggregate [BENCH=... MODEL=... JUDGE_MODEL=... RUNS=... DATA=... LABEL=...]
+# The pipeline: make infer judge score aggregate [BENCH=... MODEL=... JUDGE_MODEL=... JUDGE_LABEL=... RUNS=... DATA=... LABEL=...]
 # The endpoint comes from the environment: OPENAI_API_KEY, OPENAI_BASE_URL (the judge may use
 # JUDGE_API_KEY, JUDGE_BASE_URL). Every target is safe to rerun: it resumes where it stopped.
 # The stage targets hand their settings to `python -m evalpipe.pipeline`, which checks them, holds
@@ -16,7 +16,7 @@ BROWSER_STAMP := $(VENV)/.browser-installed
 quote = '$(subst ','\'',$(1))'
 
 PIPELINE_STAGES := infer judge error-analysis score aggregate
-PIPELINE_VARS := BENCH MODEL JUDGE_MODEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL ARGS JUDGE_ARGS
+PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL ARGS JUDGE_ARGS
 # The stages named on make's command line run as one pipeline (so that an incomplete infer still
 # lets judge and score go on), started by the first of them; the others have nothing left to do.
 PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))

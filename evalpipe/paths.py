@@ -40,3 +40,23 @@ def items_path(score_path: Path) -> Path:
 
 def bench_dir(root: Path, bench: str) -> Path:
     return root / bench
+
+
+# A second opinion's judge file: judge-<label>.jsonl beside judge.jsonl (judge.py --judge-label).
+JUDGE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
+_LABELLED_JUDGE = re.compile(r"judge-([A-Za-z0-9][A-Za-z0-9.-]*)\.jsonl")
+
+
+def judge_file_name(label: str | None = None) -> str:
+    """judge.jsonl, or judge-<label>.jsonl for a labelled second opinion."""
+    return f"judge-{label}.jsonl" if label else "judge.jsonl"
+
+
+def labelled_judge_files(folder: Path) -> dict[str, Path]:
+    """The labelled judge files in a run folder, by label (judge-<label>.jsonl; not their analyses)."""
+    found = {}
+    for path in sorted(folder.glob("judge-*.jsonl")):
+        match = _LABELLED_JUDGE.fullmatch(path.name)
+        if match:
+            found[match.group(1)] = path
+    return found

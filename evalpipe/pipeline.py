@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import benchmarks
 from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
-from .paths import PROJECT
+from .paths import JUDGE_LABEL, PROJECT
 
 STAGES = ("infer", "judge", "error-analysis", "score", "aggregate")
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -30,6 +30,7 @@ SETTINGS = {
     "BENCH": "benchmark (default clbench)",
     "MODEL": f"model under test (default {DEFAULT_MODEL})",
     "JUDGE_MODEL": "judge model (default: judge.py's)",
+    "JUDGE_LABEL": "a second opinion: judge, error-analysis and score use judge-NAME.jsonl (judge.jsonl untouched)",
     "RUNS": f"runs 1..RUNS of each per-run stage (default {DEFAULT_RUNS}; aggregate: every run that exists)",
     "DATA": "dataset file (default: the benchmark's bundled sample)",
     "WORKERS": "calls in flight (default: the stage's, 8)",
@@ -89,6 +90,9 @@ def _check(plan: Plan) -> None:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
     if "error-analysis" in plan.stages and not isinstance(benchmarks.get(bench), benchmarks.ErrorAnalysis):
         raise UsageError(f"error-analysis: {bench} has no error analysis (CL-bench has)")
+    label = plan.get("JUDGE_LABEL")
+    if label is not None and not JUDGE_LABEL.fullmatch(label):
+        raise UsageError(f"JUDGE_LABEL={label}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
     for name in ("ARGS", "JUDGE_ARGS"):
         try:
             shlex.split(plan.get(name) or "")
@@ -121,10 +125,15 @@ def command(plan: Plan, stage: str) -> list[str]:
             *shlex.split(plan.get("ARGS") or ""),
         ]
     if stage == "score":
-        return cmd + [*_flag(plan, "DATA", "--data"), *_flag(plan, "MAX_SAMPLES", "--max-samples")]
+        return cmd + [
+            *_flag(plan, "DATA", "--data"),
+            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
+            *_flag(plan, "JUDGE_LABEL", "--judge-label"),
+        ]
     return cmd + [
         *(["--error-analysis"] if stage == "error-analysis" else []),
         *_flag(plan, "JUDGE_MODEL", "--judge-model"),
+        *_flag(plan, "JUDGE_LABEL", "--judge-label"),
         *_flag(plan, "WORKERS", "--workers"),
         *shlex.split(plan.get("JUDGE_ARGS") or ""),
     ]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import tables
+from .agreement import NOTE as AGREEMENT_NOTE
 from .items import MDE_RUNS
 
 MAIN = "main"  # the key of the headline table among a model's tables
@@ -234,6 +235,9 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
             f"## {bench.name}: paired comparisons, in points\n\n" + _comparison_table(shown) + f"\n{COMPARE_NOTE}\n"
         )
         tex.append(_comparison_latex(shown, bench.name))
+    agreed = agreement_table(bench.name, models)
+    if agreed:
+        md.append(agreed)
     md.append(f"{bench.aggregate_note}\n")
     return Tables("\n".join(md), _csv(models, titles, std_kind), "\n".join(tex), _comparisons_csv(comparisons))
 
@@ -348,3 +352,41 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
             + [c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)
+
+
+AGREEMENT_POOLED = "Pooled over the runs that have second opinions: each run's task is an item of its own."
+
+
+def _k(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def agreement_table(bench_name: str, models: list[dict]) -> str:
+    """The judge agreement of every model with second opinions (aggregate's `agreement`), or ""."""
+    rows, repeats = [], []
+    for m in models:
+        section = m.get("agreement")
+        if not section:
+            continue
+        for pair in section["pairs"]:
+            f, rubric = pair["overall"], pair["rubric_items"] or {}
+            formats = " | ".join(", ".join(pair["formats"][s]) or "-" for s in ("a", "b"))
+            rows.append(
+                [m["model"], f"{pair['a']} vs {pair['b']}", f["n"], _p(f["raw_agreement"]), _k(f["cohen_kappa"])]
+                + [f"{_p(f['pass_rate_a'])} / {_p(f['pass_rate_b'])}", _p(rubric.get("raw_agreement"))]
+                + [_k(rubric.get("cohen_kappa")), formats + (" (A/B)" if pair["format_ab"] else "")]
+            )
+        for r in section["repeated"]:
+            repeats.append(
+                [m["model"], r["judge_model"], ", ".join(r["files"]), r["n"], _p(r["flip_rate"]), _k(r["fleiss_kappa"])]
+            )
+    if not rows and not repeats:
+        return ""
+    headers = ["Model", "Judges (a vs b)", "Tasks", "Raw agreement", "Cohen's κ", "Pass rate a / b"]
+    headers += ["Rubric items: agreement", "Rubric items: κ", "judge_format a | b"]
+    out = f"## {bench_name}: judge agreement, in percent\n\n" + tables.markdown_table(headers, rows)
+    if repeats:
+        out += "\n" + tables.markdown_table(
+            ["Model", "Judge model", "Files", "Tasks", "Flip rate", "Fleiss' κ"], repeats
+        )
+    return out + f"\n{AGREEMENT_NOTE} {AGREEMENT_POOLED}\n"

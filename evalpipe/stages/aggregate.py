@@ -20,7 +20,7 @@ import orjson
 from .. import cli, jsonl, manifest, paths
 from ..benchmarks import Benchmark
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import items, plots, render, stats
+from ..results import agreement, items, plots, render, stats
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 
@@ -218,6 +218,15 @@ def _sort_value(figure: dict) -> float | None:
     return (figure.get("items") or {}).get("mean")
 
 
+def _attach_agreement(bench: Benchmark, models: list[dict], base: Path) -> None:
+    """Each model with second opinions (judge-<label>.jsonl beside a run's judge.jsonl): its judge agreement,
+    pooled over the runs used (the ranking stays judge.jsonl's)."""
+    for model in models:
+        section = agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]])
+        if section is not None:
+            model["agreement"] = section
+
+
 def compare_models(
     bench: Benchmark, models: list[dict], found: list[dict], boot: items.Bootstrap | None = None
 ) -> list[dict]:
@@ -256,6 +265,7 @@ def main(argv: list[str]) -> int:
         )
     boot = items.Bootstrap(args.bootstrap, args.seed) if args.bootstrap > 0 else None
     models = summarize(bench, found, boot)
+    _attach_agreement(bench, models, paths.bench_dir(args.outputs_dir, bench.name))
     comparisons = compare_models(bench, models, found, boot)
     flag_note = bench.flag_note if any(m["flagged"] for m in models) else ""
     out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
@@ -268,6 +278,7 @@ def main(argv: list[str]) -> int:
             "ci95": render.RUNS_CI_NOTE,  # each figure's `ci95`; its `items.ci95` is the item-level interval
             "power": render.POWER_NOTE,
             "comparisons": render.COMPARE_NOTE,
+            "agreement": agreement.NOTE + " " + render.AGREEMENT_POOLED,
         },
         "std_shown": args.std,
         "bootstrap": {"replicates": args.bootstrap, "seed": args.seed, "method": "percentile"} if boot else None,

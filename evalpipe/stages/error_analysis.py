@@ -15,7 +15,7 @@ from . import engine, judge
 def main(bench: Benchmark, args) -> int:
     """Entered from judge.main with the parsed flags: let the engine classify every failed solution not yet analyzed."""
     assert isinstance(bench, ErrorAnalysis)  # judge.py offers --error-analysis only then
-    in_path = judge.input_path(bench, args, "judge.jsonl")
+    in_path = judge.input_path(bench, args, paths.judge_file_name(args.judge_label))
     output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
     if not in_path.exists():
         raise BadInput("no such judge file (run judge first)", in_path)

@@ -33,6 +33,7 @@ _NOT_IN_FINGERPRINT = (
     "judge_max_tokens",  # a budget: raised to judge truncated rows again, it does not change the others
     "parse",
     "error_analysis",
+    "judge_label",  # names the output file only
 )
 
 
@@ -52,6 +53,12 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         "as upstream; with --error-analysis, error_analysis.jsonl beside the judge file)",
     )
     parser.add_argument("--judge-model", default="gpt-5.1", help="judge model (default gpt-5.1, as upstream)")
+    parser.add_argument(
+        "--judge-label",
+        metavar="NAME",
+        help="a second opinion: write judge-NAME.jsonl beside judge.jsonl instead (another judge model, or the "
+        "same one again); with --error-analysis, read it",
+    )
     parser.add_argument("--aws-region", help=argparse.SUPPRESS)  # accepted for upstream command lines
     parser.add_argument(
         "--allow-config-change",
@@ -71,12 +78,13 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 def main(argv: list[str]) -> int:
     """judge.py: read the inference rows, then let the engine grade those without a final judge row."""
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
+    check_judge_label(args)
     if getattr(args, "error_analysis", False):
         from . import error_analysis  # it builds on this module's helpers
 
         return error_analysis.main(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
-    output = args.output or _default_output(in_path)
+    output = args.output or labelled(_default_output(in_path), args.judge_label)
     if not in_path.exists():
         raise BadInput("no such inference file (run infer first)", in_path)
     if not bench.judge_uses_llm and args.backend == "batch":
@@ -112,6 +120,26 @@ def input_path(bench: Benchmark, args, first_file: str) -> Path:
     if not args.model:
         raise BadInput("give --input, or --model (and --run) to use the default output layout")
     return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / first_file
+
+
+def check_judge_label(args) -> None:
+    """Refuse a --judge-label that would not be a plain file name part, or one given with --output."""
+    label = args.judge_label
+    if label is None:
+        return
+    if not paths.JUDGE_LABEL.fullmatch(label):
+        raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
+    if args.output is not None:
+        raise BadInput("give --judge-label or --output, not both")
+
+
+def labelled(judge_path: Path, label: str | None) -> Path:
+    """judge.jsonl → judge-<label>.jsonl (any other judge file: <stem>-<label>.jsonl); no label: as is."""
+    if not label:
+        return judge_path
+    if judge_path.name == "judge.jsonl":
+        return judge_path.with_name(paths.judge_file_name(label))
+    return judge_path.with_name(f"{judge_path.stem}-{label}{judge_path.suffix}")
 
 
 def _default_output(in_path: Path) -> Path:

@@ -11,7 +11,7 @@ from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import items
+from ..results import agreement, items
 from ..rows import Coverage
 
 
@@ -19,6 +19,11 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument("--model", help="the model whose run is scored (for the default paths)")
     parser.add_argument("--input", type=Path, help="judge JSONL (default outputs/<bench>/<model>/run-<K>/judge.jsonl)")
     parser.add_argument("--output", type=Path, help="score JSON (default: score.json beside the judge file)")
+    parser.add_argument(
+        "--judge-label",
+        metavar="NAME",
+        help="score the second opinion judge-NAME.jsonl of the run instead (writes judge-NAME_score.json)",
+    )
     parser.add_argument(
         "--data", type=Path, help="dataset the run was selected from (default: as recorded by infer beside the run)"
     )
@@ -33,7 +38,10 @@ def _judge_path(bench: Benchmark, args) -> Path:
         return args.input
     if not args.model:
         raise BadInput("give --input, or --model (and --run) to use the default output layout")
-    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / "judge.jsonl"
+    if args.judge_label is not None and not paths.JUDGE_LABEL.fullmatch(args.judge_label):
+        raise BadInput(f"--judge-label {args.judge_label!r}: use letters, digits, '.' and '-'")
+    run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
+    return run_dir / paths.judge_file_name(args.judge_label)
 
 
 def selected_tasks(bench: Benchmark, args, judge_path: Path, judged: dict) -> tuple[list[Task], str]:
@@ -127,6 +135,10 @@ def main(argv: list[str]) -> int:
     metrics["cost"] = _cost({t.id for t in tasks}, accounted, cost.load_prices(args.prices))
     metrics["selection"] = selection
     metrics["judge_file"] = str(judge_path)
+    if judge_path.name == "judge.jsonl":  # second opinions beside it: how far the judges agree
+        second = agreement.for_run(bench, judge_path)
+        if second is not None:
+            metrics["agreement"] = second
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
@@ -138,6 +150,8 @@ def main(argv: list[str]) -> int:
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))
     print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
+    if "agreement" in metrics:
+        print(agreement.format_report(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
     return _exit_code(metrics["coverage"])
 
