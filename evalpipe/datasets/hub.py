@@ -31,7 +31,7 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl
+from .. import jsonl, manifest
 from ..errors import EXIT_UNREACHABLE, BadInput, StageError
 from ..paths import PROJECT
 
@@ -220,15 +220,7 @@ def _matches(path: Path, entry: dict) -> bool:
             return False
     except OSError:
         return False
-    return _sha256(path) == entry.get("sha256")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return manifest.sha256_file(path) == entry.get("sha256")
 
 
 def _hub():
@@ -375,7 +367,7 @@ def _verify(cached: Path, file: str) -> None:
     file or the git blob id of a small one."""
     name = Path(os.path.realpath(cached)).name
     if re.fullmatch(r"[0-9a-f]{64}", name):
-        actual, what = _sha256(cached), "sha256"
+        actual, what = manifest.sha256_file(cached), "sha256"
     elif re.fullmatch(r"[0-9a-f]{40}", name):
         data = cached.read_bytes()
         actual, what = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest(), "git blob id"
@@ -415,7 +407,7 @@ def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnr
     if len(placed) == 1:
         print(
             f"hub: warning: cannot reach the Hub ({why}); using {placed[0]} as placed by hand "
-            f"(sha256 {_sha256(placed[0])}, not checked against the Hub, not locked)",
+            f"(sha256 {manifest.sha256_file(placed[0])}, not checked against the Hub, not locked)",
             file=sys.stderr,
         )
         return placed[0]

@@ -1,8 +1,7 @@
 """`make report`: aggregate every benchmark found under outputs/ and index them in outputs/report.md.
 
-A results root is the outputs folder itself or any folder below it (up to MAX_DEPTH levels down,
-e.g. outputs/demo/ of `make demo`) that holds <bench>/<model>/run-<K>/score.json for a registered
-benchmark. Each (root, benchmark) is aggregated in place and gets a section of report.md.
+A results root (results/discover.py) here is one whose run folders hold a score.json. Each
+(root, benchmark) is aggregated in place and gets a section of report.md.
 """
 
 import argparse
@@ -14,9 +13,8 @@ from .. import benchmarks, cli, jsonl
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..paths import DEFAULT_ROOT
 from ..stages import aggregate
-from . import viewer
+from . import discover, viewer
 
-MAX_DEPTH = 3  # outputs/a/b/c is the deepest root looked at
 _RUN_DIR = re.compile(r"run-\d+$")
 
 
@@ -29,27 +27,9 @@ def benches_in(root: Path) -> list[str]:
     ]
 
 
-def _subfolders(folder: Path) -> list[Path]:
-    """Folders that may hold results roots: no symlinks, hidden folders or run folders."""
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return []
-    return [p for p in entries if p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "run-"))]
-
-
 def find_results(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks) for every results root at or below outputs_dir: the top first, then by path."""
-    found, pending = [], [(outputs_dir, 0)]
-    while pending:
-        folder, depth = pending.pop()
-        present = benches_in(folder)
-        if present:
-            found.append((folder, present))
-        if depth < MAX_DEPTH:
-            # a root's benchmark folders hold model folders, not further roots
-            pending += [(sub, depth + 1) for sub in _subfolders(folder) if sub.name not in present]
-    return sorted(found, key=lambda item: item[0].relative_to(outputs_dir).parts)
+    """(root, its benchmarks) for every results root with a score.json at or below outputs_dir."""
+    return discover.find_roots(outputs_dir, benches_in)
 
 
 def section(outputs_dir: Path, root: Path, bench: str) -> str:
@@ -75,7 +55,7 @@ def main(argv: list[str]) -> int:
     results = find_results(args.outputs_dir)
     if not results:
         raise BadInput(
-            f"no <bench>/<model>/run-<K>/score.json in {args.outputs_dir} or up to {MAX_DEPTH} folder levels "
+            f"no <bench>/<model>/run-<K>/score.json in {args.outputs_dir} or up to {discover.MAX_DEPTH} folder levels "
             "below it (run make infer judge score first)"
         )
     sections, code = [], EXIT_OK

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ... import __version__, jsonl
 from ...errors import EXIT_OK, BadInput
+from .. import discover
 from . import collect, page
 
 DEFAULT_CONTEXT_CHARS = 20_000  # per prompt text: a CL-bench context of average length (~40K chars) is cut
@@ -41,7 +42,7 @@ def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) 
     if not roots:
         raise BadInput(
             f"no <bench>/<model>/run-<K>/ folder with infer.jsonl, judge.jsonl or score.json in {outputs_dir} "
-            f"or up to {collect.MAX_DEPTH} folder levels below it (run make infer first)"
+            f"or up to {discover.MAX_DEPTH} folder levels below it (run make infer first)"
         )
     texts = collect.Texts(context_chars)
     strings: dict[str, int] = {}

@@ -19,9 +19,8 @@ from typing import Any
 import orjson
 
 from ... import benchmarks, paths
-from ...results import stats
+from ...results import discover, stats
 
-MAX_DEPTH = 3  # as `make report`: outputs/a/b/c is the deepest results root looked at
 RUN_DIR = re.compile(r"run-(\d+)$")
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
 PREVIEW_CHARS = 80  # of an answer, shown in the sample list
@@ -479,35 +478,21 @@ def _is_run_dir(p: Path) -> bool:
     return bool(RUN_DIR.match(p.name)) and any((p / f).exists() for f in STAGE_FILES)
 
 
-def _subfolders(folder: Path) -> list[Path]:
-    try:
-        entries = sorted(folder.iterdir())
-    except OSError:
-        return []
-    return [p for p in entries if p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "run-"))]
-
-
 def benches_in(root: Path) -> list[str]:
     """Registered benchmarks with at least one run folder holding a stage file under root/<bench>/<model>/."""
     found = []
     for name in benchmarks.REGISTRY:
         base = root / name
-        if base.is_dir() and any(_is_run_dir(run) for model in _subfolders(base) for run in model.glob("run-*")):
+        if base.is_dir() and any(
+            _is_run_dir(run) for model in discover.subfolders(base) for run in model.glob("run-*")
+        ):
             found.append(name)
     return found
 
 
 def find_roots(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks) for every results root at or below outputs_dir, the top first, then by path."""
-    found, pending = [], [(outputs_dir, 0)]
-    while pending:
-        folder, depth = pending.pop()
-        present = benches_in(folder)
-        if present:
-            found.append((folder, present))
-        if depth < MAX_DEPTH:
-            pending += [(sub, depth + 1) for sub in _subfolders(folder) if sub.name not in present]
-    return sorted(found, key=lambda item: item[0].relative_to(outputs_dir).parts)
+    """(root, its benchmarks) for every results root with run folders at or below outputs_dir."""
+    return discover.find_roots(outputs_dir, benches_in)
 
 
 # ---------------------------------------------------------------- one benchmark's summary
@@ -638,7 +623,7 @@ def read_bench(root: Path, bench: str, texts: Texts) -> tuple[dict, list[Run]]:
     shape = shape_for(bench)
     runs: list[Run] = []
     problems: list[str] = []
-    for model_dir in _subfolders(bench_dir):
+    for model_dir in discover.subfolders(bench_dir):
         run_dirs = sorted(
             (int(m.group(1)), p)
             for p in model_dir.iterdir()
