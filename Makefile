@@ -64,7 +64,7 @@ $(BROWSER_STAMP): | $(STAMP)
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "browser: installing Debian's chromium and chromium-driver (the viewer's browser tests)"; \
 	  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
-	  then touch $@; else echo "browser: apt-get failed: the browser tests will be skipped"; fi; \
+	  then touch $@; else echo "browser: apt-get could not install chromium chromium-driver (the browser tests need them)" >&2; exit 1; fi; \
 	else echo "browser: no chromium/chromedriver, and installing needs root and apt-get: the browser tests will be skipped"; fi
 
 # The tests run only once lint passes, so CI (`make test`) keeps it green.
