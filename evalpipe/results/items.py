@@ -178,10 +178,10 @@ def _realigned(run: ItemColumns, position: dict[Hashable, int]) -> ItemColumns:
     n = len(position)
     where = [position[k] for k in run["keys"]]
 
-    def spread(values: list | None, fill: Any = None) -> list | None:
+    def spread(values: list | None) -> list | None:
         if values is None:
             return None
-        out = [fill] * n
+        out: list = [None] * n
         for i, v in zip(where, values):
             out[i] = v
         return out

@@ -30,6 +30,7 @@ SMALL_NOTE = (
     "rate is Wilson's (for clustered items, on the effective sample size); other figures: cross-check with "
     "`--bootstrap`."
 )
+NO_ITEMS_NOTE = "Items: no items.json beside the runs' score.json (scored by an older version): run score again."
 RUNS_NOTE = (
     "Runs: mean ± {std} over the runs: reproducibility of the score on this task set (sampling and judge noise), "
     "not an error bar for the model's skill."
@@ -240,9 +241,6 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
         md.append(agreed)
     md.append(f"{bench.aggregate_note}\n")
     return Tables("\n".join(md), _csv(models, titles, std_kind), "\n".join(tex), _comparisons_csv(comparisons))
-
-
-NO_ITEMS_NOTE = "Items: no items.json beside the runs' score.json (scored by an older version): run score again."
 
 
 def _count(value: int | None) -> str:
