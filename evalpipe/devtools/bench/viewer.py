@@ -1,7 +1,7 @@
 """`make bench`'s viewer part: report.html for 100,000 CoinFlip samples and for 3 runs × 2 models of a
 1,899-task CL-bench-shaped set, built, then opened, filtered and searched in headless chromium.
 
-    python -m evalpipe.devtools.viewerbench [--tiny] [--keep DIR]
+    python -m evalpipe.devtools.bench.viewer [--tiny]
 """
 
 import argparse
@@ -12,11 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..results import viewer
-from . import browser as chrome
-from . import fakeruns
-
-Row = tuple[str, str, str, bool]
+from ...results import viewer
+from .. import browser as chrome
+from .. import fakeruns
+from .report import Figure
 
 
 def measure(page: Path, query: str) -> dict:
@@ -51,15 +50,15 @@ def measure(page: Path, query: str) -> dict:
     return out
 
 
-def one(name: str, root: Path, query: str, context_chars: int | None = viewer.DEFAULT_CONTEXT_CHARS) -> list[Row]:
+def one(name: str, root: Path, query: str, context_chars: int | None = viewer.DEFAULT_CONTEXT_CHARS) -> list[Figure]:
     started = time.monotonic()
     html, info = viewer.build(root, context_chars)
     built = time.monotonic() - started
     page = root / "report.html"
     page.write_text(html)
     size = os.path.getsize(page) / 1e6
-    rows: list[Row] = [
-        (
+    rows: list[Figure] = [
+        Figure(
             f"viewer {name}: build report.html",
             f"{built:.1f} s, {size:.1f} MB",
             "<= 60 s, <= 100 MB",
@@ -68,30 +67,30 @@ def one(name: str, root: Path, query: str, context_chars: int | None = viewer.DE
     ]
     reason = chrome.unavailable()
     if reason:
-        return rows + [(f"viewer {name}: in a browser", f"skipped: {reason}", "reported", True)]
+        return rows + [Figure(f"viewer {name}: in a browser", f"skipped: {reason}", "reported", True)]
     m = measure(page, query)
     rows += [
-        (
+        Figure(
             f"viewer {name}: open from file:// until ready",
             f"{m['open']:.2f} s (index decoded in {m['page']['index_ms'] / 1000:.2f} s)",
             "<= 3 s",
             m["open"] <= 3,
         ),
-        (f"viewer {name}: show the sample list", f"{m['list']:.2f} s", "<= 1 s", m["list"] <= 1),
-        (
+        Figure(f"viewer {name}: show the sample list", f"{m['list']:.2f} s", "<= 1 s", m["list"] <= 1),
+        Figure(
             f"viewer {name}: filter to failed samples (a real click)",
             f"{m['filter']:.2f} s, of which filtering {m['filter_page']:.3f} s ({m['failed']:,} shown)",
             "<= 1 s",
             m["filter"] <= 1,
         ),
-        (
+        Figure(
             f"viewer {name}: first full-text search (builds the text index)",
             f"{m['search0']:.2f} s",
             "<= 5 s",
             m["search0"] <= 5,
         ),
-        (f"viewer {name}: next search", f"{m['search1']:.2f} s", "<= 1 s", m["search1"] <= 1),
-        (
+        Figure(f"viewer {name}: next search", f"{m['search1']:.2f} s", "<= 1 s", m["search1"] <= 1),
+        Figure(
             f"viewer {name}: elements in the page, list scrolled to the end",
             f"{m['nodes']:,}{' (page errors: ' + str(m['errors']) + ')' if m['errors'] else ''}",
             "<= 3,000, no page error",
@@ -101,9 +100,9 @@ def one(name: str, root: Path, query: str, context_chars: int | None = viewer.DE
     return rows
 
 
-def figures(work: Path, tiny: bool) -> list[Row]:
+def figures(work: Path, tiny: bool) -> list[Figure]:
     """The viewer's rows of `make bench`: both sets built under `work`, then removed."""
-    rows: list[Row] = []
+    rows: list[Figure] = []
     cf = work / "viewer-coin-flip"
     models, runs, tasks = (2, 1, 1000) if tiny else (5, 2, 10_000)
     data = fakeruns.coin_flip(cf, models=models, runs=runs, tasks=tasks)
@@ -123,15 +122,15 @@ def figures(work: Path, tiny: bool) -> list[Row]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m evalpipe.devtools.viewerbench", description=__doc__.split("\n\n")[0]
+        prog="python -m evalpipe.devtools.bench.viewer", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every step runs in seconds")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="evalpipe-viewerbench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="evalpipe-bench-viewer-") as tmp:
         rows = figures(Path(tmp), args.tiny)
-    for name, figure, target, ok in rows:
-        print(f"  {'PASS' if ok else 'MISS'}  {name}: {figure}   (target: {target})")
-    return 0 if all(ok for *_, ok in rows) else 1
+    for row in rows:
+        print(row.line())
+    return 0 if all(row.ok for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""What the parts of `make bench` share: datasets, the child processes they time, and infer.py's run."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ...paths import PROJECT
+from ..testserver import FakeOpenAI, Reply, Request
+
+SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"
+
+
+def fixed_latency(seconds: float):
+    def handler(request: Request) -> Reply:
+        return Reply(content="ok " + request.last_content[-20:], delay=seconds)
+
+    return handler
+
+
+def dataset(path: Path, n: int) -> Path:
+    """n CL-bench tasks, the bundled sample's rows over and over, with task ids of their own."""
+    base = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    with open(path, "w") as f:
+        for i in range(n):
+            row = base[i % len(base)]
+            f.write(json.dumps({**row, "metadata": {**row["metadata"], "task_id": f"b{i:07d}"}}) + "\n")
+    return path
+
+
+def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[int, str, int, list]:
+    """Exit code, stderr, peak RSS in KB of one child process, and (rows in `watch`, RSS KB) samples."""
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    samples: list[tuple[int, int]] = []
+
+    def sample() -> None:
+        while proc.poll() is None:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                match = re.search(r"VmRSS:\s+(\d+)", status)
+                if match is not None:  # no VmRSS line once the child is a zombie
+                    rss = int(match.group(1))
+                    rows = watch.read_bytes().count(b"\n") if watch is not None and watch.exists() else 0
+                    samples.append((rows, rss))
+            except (OSError, AttributeError):
+                pass
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    assert proc.stderr is not None  # stderr=PIPE
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    sampler.join()
+    return proc.returncode, err, usage.ru_maxrss, samples
+
+
+def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()) -> dict:
+    """infer.py over `data` against `server`: rows written, failed, seconds, tasks/s, peak RSS, RSS samples."""
+    env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
+    code, err, rss, samples = run_child(
+        [
+            sys.executable,
+            str(PROJECT / "infer.py"),
+            "--model",
+            "bench",
+            "--input",
+            str(data),
+            "--output",
+            str(out),
+            "--workers",
+            str(workers),
+            "--progress",
+            "bar",
+            *extra,
+        ],
+        env,
+        watch=out,
+    )
+    m = re.search(r"wrote (\d+) rows, (\d+) failed, .* ([\d.]+)s \(([\d.]+) tasks/s\)", err)
+    if code == 0 and not m and "0 to run" in err:  # nothing left to do
+        return {"rows": 0, "failed": 0, "seconds": 0.0, "rate": 0.0, "rss_kb": rss, "samples": samples}
+    if code not in (0, 3) or not m:
+        raise RuntimeError(f"infer.py exited {code}: {err[-1500:]}")
+    return {
+        "rows": int(m.group(1)),
+        "failed": int(m.group(2)),
+        "seconds": float(m.group(3)),
+        "rate": float(m.group(4)),
+        "rss_kb": rss,
+        "samples": samples,
+    }
