@@ -1,13 +1,147 @@
-"""How many requests may be in flight, adapted to an endpoint's rate limit (AIMD).
+"""How many requests may be in flight (AIMD), and when the next may start (pacing from rate-limit headers).
 
 Every HTTP attempt takes a slot. A 429 cuts the limit by 30%, at most once per round trip (so
 one burst of 429s counts once), and, when the server says Retry-After, pauses every new attempt
 until then. Successes regrow the limit slowly — about one slot per second, whatever the request
 rate — never above the user's ceiling (--workers).
+
+A server that sends OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers is
+also paced: each of its limits is modelled as a bucket of `limit` that refills continuously (the
+rate is learned from how long the server says the missing part takes to come back), every attempt
+spends from our copy of it before it starts (1 request; its estimated tokens: prompt characters
+over a learned characters-per-token, plus max_tokens, which OpenAI counts too) and waits while the
+copy is short. Each reply's headers set the copy again: what the server had left when it admitted
+that attempt, plus what has refilled since, minus what we spent after it.
+
+A server that only answers 429 is paced too, once two of its 429s are far enough apart (10 requests
+admitted between them, or 2 seconds): it was empty when both attempts arrived, so what it admitted
+in between (the attempts we sent then, less those answered 429) over the time between is its rate.
+We pace at a little less, probe upwards (2% a second), and measure again at the next 429s; the AIMD
+cuts stop while that pacing is on.
 """
 
 import asyncio
+import bisect
+import re
 import time
+from collections import deque
+from collections.abc import Mapping
+
+_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+LIMITS = ("requests", "tokens")
+RESERVE_S = 0.05  # kept unspent in each bucket, in seconds of refill: slack for when the server counts an attempt
+RATE_MEMORY = 0.9  # weight of the older samples in the refill-rate estimate
+# Two 429s measure a rate when this many requests were admitted between them, or when they are this far
+# apart (a slow server); the measure is accurate to a request or two
+MEASURE_ADMITTED = 10
+MEASURE_SPAN_S = 2.0
+LEARNED_MARGIN = 0.98  # a measured rate is paced at this much of itself (measuring is accurate to a request or two)
+PROBE_PER_S = 0.02  # the learned rate grows this much a second without a 429, to find out if it has grown
+SENT_MEMORY_S = 60.0  # how long the times of sent attempts are kept to measure from
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a reset value: a Go duration ("20ms", "1s", "6m0s", "1m30.5s") or a bare number of
+    seconds; None when it is neither."""
+    text = text.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _GO_DURATION_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
+    """{"requests"|"tokens": (limit, remaining, seconds until full again)} from x-ratelimit-* headers,
+    for each limit whose three headers are all present and readable."""
+    found = {}
+    for kind in LIMITS:
+        limit, remaining, reset = (
+            headers.get(f"x-ratelimit-{name}-{kind}") for name in ("limit", "remaining", "reset")
+        )
+        if limit is None or remaining is None or reset is None:
+            continue
+        try:
+            limit_value, remaining_value = float(limit), float(remaining)
+        except ValueError:
+            continue
+        reset_s = parse_duration(reset)
+        if reset_s is not None and limit_value > 0:
+            found[kind] = (limit_value, max(0.0, remaining_value), reset_s)
+    return found
+
+
+class ServerBudget:
+    """One limit of the server (requests or tokens) as a bucket we spend from before it does.
+
+    Unknown (never paces) until a reply announces it. `spent` counts everything taken, known or
+    not, so that a reply can tell what was taken after its own attempt.
+    """
+
+    def __init__(self) -> None:
+        self.limit = 0.0
+        self.rate = 0.0  # refill per second
+        self.level = 0.0  # what the server has left now, by our account; below zero: owed to waiting attempts
+        self.at = time.monotonic()
+        self.spent = 0.0
+        self._deficit_sum = self._reset_sum = 0.0  # decayed sums of (limit - remaining) and of reset seconds
+
+    @property
+    def known(self) -> bool:
+        return self.limit > 0 and self.rate > 0
+
+    @property
+    def reserve(self) -> float:
+        return min(self.rate * RESERVE_S, 0.1 * self.limit)
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.limit, self.level + self.rate * (now - self.at))
+        self.at = now
+
+    def take(self, cost: float, now: float) -> float:
+        """Spends `cost` and returns the mark an attempt waits on (wait_s)."""
+        if self.known:
+            self._refill(now)
+            self.level -= min(cost, self.limit)  # more than the whole limit goes when the bucket is full, if ever
+        self.spent += cost
+        return self.spent
+
+    def wait_s(self, mark: float, now: float) -> float:
+        """Seconds until the attempt that took up to `mark` may start: until what is left, not counting
+        what later attempts took, is back above the reserve."""
+        if not self.known:
+            return 0.0
+        self._refill(now)
+        short = self.reserve - (self.level + self.spent - mark)
+        return short / self.rate if short > 0 else 0.0
+
+    def announced(self, limit: float, remaining: float, reset_s: float, mark: float, sent_at: float, now: float):
+        """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
+        self.limit = limit
+        if reset_s > 0 and remaining < limit:
+            self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
+            self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
+        # never seen short: OpenAI's limits are per minute
+        self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
+        refilled = self.rate * max(0.0, now - sent_at)
+        self.level = min(limit, remaining + refilled) - (self.spent - mark)
+        self.at = now
+
+    def found_empty(self, rate: float, taken_after: float, sent_at: float, now: float) -> None:
+        """A 429 without headers for an attempt sent at `sent_at`: the server had nothing left then, has
+        admitted or will admit `taken_after` since, and refills at `rate` (measured by AdaptiveLimit)."""
+        self.rate, self.limit = rate, max(1.0, rate * 0.5)
+        self.level = min(self.limit, rate * max(0.0, now - sent_at)) - taken_after
+        self.at = now
+
+    def grow(self, factor: float, now: float) -> None:
+        self._refill(now)
+        self.rate *= factor
+        self.limit *= factor
 
 
 class AdaptiveLimit:
@@ -18,6 +152,18 @@ class AdaptiveLimit:
         self.latency_s = 0.1  # smoothed round trip of successful attempts
         self.in_flight = 0
         self.cuts = 0
+        self.budgets = {kind: ServerBudget() for kind in LIMITS}
+        self.learned = ServerBudget()  # the rate of a server that only answers 429, once measured
+        self._sent: deque[float] = deque()  # when recent attempts were sent, in order
+        self._rejected: deque[float] = deque()  # when those answered 429 were sent
+        self._empty_since: float | None = (
+            None  # when the first attempt answered 429 since the last measurement was sent
+        )
+        self._probed_at = 0.0
+        self._waiting = 0  # attempts waiting for the pacing to let them go
+        self._first_answer_at = float("inf")
+        self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
+        self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
         self._last_cut = float("-inf")
         self._paused_until = 0.0
         self._changed = asyncio.Condition()
@@ -40,6 +186,62 @@ class AdaptiveLimit:
             self.in_flight -= 1
             self._changed.notify_all()
 
+    def attempt(self, prompt_chars: int = 0, max_tokens: int = 0) -> "Attempt":
+        """A slot and the server's go-ahead for one HTTP attempt: `async with limit.attempt(...) as attempt`."""
+        return Attempt(self, prompt_chars, max_tokens)
+
+    def estimated_tokens(self, prompt_chars: int, max_tokens: int) -> float:
+        return prompt_chars / self.chars_per_token + max_tokens
+
+    def learn_prompt_tokens(self, prompt_chars: int, prompt_tokens: int) -> None:
+        if prompt_chars <= 0 or prompt_tokens <= 0:
+            return
+        self._prompt_chars_seen = RATE_MEMORY * self._prompt_chars_seen + prompt_chars
+        self._prompt_tokens_seen = RATE_MEMORY * self._prompt_tokens_seen + prompt_tokens
+        self.chars_per_token = self._prompt_chars_seen / self._prompt_tokens_seen
+
+    @property
+    def paced(self) -> bool:
+        """Whether the server announces its limits in headers (and the pacing keeps us within them)."""
+        return any(budget.known for budget in self.budgets.values())
+
+    def _pacing_budgets(self) -> dict[str, ServerBudget]:
+        return self.budgets if self.paced else {**self.budgets, "learned": self.learned}
+
+    def _sending(self, sent_at: float) -> None:
+        self._sent.append(sent_at)
+        while self._sent[0] < sent_at - SENT_MEMORY_S:
+            self._sent.popleft()
+        while self._rejected and self._rejected[0] < sent_at - SENT_MEMORY_S:
+            self._rejected.popleft()
+
+    def _found_empty(self, sent_at: float) -> None:
+        """A 429 without headers for the attempt sent at `sent_at`: measure the rate since the last such one."""
+        since = self._empty_since
+        self._rejected.append(sent_at)
+        if sent_at < self._first_answer_at:
+            return  # the first attempts all start at once: when each reached the server is anyone's guess
+        if since is None or sent_at < since:
+            self._empty_since = sent_at
+            return
+        span = sent_at - since
+        sent = bisect.bisect_left(self._sent, sent_at) - bisect.bisect_right(self._sent, since)
+        admitted = sent - sum(1 for at in self._rejected if since < at < sent_at)
+        if span <= 0 or admitted < (MEASURE_ADMITTED if span < MEASURE_SPAN_S else 1):
+            return
+        # what the server admitted after it (not the attempts answered 429 as well), and what waits to go
+        sent_after = len(self._sent) - bisect.bisect_right(self._sent, sent_at)
+        taken_after = sent_after - sum(1 for at in self._rejected if at > sent_at) + self._waiting
+        now = time.monotonic()
+        self.learned.found_empty(LEARNED_MARGIN * admitted / span, taken_after, sent_at, now)
+        self._probed_at = now
+        self._empty_since = sent_at
+
+    def _probe(self, now: float) -> None:
+        if self.learned.known:
+            self.learned.grow(1 + PROBE_PER_S * (now - self._probed_at), now)
+        self._probed_at = now
+
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
         # `limit` slots finish about limit/latency requests a second: this adds growth_per_s a second
@@ -49,7 +251,63 @@ class AdaptiveLimit:
         now = time.monotonic()
         if retry_after:
             self._paused_until = max(self._paused_until, now + retry_after)
+        if self.learned.known and not self.paced:
+            return  # the pacing at the measured rate holds the requests back, not fewer slots
         if now - self._last_cut >= self.latency_s:
             self._last_cut = now
             self.limit = max(1.0, self.limit * self.decrease)
             self.cuts += 1
+
+
+class Attempt:
+    """One HTTP attempt under an AdaptiveLimit: holds a slot, spends from the announced budgets before
+    it starts, and hands the reply's headers back to them."""
+
+    def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int):
+        self.limit, self.prompt_chars = limit, prompt_chars
+        self.costs = {"requests": 1.0, "tokens": limit.estimated_tokens(prompt_chars, max_tokens)}
+        self.marks: dict[str, float] = {}
+        self.sent_at = 0.0
+
+    async def __aenter__(self) -> "Attempt":
+        await self.limit.__aenter__()
+        try:
+            budgets = self.limit._pacing_budgets()
+            now = time.monotonic()
+            self.marks = {kind: budget.take(self.costs.get(kind, 1.0), now) for kind, budget in budgets.items()}
+            self.limit._waiting += 1
+            try:
+                while (wait := max(budget.wait_s(self.marks[kind], now) for kind, budget in budgets.items())) > 0:
+                    await asyncio.sleep(wait)
+                    now = time.monotonic()
+            finally:
+                self.limit._waiting -= 1
+            self.sent_at = now
+            self.limit._sending(now)
+        except BaseException:
+            await self.limit.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.limit.__aexit__()
+
+    def _announced(self, headers: Mapping[str, str]) -> bool:
+        now = time.monotonic()
+        self.limit._first_answer_at = min(self.limit._first_answer_at, now)
+        announced = announced_limits(headers)
+        for kind, (limit, remaining, reset_s) in announced.items():
+            self.limit.budgets[kind].announced(limit, remaining, reset_s, self.marks[kind], self.sent_at, now)
+        return bool(announced)
+
+    def succeeded(self, headers: Mapping[str, str], prompt_tokens: int | None) -> None:
+        if not self._announced(headers):
+            self.limit._probe(time.monotonic())
+        if prompt_tokens:
+            self.limit.learn_prompt_tokens(self.prompt_chars, prompt_tokens)
+        self.limit.succeeded(time.monotonic() - self.sent_at)
+
+    def rate_limited(self, headers: Mapping[str, str], retry_after: float | None) -> None:
+        if not self._announced(headers) and "learned" in self.marks:
+            self.limit._found_empty(self.sent_at)
+        self.limit.rate_limited(retry_after)

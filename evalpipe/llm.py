@@ -21,10 +21,12 @@ import socket
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import aiohttp
+import httpx2
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
@@ -47,6 +49,8 @@ _RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
+HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
+MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 
 
 class Rejected(CallFailed):
@@ -76,6 +80,7 @@ class Endpoint:
     base_url_source: str = "--base-url"  # where base_url came from (a flag or an environment variable), for messages
     # HTTP headers by name, None: never sent (the SDK would otherwise add OPENAI_ORG_ID etc. by itself)
     headers: dict[str, str | None] = field(default_factory=dict, repr=False)
+    http_client: str = "aiohttp"  # HTTP_CLIENTS: how requests travel, never what they are (not fingerprinted)
 
     OPENAI_URL = "https://api.openai.com/v1"  # not a field: where calls go without a base URL
 
@@ -203,19 +208,38 @@ def connect_failure(exc: BaseException) -> str | None:
     reason = None
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(seen, socket.gaierror):
-            return "unknown host"
-        if isinstance(seen, ssl.SSLError):
-            return f"TLS failed ({seen.reason or seen})"
-        name = type(seen).__name__  # the SDK's httpx, whatever its module is called
-        if name == "ConnectTimeout":
+        # aiohttp's errors first: its TLS errors are also ssl.SSLErrors, whose cause says more
+        if isinstance(seen, aiohttp.ConnectionTimeoutError):
             return f"no connection within {CONNECT_TIMEOUT:g}s"
-        if name == "ConnectError" and reason is None:
-            reason = " ".join(str(seen).split()) or "connection failed"
+        if isinstance(seen, aiohttp.ClientConnectorError):
+            reason = reason or " ".join(str(seen).split()) or "connection failed"
+        elif isinstance(seen, aiohttp.ClientError):
+            return reason  # a connection that broke after it was made (a reset, a read timeout)
+        elif isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        elif isinstance(seen, socket.gaierror):
+            return "unknown host"
+        elif isinstance(seen, ssl.SSLError):
+            return f"TLS failed ({seen.reason or seen})"
+        # The SDK's httpx, whatever its module is called. Over aiohttp its errors are a coarse mapping
+        # (any aiohttp connection error is a ConnectTimeout): then the aiohttp error below decides.
+        elif not isinstance(seen.__cause__, aiohttp.ClientError):
+            name = type(seen).__name__
+            if name == "ConnectTimeout":
+                return f"no connection within {CONNECT_TIMEOUT:g}s"
+            if name == "ConnectError" and reason is None:
+                reason = " ".join(str(seen).split()) or "connection failed"
         seen = seen.__cause__ or seen.__context__
     return reason
+
+
+def _mapped_as_timeout(exc: BaseException) -> bool:
+    """Whether the SDK calls a timeout what aiohttp says was a broken connection (a reset, a disconnect):
+    its aiohttp transport maps every aiohttp connection error to httpx's ConnectTimeout."""
+    if not isinstance(exc, openai.APITimeoutError):
+        return False
+    cause = exc.__cause__.__cause__ if exc.__cause__ is not None else None
+    return isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError)
 
 
 def _mentions_model(exc: BaseException) -> bool:
@@ -227,7 +251,24 @@ def describe(exc: BaseException) -> str:
     status = _status(exc)
     prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
     text = " ".join(str(exc).split())
+    if _mapped_as_timeout(exc):
+        prefix, text = "APIConnectionError: ", "Connection error."  # what the httpx transport says
     return redact.redact(prefix + text)[:500]
+
+
+def http_client(kind: str, connections: int) -> httpx2.AsyncClient:
+    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with room for `connections` open at once.
+
+    Both keep the SDK's defaults (its timeouts, redirects followed by httpx's rules, which drop
+    Authorization for another origin); the aiohttp transport itself never follows one. The SDK's own
+    pool holds 1,000 connections (aiohttp's connector, left without a number, 100) and keeps 100 open
+    between calls: past those, calls would queue unseen, or connect anew each time."""
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+    if kind == "aiohttp":
+        return openai.DefaultAioHttpClient(limits=limits)
+    if kind == "httpx":
+        return openai.DefaultAsyncHttpxClient(limits=limits)
+    raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
 
 
 class ChatClient:
@@ -242,6 +283,7 @@ class ChatClient:
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
             max_retries=0,
+            http_client=http_client(endpoint.http_client, max(MIN_CONNECTIONS, limit.ceiling if limit else 0)),
         )
         self._fallback_wait = wait_exponential_jitter(
             multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
@@ -262,34 +304,39 @@ class ChatClient:
 
     async def _call_once(self, messages: list[dict], fields: dict | None) -> Any:
         if self.limit is None:
-            return await self._request(messages, fields)
-        async with self.limit:
-            sent = time.monotonic()
+            return (await self._request(messages, fields))[0]
+        params, extra = self.endpoint.call_fields(fields)
+        async with self.limit.attempt(prompt_chars(messages), max_tokens_of({**params, **extra})) as attempt:
             try:
-                response = await self._request(messages, fields)
+                response, headers = await self._request(messages, fields)
             except openai.RateLimitError as exc:
-                self.limit.rate_limited(retry_after_seconds(exc))
+                attempt.rate_limited(exc.response.headers, retry_after_seconds(exc))
                 raise
-            self.limit.succeeded(time.monotonic() - sent)
+            usage = getattr(response, "usage", None)
+            attempt.succeeded(headers, getattr(usage, "prompt_tokens", None))
             return response
 
-    async def _request(self, messages: list[dict], fields: dict | None = None) -> Any:
+    async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
+        """The parsed chat completion and the reply's headers (the rate-limit ones pace the next attempts)."""
         params, extra = self.endpoint.call_fields(fields)
         try:
-            response = await self._client.chat.completions.create(
+            raw = await self._client.chat.completions.with_raw_response.create(
                 model=self.endpoint.model,
-                # the benchmarks build plain dicts; the SDK sends them as they are
-                messages=cast(list[ChatCompletionMessageParam], messages),
-                extra_body=extra or None,
+                # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
+                # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
+                # in extra_body, which replaces the body's empty `messages` as it is.
+                messages=cast(list[ChatCompletionMessageParam], []),
+                extra_body={"messages": messages, **extra},
                 **params,
             )
         except openai.APIStatusError as exc:
             self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
             raise
         self.answered = True
+        response = raw.parse()
         if isinstance(response, str) or not getattr(response, "choices", None):
             raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
-        return response
+        return response, raw.headers
 
     async def complete(
         self,
@@ -365,6 +412,20 @@ class ChatClient:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def prompt_chars(messages: list[dict]) -> int:
+    """Characters of a request's message contents: with the learned characters per token, its prompt tokens."""
+    return sum(len(str(message.get("content") or "")) for message in messages)
+
+
+def max_tokens_of(body: dict) -> int:
+    """The completion tokens a request reserves (OpenAI counts them against its tokens-per-minute limit)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int) -> Completion:

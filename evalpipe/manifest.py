@@ -139,6 +139,7 @@ OPERATIONAL = {
     "max_retry_seconds",
     "backoff",
     "backoff_max",
+    "http_client",
     "grace",
     "log_every",
     "progress",

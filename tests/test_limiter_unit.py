@@ -1,12 +1,13 @@
 """evalpipe.limiter.AdaptiveLimit in process: the ceiling, cuts on 429, Retry-After pauses and regrowth,
-measured with real asyncio tasks (and one real 429 from the loopback server)."""
+measured with real asyncio tasks (and one real 429 from the loopback server); the arithmetic of pacing
+from x-ratelimit-* headers (tests/test_ratelimit.py runs it against the rate-limited server)."""
 
 import asyncio
 import time
 
-from evalpipe.devtools.testserver import Reply
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import ChatClient, Endpoint
+from evalpipe.devtools.testserver import Reply, go_duration
+from evalpipe.limiter import LEARNED_MARGIN, AdaptiveLimit, ServerBudget, announced_limits, parse_duration
+from evalpipe.llm import ChatClient, Endpoint, max_tokens_of, prompt_chars
 
 from .conftest import API_KEY
 
@@ -169,3 +170,117 @@ def test_a_real_429_with_retry_after_cuts_and_pauses_the_client(server):
     assert limit.cuts == 1 and limit.limit < 5 and limit.in_flight == 0
     assert elapsed >= 0.28
     assert len(server.chat_requests()) == 2
+
+
+# ---- pacing from x-ratelimit-* headers
+
+
+def test_reset_durations_read_as_go_prints_them_or_as_bare_seconds():
+    cases = {"20ms": 0.02, "1s": 1.0, "6m0s": 360.0, "1m30.5s": 90.5, "0s": 0.0, "2h3m": 7380.0, "1.5": 1.5}
+    cases |= {"250us": 0.00025, "1h0m0.001s": 3600.001}
+    for text, seconds in cases.items():
+        parsed = parse_duration(text)
+        assert parsed is not None and abs(parsed - seconds) < 1e-9, text
+    for text in ("", "soon", "1m30.5", "ms", "-1s", "1 s"):
+        assert parse_duration(text) is None, text
+
+
+def test_the_test_servers_reset_values_read_back():
+    for seconds in (0.0, 0.02, 0.5, 1.0, 59.25, 60.0, 90.5, 360.0, 3725.125):
+        assert abs(parse_duration(go_duration(seconds)) - seconds) < 1e-3, go_duration(seconds)
+
+
+def test_announced_limits_are_read_only_when_all_three_headers_are_there():
+    headers = {
+        "x-ratelimit-limit-requests": "3000",
+        "x-ratelimit-remaining-requests": "2999",
+        "x-ratelimit-reset-requests": "20ms",
+        "x-ratelimit-limit-tokens": "150000",
+        "x-ratelimit-remaining-tokens": "149000",
+    }
+    assert announced_limits(headers) == {"requests": (3000.0, 2999.0, 0.02)}
+    assert announced_limits({**headers, "x-ratelimit-reset-tokens": "1m0s"})["tokens"] == (150000.0, 149000.0, 60.0)
+    assert announced_limits({**headers, "x-ratelimit-reset-requests": "later"}) == {}
+    assert announced_limits({}) == {}
+
+
+def test_a_budget_learns_its_refill_rate_from_what_is_missing_and_the_reset():
+    budget = ServerBudget()
+    # 60 of 3000 missing, back in 1.2s: 50 a second
+    budget.announced(3000, 2940, 1.2, mark=budget.take(1, 0.0), sent_at=0.0, now=0.0)
+    assert abs(budget.rate - 50) < 1e-9
+    # a bucket never seen short: a per-minute limit
+    full = ServerBudget()
+    full.announced(600, 600, 0.0, mark=full.take(1, 0.0), sent_at=0.0, now=0.0)
+    assert full.rate == 10
+
+
+def test_a_reply_sets_what_is_left_less_what_was_spent_after_its_attempt_plus_the_refill():
+    budget = ServerBudget()
+    mark = budget.take(1, 0.0)  # our attempt
+    for _ in range(3):  # three more started after it, not yet counted by the server
+        budget.take(1, 0.0)
+    budget.announced(100, 20, 1.6, mark=mark, sent_at=0.0, now=0.1)  # 80 missing, back in 1.6s: 50/s
+    assert abs(budget.level - (20 + 50 * 0.1 - 3)) < 1e-9
+    assert budget.wait_s(budget.take(1, 0.1), 0.1) == 0  # 21 left: go at once
+    # never above the bucket's size, however long ago the attempt started
+    budget.announced(100, 90, 0.2, mark=budget.spent, sent_at=0.0, now=100.0)
+    assert budget.level == 100
+
+
+def test_an_attempt_waits_until_the_refill_covers_it_and_those_before_it():
+    budget = ServerBudget()
+    budget.announced(50, 0, 1.0, mark=budget.take(1, 0.0), sent_at=0.0, now=0.0)  # empty, 50/s
+    reserve = budget.reserve
+    first, second = budget.take(1, 0.0), budget.take(1, 0.0)
+    assert abs(budget.wait_s(first, 0.0) - (1 + reserve) / 50) < 1e-9
+    assert abs(budget.wait_s(second, 0.0) - (2 + reserve) / 50) < 1e-9  # behind the first, whatever came after
+    assert budget.wait_s(first, (1 + reserve) / 50 + 1e-6) == 0
+    # a cost above the whole bucket waits for a full bucket, not forever
+    huge = budget.take(500, 1.0)
+    assert 0 < budget.wait_s(huge, 1.0) <= (50 + reserve) / 50 + 1e-9
+
+
+def test_an_unannounced_budget_never_paces_but_counts_what_is_spent():
+    budget = ServerBudget()
+    marks = [budget.take(10, 0.0) for _ in range(1000)]
+    assert budget.wait_s(marks[-1], 0.0) == 0 and budget.spent == 10_000
+
+
+def test_token_estimates_learn_the_characters_per_token_and_count_max_tokens():
+    limit = AdaptiveLimit(4)
+    assert limit.estimated_tokens(400, 0) == 100 and limit.estimated_tokens(400, 50) == 150
+    for _ in range(50):
+        limit.learn_prompt_tokens(300, 100)  # 3 characters a token
+    assert abs(limit.chars_per_token - 3) < 1e-9
+    assert abs(limit.estimated_tokens(300, 20) - 120) < 1e-9
+    assert max_tokens_of({"max_tokens": 20}) == 20 and max_tokens_of({"max_completion_tokens": 30}) == 30
+    assert max_tokens_of({}) == 0 and prompt_chars([{"role": "user", "content": "abcd"}, {"role": "x"}]) == 4
+
+
+def test_without_headers_the_rate_admitted_between_two_429s_is_learned_and_paced_below():
+    limit = AdaptiveLimit(8)
+    limit._first_answer_at = 0.0
+    limit._found_empty(0.0)  # empty here
+    for i in range(1, 50):
+        limit._sending(i / 50)  # 50 a second, the one sent at 0.5 answered 429
+    limit._found_empty(0.5)  # empty again: 24 admitted in 0.5 s
+    limit._sending(1.0)
+    limit._found_empty(1.0)  # and again: 24 more in 0.5 s
+    assert abs(limit.learned.rate - LEARNED_MARGIN * 48) < 1e-9
+    assert not limit.paced  # the headers' budgets stay unknown
+    cuts = limit.cuts
+    limit.rate_limited(None)
+    assert limit.cuts == cuts  # while paced at a learned rate, a 429 no longer cuts the slots
+
+
+def test_429s_too_close_together_or_from_the_first_wave_measure_nothing():
+    limit = AdaptiveLimit(8)
+    limit._first_answer_at = 0.5
+    limit._sending(0.0)
+    limit._found_empty(0.0)  # sent before any answer: not a measuring point
+    for i in range(3):
+        limit._sending(0.6 + i / 100)
+    limit._found_empty(0.6)
+    limit._found_empty(0.7)  # 2 admitted between: too few, and far too soon
+    assert not limit.learned.known

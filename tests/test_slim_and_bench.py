@@ -58,8 +58,10 @@ def test_the_benchmark_script_runs_in_tiny_mode():
     for part in (
         "overhead",
         "wide",
-        "rate-limited (with Retry-After)",
-        "rate-limited (without Retry-After)",
+        "rate-limited (headers, requests-limited)",
+        "rate-limited (headers, tokens-limited)",
+        "rate-limited (Retry-After only)",
+        "rate-limited (429 with nothing)",
         "resume",
         "slim rows",
         "score.py",

@@ -11,6 +11,10 @@ server kind (SERVER_KINDS: enforcing, llama-cpp-python's 500, 2024 llama-server'
 422, rejecting every format with a 400, silently ignoring, an OpenAI reasoning model refusing
 `max_tokens`); `--server-kind` does the same for the command line.
 
+`RateLimit(handler, rpm=..., tpm=...)` puts a handler behind OpenAI-style requests- and
+tokens-per-minute limits: 429 (with or without Retry-After) when over, x-ratelimit-* headers on
+every reply when asked.
+
 It also serves the Files and Batches APIs (/v1/files, /v1/batches) well enough for the SDK's
 `client.files` and `client.batches`. Each line of a batch is answered by the same `handler` as an
 online call (the Request carries the line's `custom_id`; delay, hang, reset and trickle are
@@ -38,6 +42,7 @@ batch is created.
 import argparse
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -206,6 +211,103 @@ def with_server_kind(kind: str, handler: Callable[[Request], Reply]) -> Callable
         return format_gate(kind, request) or handler(request)
 
     return gated
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go prints one, as OpenAI's reset headers are: 20ms, 1s, 6m0s, 1m30.5s."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds, 3), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
+def request_tokens(request: Request) -> int:
+    """What a request counts against a tokens-per-minute limit: its prompt tokens as completion_body
+    estimates them, plus the completion tokens it reserves (max_tokens or max_completion_tokens)."""
+    body = request.body or {}
+    prompt_chars = sum(len(str(m.get("content", ""))) for m in request.messages)
+    reserved = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    return max(1, prompt_chars // 4) + (reserved if isinstance(reserved, int) else 0)
+
+
+class RateLimit:
+    """`handler` behind OpenAI-style rate limits: `rpm` requests and `tpm` tokens (request_tokens) a minute.
+
+    Each limit is a bucket that refills continuously (rpm/60 a second) up to `burst_s` seconds of
+    its rate, one minute's allowance by default as OpenAI describes its limits. A request is admitted
+    when both buckets hold its cost, else answered 429 (with Retry-After and retry-after-ms saying
+    when it would be admitted, if `retry_after`). With `headers`, every reply carries OpenAI's
+    x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the bucket's size, what is left after this
+    request, and a Go duration until full again. The most it can admit in t seconds is
+    burst + rate * t (`allowed`).
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Request], Reply],
+        rpm: float | None = None,
+        tpm: float | None = None,
+        *,
+        burst_s: float = 60.0,
+        headers: bool = True,
+        retry_after: bool = True,
+    ):
+        self.handler, self.headers, self.retry_after = handler, headers, retry_after
+        self.burst_s = burst_s
+        self.limits = {kind: per_minute / 60 for kind, per_minute in (("requests", rpm), ("tokens", tpm)) if per_minute}
+        self.levels = {kind: rate * burst_s for kind, rate in self.limits.items()}
+        self.at = time.monotonic()
+        self.admitted = self.rejected = self.admitted_tokens = 0
+        self._lock = threading.Lock()
+
+    def allowed(self, kind: str, seconds: float) -> float:
+        """The most requests or tokens (`kind`) its limit admits in `seconds` from a full bucket (inf: no limit)."""
+        rate = self.limits.get(kind)
+        return rate * (self.burst_s + seconds) if rate else float("inf")
+
+    def __call__(self, request: Request) -> Reply:
+        costs = {"requests": 1, "tokens": request_tokens(request)}
+        with self._lock:
+            now = time.monotonic()
+            for kind, rate in self.limits.items():
+                self.levels[kind] = min(rate * self.burst_s, self.levels[kind] + rate * (now - self.at))
+            self.at = now
+            short = {
+                kind: min(costs[kind], rate * self.burst_s) - self.levels[kind]
+                for kind, rate in self.limits.items()
+                if self.levels[kind] < min(costs[kind], rate * self.burst_s)
+            }
+            if not short:
+                for kind in self.limits:
+                    self.levels[kind] -= costs[kind]
+                self.admitted += 1
+                self.admitted_tokens += costs["tokens"]
+            else:
+                self.rejected += 1
+            announced = self._announced() if self.headers else {}
+        if not short:
+            reply = self.handler(request)
+            return dataclasses.replace(reply, headers={**announced, **reply.headers})
+        kind = "requests" if "requests" in short else "tokens"
+        wait = max(missing / self.limits[name] for name, missing in short.items())
+        if self.retry_after:
+            announced.update({"retry-after-ms": str(int(wait * 1000) + 1), "Retry-After": str(max(1, round(wait)))})
+        return Reply.error(
+            429,
+            f"Rate limit reached for {kind} per min. Please try again in {go_duration(wait)}.",
+            "rate_limit_exceeded",
+            headers=announced,
+        )
+
+    def _announced(self) -> dict[str, str]:
+        headers = {}
+        for kind, rate in self.limits.items():
+            size, level = rate * self.burst_s, max(0.0, self.levels[kind])
+            headers[f"x-ratelimit-limit-{kind}"] = str(round(size))
+            headers[f"x-ratelimit-remaining-{kind}"] = str(int(level))
+            headers[f"x-ratelimit-reset-{kind}"] = go_duration((size - level) / rate)
+        return headers
 
 
 # ---- Files and Batches: formats and bookkeeping

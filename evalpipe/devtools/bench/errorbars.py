@@ -1,6 +1,6 @@
 """`make bench`'s error-bar part: item-level figures of a synthetic CL-bench-shaped run set.
 
-    python -m evalpipe.devtools.bench --only errorbars
+python -m evalpipe.devtools.bench --only errorbars
 """
 
 import json
