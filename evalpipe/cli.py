@@ -264,6 +264,17 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     )
 
 
+def add_prefix_schedule_arg(parser: argparse.ArgumentParser) -> None:
+    """infer's --prefix-schedule (how tasks that share a prefix are ordered; benchmarks.Benchmark.prefix_group)."""
+    parser.add_argument(
+        "--prefix-schedule",
+        choices=("on", "off"),
+        default="on",
+        help="on (default): send the first task of each shared context alone and its siblings once it is answered, "
+        "so a prefix-caching server computes the context once; off: dataset order",
+    )
+
+
 def number_or_none(text: str) -> float | None:
     """A number, or `none` for a parameter not to send at all."""
     return None if text.strip().lower() == "none" else float(text)

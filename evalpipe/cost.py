@@ -181,8 +181,9 @@ def format_summary(summary: dict) -> str:
         cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
         timing = f"latency p50 {lat['p50']:.2f}s p90 {lat['p90']:.2f}s p99 {lat['p99']:.2f}s" if lat else "latency n/a"
         via = f" ({s['batch_calls']:,} by batch)" if s.get("batch_calls") else ""
+        cached = f" ({t['cached_tokens']:,} cached)" if t.get("cached_tokens") else ""
         lines.append(
-            f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}  completion "
+            f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}{cached}  completion "
             f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  {timing}  {cost}"
         )
     if summary["unpriced_models"]:

@@ -22,6 +22,7 @@ from . import jsonl
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
 from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
+from .scheduler import GroupOf, PrefixSchedule
 
 
 @dataclass
@@ -124,8 +125,12 @@ async def run(
     grace_s: float = 10.0,
     log_every_s: float = 30.0,
     progress: str = "auto",
+    group_of: GroupOf | None = None,
 ) -> RunSummary:
     """Run `work(task)` for every task; each task has `.id`. Returns what happened.
+
+    `group_of` (a task's prefix group, or None) hands the tasks out through a scheduler.PrefixSchedule:
+    each group's first task alone, its siblings once it is answered. Without it, tasks go in order.
 
     Raises OutputUnwritable, after the calls in flight finished, if the output or a side file
     could not be written.
@@ -136,6 +141,9 @@ async def run(
         return summary
     queue = iter(tasks)
     stop = asyncio.Event()
+    schedule = None if group_of is None else PrefixSchedule(queue, group_of, stop, lookahead=max(4096, 4 * workers))
+    if schedule is not None:
+        work = schedule.watching(work)
     meter = _Progress(label, total, log_every_s, progress)
     failures = None
     rescue = _Rescue(output, summary)
@@ -179,7 +187,7 @@ async def run(
                 summary.written += 1
 
         async def worker() -> None:
-            for task in queue:
+            while (task := next(queue, None) if schedule is None else await schedule.next()) is not None:
                 try:
                     row = await work(task)
                 except CallFailed as exc:
@@ -254,10 +262,11 @@ async def run_with_client(
     output: Path,
     args,
     work: Callable[[object, ChatClient | None], Awaitable[dict]],
+    group_of: GroupOf | None = None,
 ) -> RunSummary:
     """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
 
-    The client's requests in flight adapt to 429s below the --workers ceiling.
+    The client's requests in flight adapt to 429s below the --workers ceiling. `group_of`: as for `run`.
     """
     client = ChatClient(endpoint, AdaptiveLimit(args.workers)) if endpoint is not None else None
     try:
@@ -271,6 +280,7 @@ async def run_with_client(
             grace_s=args.grace,
             log_every_s=args.log_every,
             progress=args.progress,
+            group_of=group_of,
         )
     finally:
         if client is not None:

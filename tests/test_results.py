@@ -58,6 +58,8 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
         "written": 4,
         "failed": 0,
         "interrupted": False,
+        "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in read_jsonl(tmp_path / "infer.jsonl")),
+        "cached_prompt_tokens": 0,
     }
     assert first["started_at"] <= first["ended_at"] and first["endpoint"] == server.base_url
     assert "git_commit" in first and "prompt_sha256" in first["fingerprint"]

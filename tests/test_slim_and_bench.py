@@ -62,6 +62,8 @@ def test_the_benchmark_script_runs_in_tiny_mode():
         "rate-limited (headers, tokens-limited)",
         "rate-limited (Retry-After only)",
         "rate-limited (429 with nothing)",
+        "prefix: cached share",
+        "prefix: throughput",
         "resume",
         "slim rows",
         "score.py",

@@ -44,10 +44,11 @@ class NoOptions:
     """A benchmark without flags of its own."""
 
 
-async def answer_into(out: dict, model: "ChatClient", messages: list[dict]) -> dict:
-    """Fill an inference row from one chat call: the answer, or a final context-length failure."""
+async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
+    """Fill an inference row from one chat call: the answer, or a final context-length failure.
+    `fields`: body fields of this call (ChatClient.complete)."""
     try:
-        done = await model.complete(messages)
+        done = await model.complete(messages, fields)
     except ContextTooLong as exc:
         out.update(status="context_length", error=str(exc))
         return out
@@ -129,6 +130,15 @@ class Benchmark:
     def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
         """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream."""
         return tasks if max_samples is None else tasks[:max_samples]
+
+    def prefix_group(self, task: Task) -> str | None:
+        """Which tasks share this task's leading messages (e.g. one long context), as a key; None: no group.
+
+        Called by infer on each pending task; no API. infer sends a group's first task alone and
+        its siblings once it is answered, so that a prefix-caching server (vLLM, SGLang, OpenAI's
+        prompt caching) computes the shared prefix once (`--prefix-schedule off`: dataset order).
+        The key may be sent to the endpoint as a cache key: nothing secret. Default: no groups."""
+        return None
 
     def is_provisional(self, row: dict) -> bool:
         """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.

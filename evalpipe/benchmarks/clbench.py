@@ -7,6 +7,7 @@ requirement_status and score. Our extra keys come after those.
 
 import json
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from ..results.items import ItemColumns, ItemFigure
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..llm import ChatClient, Endpoint
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -29,6 +30,7 @@ CATEGORIES = (
     "Empirical Discovery & Simulation",
 )
 NO_RUBRICS = "No specific rubrics provided."
+OPENAI_HOST = "api.openai.com"  # where --prompt-cache-key auto sends the key (the field is OpenAI's)
 SUB_CATEGORIES = "Sub-categories"  # the title of aggregate's table of solving rates per sub-category
 
 JUDGE_PROMPT = """\
@@ -473,6 +475,13 @@ class CLBenchOptions:
         "also judge again the rows whose judge reply was cut at the token limit (raise the budget)",
         stage="judge",
     )
+    prompt_cache_key: str = flag(
+        "auto",
+        "send the task's context_id as prompt_cache_key, which routes the requests of one context to the same "
+        "prompt cache (online calls, not batches): auto sends it to OpenAI's API only (no --base-url), on to any "
+        "endpoint, off never (the request as upstream sends it)",
+        choices=("auto", "on", "off"),
+    )
 
 
 class CLBench(ErrorAnalysis, Benchmark):
@@ -557,7 +566,20 @@ class CLBench(ErrorAnalysis, Benchmark):
             "metadata": row.get("metadata", {}),
             "model": model.endpoint.model,
         }
-        return await answer_into(out, model, row["messages"])
+        # online only: a batch's request lines (and their custom ids) stay as earlier runs wrote them
+        key = self.prefix_group(task) if not model.batched and self._sends_cache_key(model.endpoint) else None
+        return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
+
+    def prefix_group(self, task: Task) -> str | None:
+        """The task's context: its tasks share the system message and the long context after it."""
+        meta = task.row.get("metadata")
+        context = meta.get("context_id") if isinstance(meta, dict) else None
+        return None if context is None else str(context)
+
+    def _sends_cache_key(self, endpoint: "Endpoint") -> bool:
+        """--prompt-cache-key: auto sends it where the field is known to be taken, OpenAI's API."""
+        choice = self.options.prompt_cache_key
+        return choice == "on" or (choice == "auto" and urllib.parse.urlsplit(endpoint.url).hostname == OPENAI_HOST)
 
     # ---- how a solution is graded
 

@@ -89,6 +89,7 @@ class Reply:
     finish_reason: str = "stop"
     usage: dict | None = None
     reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
+    cached_tokens: int | None = None  # sent as usage.prompt_tokens_details.cached_tokens (PrefixCache sets it)
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -127,6 +128,8 @@ def completion_body(request: Request, reply: Reply) -> bytes:
         "completion_tokens": max(1, len(reply.content) // 4),
         "total_tokens": max(1, prompt_chars // 4) + max(1, len(reply.content) // 4),
     }
+    if reply.cached_tokens is not None:
+        usage = {**usage, "prompt_tokens_details": {"cached_tokens": reply.cached_tokens}}
     return json.dumps(
         {
             "id": f"chatcmpl-{request.number}",
@@ -484,6 +487,48 @@ class BatchJob:
     answered: int = 0  # lines[:answered] have a line in `output` or `errors`
     output: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+
+
+class PrefixCache:
+    """`handler` behind a server's prefix cache (vLLM, SGLang, OpenAI's prompt caching).
+
+    A request reads from the cache the longest run of leading messages (all but its last message)
+    that an earlier request sent and that is computed by now: the earlier request was answered
+    (arrived, then waited out its delay) with a 200, as a server keeps a prefix only once it has
+    computed it; requests sent together all miss. The hit's characters / 4 (tokens as
+    completion_body counts them) go out as usage.prompt_tokens_details.cached_tokens, on every 200
+    reply (0 on a miss). With `prefill_s_per_token`, a 200 reply also waits that long per uncached
+    prompt token on top of the handler's delay, so hits are faster, as on a real server.
+    """
+
+    def __init__(self, handler: Callable[[Request], Reply], prefill_s_per_token: float = 0.0):
+        self.handler = handler
+        self.prefill_s_per_token = prefill_s_per_token
+        self.prompt_tokens = self.cached_tokens = 0  # over the 200 replies so far
+        self._ready: dict[bytes, float] = {}  # a prefix's digest -> when it is computed (time.monotonic)
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Request) -> Reply:
+        reply = self.handler(request)
+        if reply.status != 200 or reply.body is not None or reply.hang or reply.reset:
+            return reply
+        messages = request.messages
+        sizes = [len(str(m.get("content", ""))) for m in messages]
+        digest, prefixes = hashlib.sha256(), []
+        for message in messages[:-1]:
+            digest.update(json.dumps(message, sort_keys=True).encode())
+            prefixes.append(digest.digest())
+        prompt = max(1, sum(sizes) // 4)
+        now = time.monotonic()
+        with self._lock:
+            hit = next((k for k in range(len(prefixes), 0, -1) if self._ready.get(prefixes[k - 1], now + 1) <= now), 0)
+            cached = min(prompt, sum(sizes[:hit]) // 4)
+            delay = reply.delay + (prompt - cached) * self.prefill_s_per_token
+            for key in prefixes:
+                self._ready[key] = min(self._ready.get(key, now + delay), now + delay)
+            self.prompt_tokens += prompt
+            self.cached_tokens += cached
+        return dataclasses.replace(reply, delay=delay, cached_tokens=cached)
 
 
 class FakeOpenAI:

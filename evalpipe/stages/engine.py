@@ -50,6 +50,8 @@ class Job:
     also_paid_for: Callable[[], bool] = lambda: False  # paid-for work besides rows and open batches
     run_counts: Callable[[runner.RunSummary], dict] = lambda summary: {}  # what the manifest adds of a run
     settle: Callable[[int], int] = lambda code: code  # the last word on an online or import run's exit code
+    # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
+    prefix_group: Callable[[Any], str | None] | None = None
 
 
 def run(job: Job, args) -> int:
@@ -130,4 +132,6 @@ def _calls(job: Job, args, pending: list, work: Work, written: Written) -> runne
         return batch.import_files(
             job.label, pending, work, job.endpoint, args.import_batch, job.output, args, current=current
         )
-    return asyncio.run(runner.run_with_client(job.label, job.endpoint, pending, job.output, args, work))
+    return asyncio.run(
+        runner.run_with_client(job.label, job.endpoint, pending, job.output, args, work, group_of=job.prefix_group)
+    )

@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import cli, jsonl, manifest, paths
+from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, row_id
 from ..checkpoint import StepCache
 from ..datasets import hub
@@ -41,6 +41,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         "without it such a rerun is refused",
     )
     cli.add_endpoint_args(parser)
+    cli.add_prefix_schedule_arg(parser)
     # the reference's generation settings for this benchmark (e.g. coin_flip: temperature 0), unless given
     parser.set_defaults(**bench.generation_defaults)
 
@@ -68,7 +69,9 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
             "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
             "request_extra_body": endpoint.extra_body,
         },
+        ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers
     )
+    prompt_tokens = _PromptTokens()
 
     def announce(pending: list) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
@@ -88,10 +91,42 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=lambda done: [t for t in tasks if t.id not in done],
         announce=announce,
-        session=functools.partial(_solver, bench, args.slim, output),
+        session=functools.partial(_solver, bench, args.slim, output, prompt_tokens),
         also_paid_for=lambda: _has_steps(output),
-        run_counts=lambda summary: {"interrupted": summary.interrupted},
+        run_counts=lambda summary: {"interrupted": summary.interrupted, **prompt_tokens.counts()},
+        settle=prompt_tokens.say,
+        prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
     )
+
+
+def _groups_tasks(bench: Benchmark) -> bool:
+    """Whether the benchmark puts tasks in prefix groups (without a group the tasks go in order, as they are read)."""
+    return type(bench).prefix_group is not Benchmark.prefix_group
+
+
+class _PromptTokens:
+    """The prompt tokens of the rows this run makes, and how many the endpoint read from its prompt cache."""
+
+    def __init__(self) -> None:
+        self.total = self.cached = 0
+
+    def add(self, row: dict) -> None:
+        for call in cost.api_calls(row):
+            usage = call.usage or {}
+            self.total += usage.get("prompt_tokens", 0)
+            self.cached += usage.get("cached_tokens", 0)
+
+    def counts(self) -> dict:
+        return {"prompt_tokens": self.total, "cached_prompt_tokens": self.cached}
+
+    def say(self, code: int) -> int:
+        """After the run's counts: the cached share of its prompt tokens (the exit code is left as it is)."""
+        if self.total:
+            print(
+                f"infer: {self.cached:,} of {self.total:,} prompt tokens cached ({self.cached / self.total:.1%})",
+                file=sys.stderr,
+            )
+        return code
 
 
 def _record(bench: Benchmark, args, data: Path, data_sha: str, endpoint: Endpoint, fingerprint: dict) -> dict:
@@ -112,13 +147,14 @@ def _record(bench: Benchmark, args, data: Path, data_sha: str, endpoint: Endpoin
 
 
 @contextmanager
-def _solver(bench: Benchmark, slim: bool, output: Path, paying: bool):
+def _solver(bench: Benchmark, slim: bool, output: Path, prompt_tokens: _PromptTokens, paying: bool):
     """Yield the work on one task with the output's step cache (recording new steps when `paying`); close it after."""
     steps = StepCache(output, record=paying)
 
     async def solve(task, client):
         """The task's inference row (without `messages` with --slim)."""
         row = await bench.solve(task, client, steps)
+        prompt_tokens.add(row)
         if slim:
             row.pop("messages", None)
         return row

@@ -7,4 +7,5 @@ ratio, and the target. One module per part; `python -m evalpipe.devtools.bench -
   scale       resume over 1,000,000 rows, slim rows, score.py and aggregate.py over 1,000,000 rows
   viewer      report.html of 100,000 CoinFlip samples and of a CL-bench-shaped set, in headless chromium
   errorbars   item-level figures of a CL-bench-shaped run set
+  prefix      shared-prefix scheduling of a CL-bench-shaped set against a prefix-caching server
 """

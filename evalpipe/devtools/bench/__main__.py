@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .report import Figure, table
 
-PARTS = ("throughput", "ratelimit", "scale", "viewer", "errorbars")
+PARTS = ("throughput", "ratelimit", "scale", "viewer", "errorbars", "prefix")
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,176 @@
+"""Shared-prefix scheduling: the first task of a group goes alone, its siblings once it is answered.
+
+Tasks of one group (CL-bench: one context) share their leading messages. A prefix-caching server
+(vLLM, SGLang, OpenAI's automatic prompt caching) computes that shared prefix once only if the first
+request of the group has been answered before the others arrive; sent together, they all miss. So
+the runner's workers take their tasks from a `PrefixSchedule` instead of the plain iterator:
+
+  - a task without a group, or the first task of a group (its leader), goes at once;
+  - a sibling whose leader is in flight waits, and the workers read ahead for other work meanwhile,
+    so the calls in flight stay at --workers while any other task is ready;
+  - when the leader is answered (a row, or nothing to write) its waiting siblings go first, ahead
+    of new tasks, while the prefix is warm;
+  - when the leader fails (CallFailed, cancelled) its next sibling becomes the leader, so a task
+    that keeps failing delays its group by one call each, never for ever; a leader out longer than
+    `patience_s` releases its siblings as if it had been answered;
+  - once the run's `stop` event is set, no task is handed out.
+
+Reading ahead is bounded (`lookahead` waiting siblings): the tasks come from a lazy iterable and
+only the waiting ones are held. A group is forgotten once its leader is answered and none waits.
+"""
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+GroupOf = Callable[[Any], str | None]  # a task's prefix group; None: no group, it goes at once
+
+
+@dataclass
+class _Group:
+    leader: Any  # the task whose answer warms the group's prefix
+    since: float  # when the leader was handed out (monotonic)
+    waiting: deque = field(default_factory=deque)  # siblings held until the leader is answered
+    released: bool = False  # the leader outlived its patience: siblings go at once
+
+
+class PrefixSchedule:
+    """Hands out `tasks` to concurrent workers, each group's leader first and alone (see the module docstring)."""
+
+    def __init__(
+        self,
+        tasks: Iterable,
+        group_of: GroupOf,
+        stop: asyncio.Event,
+        *,
+        patience_s: float = 60.0,
+        lookahead: int = 4096,
+    ):
+        self._source = iter(tasks)
+        self._group_of = group_of
+        self._stop = stop
+        self.patience_s = patience_s
+        self.lookahead = max(1, lookahead)
+        self._exhausted = False
+        self._groups: dict[str, _Group] = {}  # groups whose leader is out (or promoted and about to go)
+        self._promoted: deque = deque()  # siblings of a failed leader, now their group's leader
+        self._released: deque = deque()  # siblings of an answered leader
+        self._waiting = 0  # siblings held in the groups
+        self._changed = asyncio.Event()
+
+    async def next(self) -> Any | None:
+        """The next task to work on, waiting for a leader when only its siblings remain; None: no more (or stop)."""
+        while not self._stop.is_set():
+            task = self._take()
+            if task is not None:
+                return task
+            if self._exhausted and not self._waiting:  # nothing is left that a leader could release
+                return None
+            await self._wait_for_change()
+        return None
+
+    def watching(self, work: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """`work` that tells the schedule how each task ended: answered (it returned) or failed (it raised)."""
+
+        async def watched(task: Any) -> Any:
+            try:
+                result = await work(task)
+            except BaseException:
+                self.failed(task)
+                raise
+            self.answered(task)
+            return result
+
+        return watched
+
+    def answered(self, task: Any) -> None:
+        """The task has its answer: if it led a group, the group's siblings go."""
+        group = self._led_group(task)
+        if group is None:
+            return
+        key, found = group
+        del self._groups[key]
+        self._release(found)
+        self._notify()
+
+    def failed(self, task: Any) -> None:
+        """The task failed (it stays pending for the next run): if it led a group, its next sibling leads."""
+        group = self._led_group(task)
+        if group is None:
+            return
+        key, found = group
+        if found.waiting and not found.released:
+            found.leader = found.waiting.popleft()
+            found.since = time.monotonic()
+            self._waiting -= 1
+            self._promoted.append(found.leader)
+        else:
+            del self._groups[key]
+        self._notify()
+
+    # ---- inside
+
+    def _take(self) -> Any | None:
+        """A task that may go now, reading ahead in the source as far as `lookahead` allows; None: none."""
+        if self._promoted:
+            return self._promoted.popleft()
+        if self._released:
+            return self._released.popleft()
+        while not self._exhausted and self._waiting < self.lookahead:
+            try:
+                task = next(self._source)
+            except StopIteration:
+                self._exhausted = True
+                break
+            key = self._group_of(task)
+            if key is None:
+                return task
+            group = self._groups.get(key)
+            if group is None:
+                self._groups[key] = _Group(task, time.monotonic())
+                return task
+            if group.released:
+                return task
+            group.waiting.append(task)
+            self._waiting += 1
+        return None
+
+    def _led_group(self, task: Any) -> tuple[str, _Group] | None:
+        key = self._group_of(task)
+        if key is None:
+            return None
+        group = self._groups.get(key)
+        return (key, group) if group is not None and group.leader is task else None
+
+    def _release(self, group: _Group) -> None:
+        self._waiting -= len(group.waiting)
+        self._released.extend(group.waiting)
+        group.waiting.clear()
+
+    def _release_overdue(self) -> None:
+        """Release the siblings of leaders out longer than `patience_s` (a hung or very slow call)."""
+        now = time.monotonic()
+        for group in self._groups.values():
+            if not group.released and now - group.since >= self.patience_s:
+                group.released = True
+                self._release(group)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_for_change(self) -> None:
+        """Until a leader ends, the run stops, or the oldest leader outlives its patience."""
+        pending = [g.since for g in self._groups.values() if not g.released]
+        timeout = max(0.0, min(pending) + self.patience_s - time.monotonic()) if pending else None
+        changed = asyncio.ensure_future(self._changed.wait())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((changed, stopped), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            stopped.cancel()
+        self._release_overdue()
