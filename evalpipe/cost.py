@@ -8,6 +8,8 @@ OpenAI reports them) and are shown separately for information only.
 import math
 import os
 import re
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def load_prices(path: Path | None = None) -> Prices:
     )
 
 
-def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
+def percentiles(values: Sequence[float], points=(50, 90, 99)) -> dict[str, float]:
     """Nearest-rank percentiles (each one an observed value)."""
     if not values:
         return {}
@@ -106,8 +108,8 @@ def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
 @dataclass
 class _StageTally:
     calls: int = 0
-    latencies: list = field(default_factory=list)
-    usages: dict = field(default_factory=dict)  # (model, via batch) -> the calls' usage dicts, summed at the end
+    latencies: array = field(default_factory=lambda: array("d"))  # a million calls: 8 MB, not a list of floats
+    usages: dict = field(default_factory=dict)  # (model, via batch) -> the calls' token counts, summed as added
     batch_calls: int = 0
 
 
@@ -134,12 +136,22 @@ class Ledger:
         if batch:
             tally.batch_calls += calls
         if usage:
-            group = tally.usages.get((model, batch))
-            if group is None:
-                group = tally.usages[(model, batch)] = []
-            group.append(usage)
+            sums = tally.usages.get((model, batch))
+            if sums is None:
+                sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
+            for key in TOKEN_KEYS:
+                value = usage.get(key)
+                if value:
+                    sums[key] += value
         if latency_s is not None:
             tally.latencies.append(latency_s)
+
+    def add_many(
+        self, stage: str, model: str | None, usage: dict | None, latencies: Sequence[float], calls: int, batch: bool
+    ) -> None:
+        """`calls` calls at once: their usage summed (None: none reported one) and their latencies."""
+        self.add(stage, model, usage, None, calls, batch)
+        self.stages[stage].latencies.extend(latencies)
 
     def summary(self, prices: Prices) -> dict:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
@@ -147,8 +159,7 @@ class Ledger:
         for stage, tally in self.stages.items():
             cost = 0.0
             tokens: dict[str, int] = {}
-            for (model, batch), usages in tally.usages.items():
-                counts = {key: sum(u.get(key, 0) for u in usages) for key in TOKEN_KEYS}
+            for (model, batch), counts in tally.usages.items():
                 for key, value in counts.items():
                     tokens[key] = tokens.get(key, 0) + value
                 c = prices.cost(model, counts)

@@ -9,7 +9,6 @@ Writes that fail for want of space or permission raise OutputUnwritable (errors.
 """
 
 import hashlib
-import itertools
 import os
 import sys
 import tempfile
@@ -38,6 +37,9 @@ def _describe_json_error(exc: Exception, raw: bytes) -> str:
     return f"invalid JSON ({exc})"
 
 
+_CHUNK_BYTES = 1 << 16  # lines are parsed a chunk at a time: one call per chunk, not per line
+
+
 def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterator[tuple[int, dict]]:
     """Yield (line number, row) for each non-blank line.
 
@@ -49,28 +51,37 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
     except OSError as exc:
         raise BadInput(f"cannot read: {exc.strerror}", path) from None
     with f:
-        first = f.readline()
-        if first.startswith(BOM):
-            first = first[len(BOM) :]
         loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-        for lineno, raw in enumerate(itertools.chain((first,), f), 1):
+        before = 0  # lines read before this chunk
+        while lines := f.readlines(_CHUNK_BYTES):
+            if before == 0 and lines[0].startswith(BOM):
+                lines[0] = lines[0][len(BOM) :]
             try:
-                row = loads(raw)
-            except JSONDecodeError as exc:
-                if not raw.strip():
-                    continue  # a blank line
-                if torn_tail_ok and not raw.endswith(b"\n"):
-                    return
-                raise BadInput(_describe_json_error(exc, raw), path, lineno) from None
-            if type(row) is not dict:
-                if torn_tail_ok and not raw.endswith(b"\n"):
-                    return
-                if isinstance(row, list):
-                    msg = "a JSON array, expected one JSON object per line (JSONL)"
-                else:
-                    msg = f"expected a JSON object, got {type(row).__name__}"
-                raise BadInput(msg, path, lineno)
-            yield lineno, row
+                rows = list(map(loads, lines))
+            except JSONDecodeError:
+                rows = None
+            if rows is not None and set(map(type, rows)) == {dict}:
+                yield from zip(range(before + 1, before + 1 + len(rows)), rows)
+            else:  # a blank line, or one that is no JSON object: line by line, to skip it or say which
+                for lineno, raw in enumerate(lines, before + 1):
+                    try:
+                        row = loads(raw)
+                    except JSONDecodeError as exc:
+                        if not raw.strip():
+                            continue  # a blank line
+                        if torn_tail_ok and not raw.endswith(b"\n"):
+                            return
+                        raise BadInput(_describe_json_error(exc, raw), path, lineno) from None
+                    if type(row) is not dict:
+                        if torn_tail_ok and not raw.endswith(b"\n"):
+                            return
+                        if isinstance(row, list):
+                            msg = "a JSON array, expected one JSON object per line (JSONL)"
+                        else:
+                            msg = f"expected a JSON object, got {type(row).__name__}"
+                        raise BadInput(msg, path, lineno)
+                    yield lineno, row
+            before += len(lines)
 
 
 def latest_rows(
@@ -98,15 +109,17 @@ def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
     parsing it; other lines (upstream rows, escaped ids, a last line without newline) are
     parsed, and a torn last line does not count. Holds ids only, never rows.
     """
-    ids: set = set()
-    if not os.path.exists(path):
-        return ids
+    return set(iter_ids(path, key)) if os.path.exists(path) else set()
+
+
+def iter_ids(path: str | os.PathLike, key: Callable[[dict], Any]) -> Iterator[Any]:
+    """The id of every complete row of one of our output files, in file order (see `ids_in`)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if raw.startswith(_FAST_ID) and raw.endswith(b"}\n"):
                 end = raw.find(b'"', 8)
                 if end > 0 and b"\\" not in raw[8:end]:
-                    ids.add(raw[8:end].decode("utf-8"))
+                    yield raw[8:end].decode("utf-8")
                     continue
             if not raw.strip():
                 continue
@@ -116,8 +129,7 @@ def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
                 if raw.endswith(b"\n"):
                     raise BadInput("invalid JSON in an output file", path, lineno) from None
                 continue  # a torn last line
-            ids.add(key(row))
-    return ids
+            yield key(row)
 
 
 def repair_tail(path: str | os.PathLike) -> str | None:

@@ -8,9 +8,11 @@ graded, missing), call accounting and cost are the framework's: a benchmark neve
 docs/adding-a-benchmark.md walks through adding one.
 """
 
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from .. import jsonl
 from ..checkpoint import StepCache
@@ -57,6 +59,81 @@ async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fiel
     return out
 
 
+class TaskList(Sequence):
+    """Tasks held as two aligned lists, their ids and their rows (score's: a million tasks without a million
+    Task objects); a Task is made when one is asked for. `task_ids` and `task_rows` read the lists as they are."""
+
+    def __init__(self, ids: list, rows: list[dict]):
+        self.ids, self.rows = ids, rows
+
+    def __len__(self) -> int:
+        """How many tasks."""
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> "TaskList": ...
+
+    def __getitem__(self, index):
+        """The task at `index`, or a TaskList of a slice."""
+        if isinstance(index, slice):
+            return TaskList(self.ids[index], self.rows[index])
+        return Task(self.ids[index], self.rows[index], 0)
+
+    def __iter__(self) -> Iterator[Task]:
+        """The tasks, made one at a time."""
+        return map(Task, self.ids, self.rows, itertools.repeat(0))
+
+
+def task_ids(tasks: Sequence[Task]) -> list:
+    """The tasks' ids, in order."""
+    return tasks.ids if isinstance(tasks, TaskList) else [t.id for t in tasks]
+
+
+def task_rows(tasks: Sequence[Task]) -> list[dict]:
+    """The tasks' rows, in order."""
+    return tasks.rows if isinstance(tasks, TaskList) else [t.row for t in tasks]
+
+
+class JudgedRows(Mapping):
+    """The judge rows of the selected tasks as score reads them: aligned with the tasks (None: no row), so that
+    `judge_rows` hands them over without a lookup per task; a mapping by id is built only if one is asked for."""
+
+    def __init__(self, tasks: Sequence[Task], rows: list):
+        self.tasks, self.rows = tasks, rows
+        self._by_id: dict | None = None
+
+    def _table(self) -> dict:
+        if self._by_id is None:
+            self._by_id = {key: row for key, row in zip(task_ids(self.tasks), self.rows) if row is not None}
+        return self._by_id
+
+    def __getitem__(self, key):
+        """The row of a task id."""
+        return self._table()[key]
+
+    def __iter__(self):
+        """The ids of the tasks with a row."""
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        """How many tasks have a row."""
+        return len(self._table())
+
+    def get(self, key, default=None):
+        """The row of a task id, else `default`."""
+        return self._table().get(key, default)
+
+
+def judge_rows(tasks: Sequence[Task], judged: Mapping) -> list:
+    """Each task's judge row, in task order (None: it has none): as aligned by score, else looked up by id."""
+    if isinstance(judged, JudgedRows) and judged.tasks is tasks:
+        return judged.rows
+    return list(map(judged.get, task_ids(tasks)))
+
+
 def row_id(row: dict) -> Any:
     """The task id of a stage row: `idx`, or upstream's fallback `metadata.task_id`."""
     if "idx" in row:
@@ -73,6 +150,9 @@ class Benchmark:
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
     judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
     score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what metrics() and is_provisional() read of a judge row
+    # what metrics(), item_columns() and error_analysis_metrics() read of a task's row; None: all of it
+    # (score keeps only these of each task, so a million tasks need not be held whole)
+    task_fields: ClassVar[tuple[str, ...] | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
     demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
@@ -121,7 +201,8 @@ class Benchmark:
         only the `score_fields` keys). A task without a row counts as wrong.
 
         Called by score; never calls an API. Coverage, judge statuses and cost are added by score:
-        leave them out.
+        leave them out. score passes a TaskList and rows aligned with it: `task_rows(tasks)` and
+        `judge_rows(tasks, judged)` read them in task order without a lookup per task.
         """
         raise NotImplementedError
 
@@ -130,6 +211,19 @@ class Benchmark:
     def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
         """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream."""
         return tasks if max_samples is None else tasks[:max_samples]
+
+    def iter_tasks(self, path: Path) -> Iterator[Task]:
+        """`load`, one task at a time: the same tasks and the same errors. infer and score read the
+        dataset through it to hold ids, not tasks; a benchmark that can read its file lazily overrides it."""
+        return iter(self.load(path))
+
+    def selected(self, path: Path, max_samples: int | None) -> Iterator[Task]:
+        """The tasks `select` keeps, in dataset order; lazily where `select` is the default prefix (every row
+        is still read, so a bad row past the prefix is an error as with `load`)."""
+        if type(self).select is not Benchmark.select:
+            return iter(self.select(self.load(path), max_samples))
+        tasks = self.iter_tasks(path)
+        return tasks if max_samples is None else _prefix(tasks, max_samples)
 
     def prefix_group(self, task: Task) -> str | None:
         """Which tasks share this task's leading messages (e.g. one long context), as a key; None: no group.
@@ -186,12 +280,11 @@ class Benchmark:
         Called by score with `metrics`' arguments; no API. A value is None where the item was not
         graded in this run (aggregate averages each item over the runs that graded it). Default:
         each task is an item, its column `score` the judge row's 0/1 score."""
-        get = judged.get
-        scores = []
-        for task in tasks:
-            row = get(task.id)
-            scores.append(None if row is None or self.is_provisional(row) else int(row.get("score") == 1))
-        return {"keys": [t.id for t in tasks], "clusters": None, "groups": {}, "columns": {"score": scores}}
+        provisional = self.is_provisional
+        scores = [
+            None if row is None or provisional(row) else int(row.get("score") == 1) for row in judge_rows(tasks, judged)
+        ]
+        return {"keys": task_ids(tasks), "clusters": None, "groups": {}, "columns": {"score": scores}}
 
     # ---- for the test server, chaos runs and contract tests (never used by the stages)
 
@@ -206,6 +299,13 @@ class Benchmark:
         """A well-formed reply to one of this benchmark's own requests (`prompt` is its last message),
         varied by `seed`: what the loopback test server answers. Default: free text."""
         return f"answer {seed}"
+
+
+def _prefix(tasks: Iterator[Task], max_samples: int) -> Iterator[Task]:
+    """The first `max_samples` tasks, reading the rest to the end."""
+    yield from itertools.islice(tasks, max_samples)
+    for _ in tasks:
+        pass
 
 
 class ErrorAnalysis:

@@ -9,7 +9,9 @@ import json
 import random
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,7 @@ from ..errors import BadInput
 from ..paths import PROJECT
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
-from .base import Benchmark, Task, answer_into, flag
+from .base import Benchmark, Task, answer_into, flag, judge_rows, task_ids, task_rows
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -139,6 +141,13 @@ def load_rows(path: Path) -> list[tuple[int, dict]]:
     return list(jsonl.iter_rows(path))
 
 
+def _item_values(gold: str, pred: str | None) -> tuple[int, ...]:
+    """One graded item's tp, yes, positive, correct, parsed, f1_num and f1_den."""
+    gold_yes = gold == "YES"
+    tp, yes, positive = int(pred == "YES" and gold_yes), int(pred == "YES"), int(pred is not None and gold_yes)
+    return tp, yes, positive, int(pred is not None and pred == gold), int(pred is not None), 2 * tp, yes + positive
+
+
 def answered_share(metrics: dict) -> float | None:
     """Parsed answers / selected tasks (None when a score.json does not tell)."""
     confusion, expected = metrics.get("confusion"), metrics.get("coverage", {}).get("expected")
@@ -166,6 +175,7 @@ class CoinFlip(Benchmark):
     default_data = DATA_DIR / "test.jsonl"
     Options = CoinFlipOptions
     score_fields = ("prediction",)
+    task_fields = ("target",)
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
         "selected tasks, with unparsed and missing answers counted as wrong. Answered is the share of selected tasks "
@@ -195,22 +205,25 @@ class CoinFlip(Benchmark):
             self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
 
     def load(self, path: Path) -> list[Task]:
-        tasks: list[Task] = []
-        append, crc32 = tasks.append, zlib.crc32
-        for line, row in load_rows(path):
+        return list(self.iter_tasks(path))
+
+    def iter_tasks(self, path: Path) -> Iterator[Task]:
+        # JSONL is read a row at a time; a JSON array or Parquet file is read whole anyway
+        rows = load_rows(path) if path.suffix.lower() in (".json", ".parquet") else jsonl.iter_rows(path)
+        crc32, gold_of = zlib.crc32, _GOLD.get
+        position = 0
+        for line, row in rows:
             try:
-                question, gold = row["question"], _GOLD.get(row["answer"]) or _gold(row["answer"])
+                question, gold = row["question"], gold_of(row["answer"]) or _gold(row["answer"])
             except (KeyError, TypeError):
                 question = gold = None
             if gold is None or type(question) is not str or not question:
                 self._reject(row, path, line)
             # position + content: stable under --max-samples, and a different file cannot match old rows
-            append(
-                Task(f"{len(tasks):05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line)
-            )
-        if not tasks:
+            yield Task(f"{position:05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line)
+            position += 1
+        if not position:
             raise BadInput("no rows in the file", path)
-        return tasks
 
     @staticmethod
     def _reject(row: Any, path: Path, line: int) -> None:
@@ -254,13 +267,11 @@ class CoinFlip(Benchmark):
 
     def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tp = fp = fn = tn = unparsed = missing = yes = 0
-        get = judged.get
-        for task in tasks:
-            row = get(task.id)
+        for task_row, row in zip(task_rows(tasks), judge_rows(tasks, judged)):
             if row is None:
                 missing += 1
                 continue
-            pred, gold = row.get("prediction"), task.row["target"]
+            pred, gold = row.get("prediction"), task_row["target"]
             if pred is None:
                 unparsed += 1
                 continue
@@ -333,20 +344,17 @@ class CoinFlip(Benchmark):
     def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
         """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""
         names = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
-        columns: dict[str, list] = {name: [] for name in names}
-        get = judged.get
-        for task in tasks:
-            row = get(task.id)
+        missing = (None,) * len(names)
+        by_outcome: dict[tuple, tuple] = {}  # (gold, prediction) → the item's values: a handful of outcomes
+        values: list[tuple] = []
+        for task_row, row in zip(task_rows(tasks), judge_rows(tasks, judged)):
             if row is None:
-                for name in names:
-                    columns[name].append(None)
+                values.append(missing)
                 continue
-            pred, gold_yes = row.get("prediction"), task.row["target"] == "YES"
-            tp, yes, positive = int(pred == "YES" and gold_yes), int(pred == "YES"), int(pred is not None and gold_yes)
-            for name, value in zip(
-                names, (tp, yes, positive, int(pred is not None and pred == task.row["target"]), int(pred is not None))
-            ):
-                columns[name].append(value)
-            columns["f1_num"].append(2 * tp)
-            columns["f1_den"].append(yes + positive)
-        return {"keys": [t.id for t in tasks], "clusters": None, "groups": {}, "columns": columns}
+            outcome = (task_row["target"], row.get("prediction"))
+            item = by_outcome.get(outcome)
+            if item is None:
+                item = by_outcome[outcome] = _item_values(*outcome)
+            values.append(item)
+        columns = {name: list(map(itemgetter(i), values)) for i, name in enumerate(names)}
+        return {"keys": task_ids(tasks), "clusters": None, "groups": {}, "columns": columns}

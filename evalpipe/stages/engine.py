@@ -13,7 +13,7 @@ the work on one task — and `run` does the rest, in this order:
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +27,26 @@ from ..llm import Endpoint
 Work = Callable[[Any, Any], Awaitable[dict]]
 # Yields the work for a run; True: a paid run's (it records what must be kept), False: for --dry-run and export.
 Session = Callable[[bool], AbstractContextManager[Work]]
-# What the output holds: the ids (a set), or the latest row per id (a dict, for a job with rows_pending).
+# What the output holds: the ids (a set), or which ids are done (judge's stages, whose rows can be pending).
 Written = Any
+# The tasks still to do: a list, or a Pending (iterated and counted only).
+PendingTasks = Any
+
+
+class Pending:
+    """The tasks still to do, counted when made and read lazily each time they are iterated: a stage over a
+    million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
+
+    def __init__(self, count: int, tasks: Callable[[], Iterator]):
+        self.count, self._tasks = count, tasks
+
+    def __len__(self) -> int:
+        """How many tasks."""
+        return self.count
+
+    def __iter__(self) -> Iterator:
+        """The tasks, read again from the start."""
+        return self._tasks()
 
 
 @dataclass
@@ -42,11 +60,12 @@ class Job:
     manifest: dict  # what the manifest records of this invocation
     total: tuple[str, int]  # what the pending tasks are counted out of, e.g. ("selected", 100)
     written: Callable[[], Written]  # what the output holds now: ids, or the latest row per id
-    pending_given: Callable[[Written], list]  # the tasks still to do, given `written()`
-    announce: Callable[[list], None]  # print what this invocation will do, given the pending tasks
+    pending_given: Callable[[Written], PendingTasks]  # the tasks still to do, given `written()`
+    announce: Callable[[PendingTasks], None]  # print what this invocation will do, given the pending tasks
     session: Session
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
     rows_pending: bool = False  # a pending task can have a row already: the batch engines compare with it
+    current_rows: Callable[[], dict] | None = None  # with rows_pending: the output's latest row per id (else written)
     also_paid_for: Callable[[], bool] = lambda: False  # paid-for work besides rows and open batches
     run_counts: Callable[[runner.RunSummary], dict] = lambda summary: {}  # what the manifest adds of a run
     settle: Callable[[int], int] = lambda code: code  # the last word on an online or import run's exit code
@@ -106,7 +125,7 @@ def _refuse(job: Job, args, written: Written, in_batches: list[dict]) -> None:
     batch_backend.refuse_other_engines(job.output, in_batches, args)
 
 
-def _counts(job: Job, pending: list) -> dict:
+def _counts(job: Job, pending: PendingTasks) -> dict:
     """The manifest's counts before the run: the total, how many were done before, how many pending."""
     name, total = job.total
     return {name: total, "done_before": total - len(pending), "pending": len(pending)}
@@ -119,16 +138,16 @@ def _advance(job: Job, args, work: Work, record: manifest.Record, counts: dict) 
         """The tasks without a finished row now."""
         return job.pending_given(job.written())
 
-    current = job.written if job.rows_pending else None
+    current = (job.current_rows or job.written) if job.rows_pending else None
     code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, args, current=current)
     record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
     return code
 
 
-def _calls(job: Job, args, pending: list, work: Work, written: Written) -> runner.RunSummary:
+def _calls(job: Job, args, pending: PendingTasks, work: Work, written: Written) -> runner.RunSummary:
     """--import-batch: the rows the batch files complete; else the calls, online."""
     if args.import_batch:
-        current = written if job.rows_pending else None
+        current = (job.current_rows() if job.current_rows else written) if job.rows_pending else None
         return batch.import_files(
             job.label, pending, work, job.endpoint, args.import_batch, job.output, args, current=current
         )

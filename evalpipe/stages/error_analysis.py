@@ -20,9 +20,8 @@ def main(bench: Benchmark, args) -> int:
     if not in_path.exists():
         raise BadInput("no such judge file (run judge first)", in_path)
     judge.refuse_bedrock(args.judge_model)
-    rows = judge.read_rows(in_path)
+    failed = judge.InputRows(in_path, keep=bench.needs_error_analysis)
     endpoint = judge.judge_endpoint(args)
-    failed = {k: row for k, row in rows.items() if bench.needs_error_analysis(row)}
     job = judge.rows_job(
         bench,
         args,

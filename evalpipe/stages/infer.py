@@ -4,11 +4,12 @@ import argparse
 import functools
 import gc
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .. import cli, cost, jsonl, manifest, paths
-from ..benchmarks import Benchmark, row_id
+from ..benchmarks import Benchmark, Task, row_id
 from ..checkpoint import StepCache
 from ..datasets import hub
 from ..llm import Endpoint
@@ -50,16 +51,44 @@ def main(argv: list[str]) -> int:
     """infer.py: load and select the tasks, then let the engine run those without a row."""
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
-    tasks = bench.load(data)
-    tasks = bench.select(tasks, args.max_samples)  # prefix first, then resume, as upstream
-    gc.freeze()  # the loaded dataset lives to the end: keep the collector from rescanning it
+    tasks = Selected(bench, Path(data), args.max_samples)  # prefix first, then resume, as upstream
+    gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
     endpoint = cli.endpoint_from_args(args, args.model)
     return engine.run(_job(bench, args, tasks, Path(data), output, endpoint), args)
 
 
-def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint: Endpoint) -> engine.Job:
+class Selected:
+    """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones,
+    so that infer holds the done ids, never the tasks. A benchmark that reads its dataset whole, or selects
+    other than a prefix, is held as it loads."""
+
+    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None):
+        self.bench, self.data, self.max_samples = bench, data, max_samples
+        lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and type(bench).select is Benchmark.select
+        self.held = None if lazy else list(bench.selected(data, max_samples))
+        self.count = len(self.held) if self.held is not None else sum(1 for _ in self._read())
+
+    def __len__(self) -> int:
+        """How many tasks are selected."""
+        return self.count
+
+    def _read(self) -> Iterator[Task]:
+        return iter(self.held) if self.held is not None else self.bench.selected(self.data, self.max_samples)
+
+    def pending(self, done: set) -> engine.Pending:
+        """The selected tasks without a row in `done`, in dataset order."""
+
+        def tasks() -> Iterator[Task]:
+            return (task for task in self._read() if task.id not in done)
+
+        if self.held is not None:
+            return engine.Pending(sum(1 for task in self.held if task.id not in done), tasks)
+        return engine.Pending(sum(1 for _ in tasks()), tasks)
+
+
+def _job(bench: Benchmark, args, tasks: Selected, data: Path, output: Path, endpoint: Endpoint) -> engine.Job:
     """infer's job: one row per selected task, by id; a step cache with steps in it is paid for too."""
     data_sha = manifest.sha256_file(data)
     fingerprint = manifest.fingerprint(
@@ -73,7 +102,7 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
     )
     prompt_tokens = _PromptTokens()
 
-    def announce(pending: list) -> None:
+    def announce(pending: engine.Pending) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
         print(
             f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
@@ -89,7 +118,7 @@ def _job(bench: Benchmark, args, tasks: list, data: Path, output: Path, endpoint
         manifest=_record(bench, args, data, data_sha, endpoint, fingerprint),
         total=("selected", len(tasks)),
         written=lambda: jsonl.ids_in(output, row_id),
-        pending_given=lambda done: [t for t in tasks if t.id not in done],
+        pending_given=tasks.pending,
         announce=announce,
         session=functools.partial(_solver, bench, args.slim, output, prompt_tokens),
         also_paid_for=lambda: _has_steps(output),

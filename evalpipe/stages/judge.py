@@ -6,8 +6,9 @@ it reads the judge rows and shares this stage's judge model, flags and helpers.
 
 import argparse
 import gc
+import itertools
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
         args.backend = "online"
     if bench.judge_uses_llm:
         refuse_bedrock(args.judge_model)
-    rows = read_rows(in_path)
+    rows = InputRows(in_path)
     endpoint = judge_endpoint(args) if bench.judge_uses_llm else None
     job = rows_job(
         bench,
@@ -159,11 +160,79 @@ def refuse_bedrock(judge_model: str) -> None:
         )
 
 
-def read_rows(in_path: Path) -> dict:
-    """The input's latest row per id, frozen out of the collector's sight."""
-    rows = jsonl.latest_rows(in_path, row_id)
-    gc.freeze()  # the loaded rows live to the end: keep the collector from rescanning them
-    return rows
+class InputRows:
+    """A stage's input file (the inference rows; the judge rows for error analysis), as its latest row per id
+    that `keep` accepts, in the order the ids first occur: counted in one pass, then read again lazily for the
+    pending ones. Holds the latest row of an id that has several rows (rare), never the rows; its ids only
+    while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
+
+    def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
+        self.path = path
+        ids: set = set()
+        self.repeated: dict = {}  # id → its latest row, for ids with several rows
+        self.left_out: set = set()  # ids whose latest row `keep` does not accept
+        for _, row in jsonl.iter_rows(path, torn_tail_ok=True):
+            key = row_id(row)
+            if key in ids:
+                self.repeated[key] = row
+            else:
+                ids.add(key)
+                if keep is not None and not keep(row):
+                    self.left_out.add(key)
+        self.count = len(ids)
+        del ids
+        if keep is not None:
+            for key, row in self.repeated.items():
+                if keep(row):
+                    self.left_out.discard(key)
+                else:
+                    self.left_out.add(key)
+        gc.freeze()  # what is read lives to the end: keep the collector from rescanning it
+
+    def __len__(self) -> int:
+        """How many ids the stage covers."""
+        return self.count - len(self.left_out)
+
+    def pending(self, done: set) -> engine.Pending:
+        """The rows whose id is not in `done`, as tasks, in the order their ids first occur."""
+        repeated, left_out = self.repeated, self.left_out
+        once = (key for key in jsonl.iter_ids(self.path, row_id) if key not in repeated)
+        count = sum(1 for key in itertools.chain(once, repeated) if key not in done and key not in left_out)
+        return engine.Pending(count, lambda: self._tasks(done))
+
+    def _tasks(self, done: set) -> Iterator[Task]:
+        repeated, left_out, given = self.repeated, self.left_out, set()
+        for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):
+            key = row_id(row)
+            if key in repeated:
+                if key in given:
+                    continue
+                given.add(key)
+                row = repeated[key]
+            if key not in done and key not in left_out:
+                yield Task(id=key, row=row, line=0)
+
+
+def _done_ids(output: Path, is_done: Callable[[dict], bool]) -> "_Done":
+    """The ids whose latest row in the output `is_done` (holds ids, not rows)."""
+    done = _Done()
+    for _, row in jsonl.iter_rows(output, torn_tail_ok=True) if output.exists() else ():
+        done.any_rows = True
+        if is_done(row):
+            done.add(row_id(row))
+        else:
+            done.discard(row_id(row))
+    return done
+
+
+class _Done(set):
+    """Ids of rows that are done; true when the output has rows at all (done or not: paid for either way)."""
+
+    any_rows = False
+
+    def __bool__(self) -> bool:
+        """Whether the output has rows."""
+        return self.any_rows
 
 
 def judge_endpoint(args) -> Endpoint:
@@ -176,7 +245,7 @@ def rows_job(
     args,
     in_path: Path,
     output: Path,
-    rows: dict,
+    rows: InputRows,
     endpoint: Endpoint | None,
     *,
     label: str,
@@ -189,7 +258,7 @@ def rows_job(
     the output's latest row for its id `is_done`; `work(row, client)` makes it."""
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
 
-    def announce(pending: list) -> None:
+    def announce(pending: engine.Pending) -> None:
         """Say how many of the input rows are done and how many this run does."""
         print(
             f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
@@ -213,14 +282,13 @@ def rows_job(
         fingerprint=fingerprint,
         manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
         total=("rows", len(rows)),
-        written=lambda: jsonl.latest_rows(output, row_id),
-        pending_given=lambda done: [
-            Task(id=k, row=row, line=0) for k, row in rows.items() if k not in done or not is_done(done[k])
-        ],
+        written=lambda: _done_ids(output, is_done),
+        pending_given=rows.pending,
         announce=announce,
         session=stand_ins.session,
         first_call_only=True,
         rows_pending=True,
+        current_rows=lambda: jsonl.latest_rows(output, row_id),
         run_counts=run_counts,
         settle=stand_ins.settle,
     )
