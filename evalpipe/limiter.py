@@ -205,6 +205,11 @@ class AdaptiveLimit:
         """Whether the server announces its limits in headers (and the pacing keeps us within them)."""
         return any(budget.known for budget in self.budgets.values())
 
+    @property
+    def pacing(self) -> bool:
+        """Whether attempts are paced: from the server's headers, or at a rate measured between its 429s."""
+        return self.paced or self.learned.known
+
     def _pacing_budgets(self) -> dict[str, ServerBudget]:
         return self.budgets if self.paced else {**self.budgets, "learned": self.learned}
 

@@ -300,6 +300,8 @@ class ChatClient:
         hinted = retry_after_seconds(exc) if exc is not None else None
         if hinted is not None:
             return min(hinted, MAX_RETRY_AFTER)
+        if isinstance(exc, openai.RateLimitError) and self.limit is not None and self.limit.pacing:
+            return 0.0  # the retry waits its turn in the pacing with every other attempt, not a backoff besides
         return self._fallback_wait(state)
 
     async def _call_once(self, messages: list[dict], fields: dict | None) -> Any:

@@ -45,11 +45,11 @@ class Case:
 
 CASES = (
     # OpenAI's shape: a minute's allowance up front, then 50/s
-    Case("headers, requests-limited", 3000, None, 60.0, True, True, tasks=4500, tiny_tasks=300),
+    Case("headers, requests-limited", 3000, None, 60.0, True, True, tasks=4500, tiny_tasks=100),
     # about 40 requests/s of CL-bench prompts plus max_tokens; requests to spare
-    Case("headers, tokens-limited", 6000, 540_000, 1.0, True, True, tasks=1600, tiny_tasks=150),
-    Case("Retry-After only", 3000, None, 1.0, False, True, tasks=2000, tiny_tasks=150),
-    Case("429 with nothing", 3000, None, 1.0, False, False, tasks=2000, tiny_tasks=150),
+    Case("headers, tokens-limited", 6000, 540_000, 1.0, True, True, tasks=1600, tiny_tasks=60),
+    Case("Retry-After only", 3000, None, 1.0, False, True, tasks=2000, tiny_tasks=60),
+    Case("429 with nothing", 3000, None, 1.0, False, False, tasks=2000, tiny_tasks=60),
 )
 
 

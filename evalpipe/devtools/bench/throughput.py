@@ -138,7 +138,7 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
         )
 
         server.handler = fixed_latency(2.0)
-        c, n = (100, 200) if tiny else (1000, 6000)
+        c, n = (100, 100) if tiny else (1000, 6000)
         data = clbench_shaped(work / "wide.jsonl", n)
         bare_wide = bare_rate(server, data, c, "aiohttp")
         ours = infer_rate(server, data, work / "wide-out.jsonl", c)
