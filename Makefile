@@ -112,7 +112,7 @@ chaos: $(STAMP)
 	$(PYTHON) -m evalpipe.devtools.chaos --kills $(CHAOS_KILLS)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
-# figure beside its reference, the ratio and the target (about 8 minutes; BENCH_ARGS=--tiny for a
+# figure beside its reference, the ratio and the target (about 7 minutes; BENCH_ARGS=--tiny for a
 # quick look, BENCH_ARGS="--only PART" for one part: evalpipe/devtools/bench/).
 BENCH_ARGS ?=
 bench: $(STAMP) $(BROWSER_STAMP)
