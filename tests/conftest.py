@@ -1,8 +1,11 @@
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -95,3 +98,32 @@ def read_jsonl(path):
 
 def write_jsonl(path, rows):
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def plain_http_port():
+    """A loopback port whose server answers any connection as plain HTTP would a TLS hello."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()

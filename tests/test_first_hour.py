@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -16,15 +15,9 @@ from evalpipe import lock, pipeline
 from evalpipe.devtools import demo, localmodel
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
-from .conftest import ROOT, SAMPLE, read_jsonl, scripted
+from .conftest import ROOT, SAMPLE, closed_port, plain_http_port, read_jsonl, scripted
 
 COIN_FLIP = ROOT / "data" / "coin_flip" / "test.jsonl"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make(env, *words, timeout=300):
@@ -69,23 +62,10 @@ def test_a_dead_endpoint_stops_in_seconds(stage, tmp_path, url, reason):
 
 @pytest.mark.e2e
 def test_tls_to_a_plain_http_server_is_unreachable(stage):
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def plain_http():  # what a plain HTTP server says to a TLS hello
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-
-    threading.Thread(target=plain_http, daemon=True).start()
-    stage.env["OPENAI_BASE_URL"] = f"https://127.0.0.1:{listener.getsockname()[1]}/v1"
-    started = time.monotonic()
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
-    listener.close()
+    with plain_http_port() as port:
+        stage.env["OPENAI_BASE_URL"] = f"https://127.0.0.1:{port}/v1"
+        started = time.monotonic()
+        proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
     assert proc.returncode == 69 and "TLS failed" in proc.stderr, proc.stderr
     assert time.monotonic() - started < 20
 

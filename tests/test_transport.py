@@ -4,7 +4,6 @@ below the concurrency asked for, nothing left unclosed."""
 
 import asyncio
 import socket
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from evalpipe.errors import CallFailed, EndpointUnreachable
 from evalpipe.limiter import AdaptiveLimit
 from evalpipe.llm import HTTP_CLIENTS, ChatClient, Endpoint
 
-from .conftest import API_KEY, read_jsonl
+from .conftest import API_KEY, closed_port, plain_http_port, read_jsonl
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -35,12 +34,6 @@ def call(base_url: str, kind: str, **kw):
     return asyncio.run(go())
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("kind", HTTP_CLIENTS)
 def test_a_call_goes_through_each_transport(server, kind):
     server.handler = lambda request: Reply(content="hello", usage={"prompt_tokens": 3, "completion_tokens": 1})
@@ -55,24 +48,8 @@ def test_a_dead_endpoint_is_unreachable_over_each_transport(kind):
     with pytest.raises(EndpointUnreachable, match="connection refused"):
         call(f"http://127.0.0.1:{closed_port()}/v1", kind)
 
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def plain_http():  # what a plain HTTP server says to a TLS hello
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-
-    threading.Thread(target=plain_http, daemon=True).start()
-    try:
-        with pytest.raises(EndpointUnreachable, match="TLS failed"):
-            call(f"https://127.0.0.1:{listener.getsockname()[1]}/v1", kind)
-    finally:
-        listener.close()
+    with plain_http_port() as port, pytest.raises(EndpointUnreachable, match="TLS failed"):
+        call(f"https://127.0.0.1:{port}/v1", kind)
 
 
 @pytest.mark.parametrize("kind", HTTP_CLIENTS)
