@@ -216,6 +216,11 @@ def stage(part: str, args: list[str], env: dict | None = None) -> tuple[float, f
         return seconds, int(peak.read()) / 1024, proc.stderr
 
 
+def peak_rss_figure(name: str, mb: float) -> Figure:
+    """A stage's peak RSS against the flat-memory target."""
+    return Figure(name, f"{mb:.0f} MB", f"<= {PEAK_RSS_TARGET_MB} MB", mb <= PEAK_RSS_TARGET_MB)
+
+
 def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
     data, judged = work / "cf-data.jsonl", run / "judge.jsonl"
     floor = floor_seconds([judged, data])
@@ -228,12 +233,7 @@ def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
         reference=f"bare orjson loop over judge + dataset {floor:.1f} s",
         ratio=seconds / floor,
     )
-    yield Figure(
-        f"score.py peak RSS at {n:,} tasks",
-        f"{rss_mb:.0f} MB",
-        f"<= {PEAK_RSS_TARGET_MB} MB",
-        rss_mb <= PEAK_RSS_TARGET_MB,
-    )
+    yield peak_rss_figure(f"score.py peak RSS at {n:,} tasks", rss_mb)
 
 
 def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
@@ -279,21 +279,13 @@ def stage_memory_figures(work: Path, run: Path, n: int, tiny: bool) -> Iterator[
     data, answers = work / "cf-data.jsonl", run / "infer.jsonl"
     judged = work / "judge-fresh.jsonl"
     seconds, fresh_mb, _ = stage("judge.py", ["--input", str(answers), "--output", str(judged)])
-    yield Figure(
-        f"judge.py peak RSS, {n:,} rows all to grade (rule judge, {seconds:.0f} s)",
-        f"{fresh_mb:.0f} MB",
-        f"<= {PEAK_RSS_TARGET_MB} MB",
-        fresh_mb <= PEAK_RSS_TARGET_MB,
-    )
+    yield peak_rss_figure(f"judge.py peak RSS, {n:,} rows all to grade (rule judge, {seconds:.0f} s)", fresh_mb)
     resumed = work / "judge-resumed.jsonl"
     head(judged, resumed, n - RESUME_PENDING)
     judged.unlink()
     seconds, resumed_mb, _ = stage("judge.py", ["--input", str(answers), "--output", str(resumed)])
-    yield Figure(
-        f"judge.py peak RSS, {n:,} rows, {RESUME_PENDING:,} left to grade ({seconds:.0f} s)",
-        f"{resumed_mb:.0f} MB",
-        f"<= {PEAK_RSS_TARGET_MB} MB",
-        resumed_mb <= PEAK_RSS_TARGET_MB,
+    yield peak_rss_figure(
+        f"judge.py peak RSS, {n:,} rows, {RESUME_PENDING:,} left to grade ({seconds:.0f} s)", resumed_mb
     )
     server = FakeOpenAI(fixed_latency(0.0)).start()
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
