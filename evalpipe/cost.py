@@ -153,6 +153,23 @@ class Ledger:
         self.add(stage, model, usage, None, calls, batch)
         self.stages[stage].latencies.extend(latencies)
 
+    def merge(self, other: "Ledger") -> None:
+        """Add another ledger's calls (of other rows of the run)."""
+        for stage, theirs in other.stages.items():
+            tally = self.stages.get(stage)
+            if tally is None:
+                tally = self.stages[stage] = _StageTally()
+            tally.calls += theirs.calls
+            tally.batch_calls += theirs.batch_calls
+            tally.latencies.extend(theirs.latencies)
+            for group, counts in theirs.usages.items():
+                tally.usages[group] = add_counts(tally.usages.get(group, {}), counts)
+
+    def sort_latencies(self) -> None:
+        """Sort each stage's latencies (merged ledgers of sorted latencies are then quick to sort again)."""
+        for tally in self.stages.values():
+            tally.latencies = array("d", sorted(tally.latencies))
+
     def summary(self, prices: Prices) -> dict:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
         total, unpriced = 0.0, set()

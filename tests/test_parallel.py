@@ -1,0 +1,83 @@
+"""Work in a forked child: its items in order, its errors raised in the parent, and a child not read to its end
+stopped rather than waited for."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from evalpipe import parallel
+from evalpipe.errors import BadInput, OutputUnwritable
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform: the work runs in-process")
+
+
+def numbers(n):
+    for i in range(n):
+        yield {"i": i, "pid": os.getpid()}
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_items_come_back_in_order_from_another_process(buffered):
+    got = list(parallel.in_child(lambda: numbers(50_000), buffered=buffered))  # more than a pipe holds
+    assert [item["i"] for item in got] == list(range(50_000))
+    assert {item["pid"] for item in got} != {os.getpid()}
+
+
+def failing():
+    yield 1
+    raise BadInput("no question", "data.jsonl", 12)
+
+
+def test_bad_input_in_the_child_is_raised_here_with_its_file_and_line():
+    child = iter(parallel.in_child(failing))
+    assert next(child) == 1
+    with pytest.raises(BadInput) as caught:
+        next(child)
+    assert (caught.value.path, caught.value.line, str(caught.value)) == ("data.jsonl", 12, "data.jsonl:12: no question")
+
+
+def unwritable():
+    raise OutputUnwritable("out.json", OSError(28, "No space left on device"))
+    yield
+
+
+def test_other_errors_keep_their_message_and_exit_code():
+    with pytest.raises(Exception) as caught:
+        list(parallel.in_child(unwritable))
+    assert caught.value.exit_code == OutputUnwritable("out.json", OSError(28, "x")).exit_code
+    assert "No space left on device" in str(caught.value)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        parallel.call_in_child(lambda: 1 / 0)()
+
+
+def killed_midway():
+    yield "first"
+    os.kill(os.getpid(), signal.SIGKILL)
+    yield "never"
+
+
+def test_a_child_killed_midway_is_an_error_not_a_short_result():
+    with pytest.raises(RuntimeError, match="stopped before its end"):
+        list(parallel.in_child(killed_midway))
+
+
+def forever():
+    while True:
+        yield 0
+        time.sleep(0.01)
+
+
+def test_closing_a_child_not_read_to_its_end_stops_it():
+    child = parallel.in_child(forever)
+    assert next(iter(child)) == 0
+    started = time.monotonic()
+    child.close()
+    assert time.monotonic() - started < 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_a_call_gives_its_result():
+    assert parallel.call_in_child(lambda: sum(range(10)))() == 45
