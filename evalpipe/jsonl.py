@@ -12,7 +12,7 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -267,19 +267,21 @@ class Appender:
         self.close()
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write a whole file so that readers see the old or the new content, never a mix."""
+def atomic_write(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> None:
+    """Write a whole file so that readers see the old or the new content, never a mix; `data` may come in
+    pieces (a large file need not be held whole)."""
     path = Path(path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_via_temp_file(path, data)
+        _write_via_temp_file(path, [data] if isinstance(data, bytes) else data)
 
 
-def _write_via_temp_file(path: Path, data: bytes) -> None:
+def _write_via_temp_file(path: Path, pieces: Iterable[bytes]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in pieces:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the permissions a plain open() would.

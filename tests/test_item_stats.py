@@ -7,6 +7,7 @@ inspect_ai's CR1); they are not read back from our code.
 
 import math
 
+import orjson
 import pytest
 
 from evalpipe.results import items, stats
@@ -247,3 +248,27 @@ def test_counting_identical_items_gives_what_listing_them_gives():
         assert est["se"] == pytest.approx(expected, rel=1e-9)
     model = ModelItems(runs(scores, None), None)
     assert len(model.profiles) <= 8  # three 0/1 runs: at most 2³ distinct items
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"keys": [], "clusters": None, "groups": {}, "columns": {}},
+        {"keys": ["a", 2], "clusters": None, "groups": {}, "columns": {"score": [1, None]}},
+        {
+            "keys": ["t1", "t2", "t3"],
+            "clusters": ["c1", "c1", "c2"],
+            "groups": {"category": ["x", "y", "x"], 'é "q"': [None, 1.5, "z"]},
+            "columns": {"num": [1, 0, None], "den": [1, 1, 0], "ünï": [0.25, None, 1]},
+        },
+    ],
+)
+def test_items_json_written_in_pieces_is_the_plain_dump(columns, tmp_path):
+    from evalpipe import jsonl
+
+    path = tmp_path / "items.json"
+    jsonl.atomic_write(path, items.encoded("bench", "ctx", columns))
+    assert path.read_bytes() == orjson.dumps(
+        {"format": items.FORMAT, "benchmark": "bench", "cluster": "ctx", **columns}
+    )
+    assert items.read(path) == ("ctx", columns)

@@ -75,9 +75,9 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     tokens = sum(row["usage"]["prompt_tokens"] for key, row in latest.items() if key in selected)
     assert got["cost"]["stages"]["infer"]["calls"] == N - 1
     assert got["cost"]["stages"]["infer"]["tokens"]["prompt_tokens"] == tokens
-    assert (tmp_path / "items.json").read_bytes() == items.dumps(
-        bench.name, bench.item_cluster, bench.item_columns(tasks, latest)
-    )
+    columns = bench.item_columns(tasks, latest)
+    expected = {"format": items.FORMAT, "benchmark": bench.name, "cluster": bench.item_cluster, **columns}
+    assert (tmp_path / "items.json").read_bytes() == orjson.dumps(expected)  # written a column at a time
 
 
 def test_judge_grades_the_latest_row_of_a_repeated_id_in_first_seen_order(tmp_path):

@@ -19,7 +19,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import orjson
 
@@ -55,9 +55,20 @@ class ItemColumns(TypedDict):
     columns: dict[str, list]  # value columns the figures read
 
 
-def dumps(benchmark: str, cluster: str | None, columns: ItemColumns) -> bytes:
-    """items.json's bytes (compact: it may hold a million items)."""
-    return orjson.dumps({"format": FORMAT, "benchmark": benchmark, "cluster": cluster, **columns})
+def encoded(benchmark: str, cluster: str | None, columns: ItemColumns) -> Iterator[bytes]:
+    """items.json's bytes (compact JSON), a column at a time: a million items are never one buffer."""
+    head = orjson.dumps({"format": FORMAT, "benchmark": benchmark, "cluster": cluster})
+    yield head[:-1]  # the object stays open for the rest
+    for name, value in columns.items():
+        yield b"," + orjson.dumps(name) + b":"
+        if name != "columns":
+            yield orjson.dumps(value)
+            continue
+        yield b"{"
+        for i, (column, values) in enumerate(cast(dict, value).items()):
+            yield (b"," if i else b"") + orjson.dumps(column) + b":" + orjson.dumps(values)
+        yield b"}"
+    yield b"}"
 
 
 def read(path: Path) -> tuple[str | None, ItemColumns]:

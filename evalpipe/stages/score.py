@@ -210,7 +210,7 @@ def write_items(bench: Benchmark, tasks: TaskList, judged: Mapping, path: Path) 
 
     def write() -> None:
         columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
-        jsonl.atomic_write(path, items.dumps(bench.name, bench.item_cluster, columns))
+        jsonl.atomic_write(path, items.encoded(bench.name, bench.item_cluster, columns))
 
     if len(tasks) > FORK_ABOVE_TASKS:
         return parallel.call_in_child(write)
