@@ -1,7 +1,12 @@
 """Slim rows, joining messages back, and the benchmark script in its tiny mode."""
 
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +77,28 @@ def test_the_benchmark_script_runs_in_tiny_mode():
         "viewer CL-bench-shaped",
     ):
         assert part in proc.stdout, part
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="no /proc/<pid>/smaps_rollup here")
+def test_the_benchmarks_memory_figure_counts_forked_processes_once():
+    from evalpipe.devtools.bench.common import tree_pss_kb
+
+    ready, go = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # holds 64 MB of its own, besides the pages it shares with this process
+        held = bytearray(64 << 20)
+        for i in range(0, len(held), 4096):
+            held[i] = 1
+        os.write(go, b"x")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"x"
+        child, tree = tree_pss_kb(pid), tree_pss_kb(os.getpid())
+        rollup = Path("/proc/self/smaps_rollup").read_text()
+        this = int(re.search(r"^Pss:\s+(\d+)", rollup, re.MULTILINE).group(1))
+        assert child > 60 << 10  # the child's own 64 MB, and its share of the pages it has from this process
+        assert abs(tree - (this + child)) < 8 << 10  # both counted, what they share split between them
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

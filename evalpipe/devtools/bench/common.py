@@ -32,6 +32,22 @@ def dataset(path: Path, n: int) -> Path:
     return path
 
 
+def tree_pss_kb(pid: int) -> int:
+    """The summed proportional set size (KB) of a process and its descendants: what they hold in memory, the
+    pages they share (a forked child's with its parent) counted once between them."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
+            total += int(re.search(r"^Pss:\s+(\d+)", rollup, re.MULTILINE).group(1))  # type: ignore[union-attr]
+            for children in Path(f"/proc/{current}/task").glob("*/children"):
+                pending += map(int, children.read_text().split())
+        except (OSError, AttributeError):  # it ended meanwhile
+            continue
+    return total
+
+
 def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[int, str, int, list]:
     """Exit code, stderr, peak RSS in KB of one child process, and (rows in `watch`, RSS KB) samples."""
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
