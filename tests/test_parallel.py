@@ -81,3 +81,21 @@ def test_closing_a_child_not_read_to_its_end_stops_it():
 
 def test_a_call_gives_its_result():
     assert parallel.call_in_child(lambda: sum(range(10)))() == 45
+
+
+def test_without_fork_the_items_are_made_here_as_they_are_read(monkeypatch):
+    monkeypatch.delattr(os, "fork")
+    made = []
+
+    def produce():
+        for i in range(5):
+            made.append(i)
+            yield i
+
+    items = parallel.in_child(produce, buffered=True)
+    assert made == []  # nothing is made before it is read
+    reading = iter(items)
+    assert [next(reading), next(reading)] == [0, 1] and made == [0, 1]
+    items.close()
+    assert list(reading) == [] and made == [0, 1]
+    assert parallel.call_in_child(lambda: os.getpid())() == os.getpid()

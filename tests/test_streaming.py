@@ -30,11 +30,14 @@ def judge_row(bench, task, output: str, tokens: int) -> dict:
 # file each in a forked process
 FORKED = "import sys, score; from evalpipe.stages import joined, score as s; s.FORK_ABOVE_TASKS = 0; "
 FORKED += "joined.FORK_ABOVE_BYTES = 0; joined.JUDGE_PARTS = 3; sys.exit(score.run_stage('score', s.main))"
+# the same where there is no fork (Windows): every part is read in this process, as it is needed
+NO_FORK = "import os; del os.fork; " + FORKED
+HOW = {"in one process": None, "forked": FORKED, "parts, no fork": NO_FORK}
 
 
-@pytest.mark.parametrize("forked", [False, True], ids=["in one process", "forked"])
+@pytest.mark.parametrize("how", list(HOW))
 @pytest.mark.parametrize("order", ["dataset", "a little out of order", "reversed"])
-def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order, forked):
+def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order, how):
     src = (ROOT / "data" / "coin_flip" / "test.jsonl").read_text().splitlines(keepends=True)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(src[i % len(src)] for i in range(N)))
@@ -55,7 +58,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
         rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
     write_jsonl(tmp_path / "judge.jsonl", rows)
 
-    command = ["-c", FORKED] if forked else [str(ROOT / "score.py")]
+    command = ["-c", HOW[how]] if HOW[how] else [str(ROOT / "score.py")]
     done = subprocess.run(
         [sys.executable, *command, "--bench", "coin_flip", "--input", "judge.jsonl", "--data", data],
         cwd=tmp_path,
