@@ -290,29 +290,30 @@ def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
 
 
 def stage_memory_figures(work: Path, run: Path, n: int, tiny: bool) -> Iterator[Figure]:
-    """Peak RSS of judge and infer at n CoinFlip tasks: judge fresh (every row to grade) and resumed, infer
+    """Peak memory of judge and infer at n CoinFlip tasks: judge fresh (every row to grade) and resumed, infer
     resumed (RESUME_PENDING tasks left) and fresh over a smaller set, against the loopback server."""
     data, answers = work / "cf-data.jsonl", run / "infer.jsonl"
+    pending = 500 if tiny else RESUME_PENDING  # tiny: every step runs, in seconds
     judged = work / "judge-fresh.jsonl"
     seconds, fresh_mb, _ = stage("judge.py", ["--input", str(answers), "--output", str(judged)])
     yield peak_memory_figure(f"judge.py peak memory, {n:,} rows all to grade (rule judge, {seconds:.0f} s)", fresh_mb)
     resumed = work / "judge-resumed.jsonl"
-    head(judged, resumed, n - RESUME_PENDING)
+    head(judged, resumed, n - pending)
     judged.unlink()
     seconds, resumed_mb, _ = stage("judge.py", ["--input", str(answers), "--output", str(resumed)])
     yield peak_memory_figure(
-        f"judge.py peak memory, {n:,} rows, {RESUME_PENDING:,} left to grade ({seconds:.0f} s)", resumed_mb
+        f"judge.py peak memory, {n:,} rows, {pending:,} left to grade ({seconds:.0f} s)", resumed_mb
     )
     server = FakeOpenAI(fixed_latency(0.0)).start()
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
     try:
         resumed = work / "infer-resumed.jsonl"
-        head(answers, resumed, n - RESUME_PENDING)
+        head(answers, resumed, n - pending)
         small = work / "cf-small.jsonl"
-        fresh_n = 2_000 if tiny else 10_000
+        fresh_n = 500 if tiny else 10_000
         head(data, small, fresh_n)
         for dataset, output, label in (
-            (data, resumed, f"{n:,} tasks, {RESUME_PENDING:,} left to run"),
+            (data, resumed, f"{n:,} tasks, {pending:,} left to run"),
             (small, work / "infer-fresh.jsonl", f"{fresh_n:,} tasks all to run"),
         ):
             server.requests.clear()  # the server keeps what it was asked; this process stays small
@@ -324,7 +325,7 @@ def stage_memory_figures(work: Path, run: Path, n: int, tiny: bool) -> Iterator[
                 f"infer.py peak memory, {label} (loopback server, {rows:,} rows written in {seconds:.0f} s)",
                 f"{peak_mb:.0f} MB",
                 f"<= {PEAK_MEMORY_TARGET_MB} MB",
-                peak_mb <= PEAK_MEMORY_TARGET_MB and rows == (RESUME_PENDING if output == resumed else fresh_n),
+                peak_mb <= PEAK_MEMORY_TARGET_MB and rows == (pending if output == resumed else fresh_n),
             )
     finally:
         server.stop()
