@@ -17,23 +17,45 @@ in total time (max_retry_seconds).
 """
 
 import email.utils
+import importlib.util
 import socket
 import ssl
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
-import aiohttp
-import httpx2
-import openai
-from openai.types.chat import ChatCompletionMessageParam
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from . import redact
 from .errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
 from .limiter import AdaptiveLimit
+
+
+def _on_first_use(name: str) -> ModuleType:
+    """The module `name`, imported when one of its attributes is first read (importlib's LazyLoader)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The SDK and its transports take most of a second to import: a stage that makes no call (a rule judge, a run
+# with nothing left to do, --help, a bad flag) never loads them.
+if TYPE_CHECKING:
+    import aiohttp
+    import httpx2
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+else:
+    aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
 _CONTEXT_LENGTH_HINTS = (
     "context_length_exceeded",
@@ -327,7 +349,7 @@ class ChatClient:
                 # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
                 # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
                 # in extra_body, which replaces the body's empty `messages` as it is.
-                messages=cast(list[ChatCompletionMessageParam], []),
+                messages=cast("list[ChatCompletionMessageParam]", []),
                 extra_body={"messages": messages, **extra},
                 **params,
             )

@@ -1,6 +1,8 @@
 """The retry policy against real HTTP: each failure class on the wire and what the client does."""
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -9,7 +11,7 @@ from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EndpointRefused
 from evalpipe.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
 
-from .conftest import API_KEY
+from .conftest import API_KEY, ROOT
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -157,3 +159,30 @@ def test_the_retry_time_cap_ends_a_429_storm(server):
     with pytest.raises(CallFailed, match="HTTP 429"):
         call(server, max_retries=1, max_retry_seconds=0.5)
     assert time.monotonic() - started < 2
+
+
+# judge.py run as a script, saying at exit whether the SDK was loaded
+SDK_LOADED = (
+    "import atexit, runpy, sys; sys.path[0] = sys.argv[1]; "
+    "atexit.register(lambda: print('SDK loaded:', 'openai._client' in sys.modules)); "
+    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+@pytest.mark.e2e
+def test_a_stage_that_makes_no_call_never_imports_the_sdk(tmp_path):
+    (tmp_path / "infer.jsonl").write_text(
+        "".join(f'{{"idx": "{i}", "model_output": "ANSWER: YES", "target": "YES"}}\n' for i in range(3))
+    )
+    judge = [sys.executable, "-c", SDK_LOADED, str(ROOT), str(ROOT / "judge.py"), "--bench", "coin_flip"]
+    for _ in range(2):  # grading by rule, then nothing left to do
+        done = subprocess.run(
+            [*judge, "--input", "infer.jsonl", "--output", "judge.jsonl"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().endswith("SDK loaded: False")
+    # the check can see it: making a client loads the SDK
+    make_client = "from evalpipe.llm import ChatClient, Endpoint; ChatClient(Endpoint(model='m', api_key='k'))"
+    check = "import sys; print('SDK loaded:', 'openai._client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", f"{make_client}; {check}"], cwd=ROOT, capture_output=True, text=True)
+    assert done.stdout.strip() == "SDK loaded: True", done.stderr
