@@ -305,7 +305,7 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
     A key from <P>_API_KEY belongs to <P>_BASE_URL's origin (OpenAI's when unset) and is never sent
     elsewhere: an endpoint on another origin is refused (BadInput) before any request. A key given
     with --api-key goes where the user points it."""
-    from .llm import Endpoint  # here, so that score and aggregate never load the openai SDK
+    from .llm import Endpoint  # here: score and aggregate, which call no endpoint, never import llm
 
     params = {}
     for flag, field in (("temperature", "temperature"), ("top_p", "top_p"), ("reasoning_effort", "reasoning_effort")):
