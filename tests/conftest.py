@@ -93,7 +93,8 @@ def stage(env, tmp_path):
 
 
 def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    # lines end at "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold
+    return [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]
 
 
 def write_jsonl(path, rows):

@@ -69,7 +69,7 @@ def poll_until_finished(client, batch_id, limit=20):
 
 
 def file_lines(client, file_id):
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+    return [json.loads(line) for line in client.files.content(file_id).text.split("\n") if line]
 
 
 def test_upload_retrieve_content_list_and_delete_round_trip(make_server, tmp_path):
@@ -196,6 +196,16 @@ def test_batch_completes_with_scripted_answers_and_usage(make_server):
     assert server.batches()[0]["status"] == "completed"
     assert API_KEY not in json.dumps(server.batches()) + json.dumps(server.files())
     assert client.batches.retrieve(done.id) == done  # finished batches stay put
+
+
+def test_a_line_holding_unicode_line_separators_is_one_request(make_server):
+    client = client_for(make_server())
+    prompt = "one\u2028two\u0085three\x1cfour"  # str.splitlines would cut at each of these
+    content = json.dumps(request_line("req-0", prompt), ensure_ascii=False).encode() + b"\n"
+    _, done = poll_until_finished(client, start_batch(client, content).id)
+    assert (done.status, done.request_counts.total, done.request_counts.completed) == ("completed", 1, 1)
+    (line,) = file_lines(client, done.output_file_id)
+    assert line["response"]["body"]["choices"][0]["message"]["content"] == "Answer: " + prompt[-60:]
 
 
 def test_more_polls_show_finalizing(make_server):

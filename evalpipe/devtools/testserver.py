@@ -363,7 +363,8 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, tuple[str | None
 def parse_batch_input(content: bytes) -> list[dict]:
     """The request lines of a batch input file, or ApiError(400) naming the first bad line."""
     lines, seen = [], set()
-    for number, text in enumerate(content.decode("utf-8", "replace").splitlines(), 1):
+    # lines end at "\n" only, as JSONL's do: str.splitlines would also cut at U+2028, which JSON strings may hold
+    for number, text in enumerate(content.decode("utf-8", "replace").split("\n"), 1):
         if not text.strip():
             continue
         try:
