@@ -4,11 +4,13 @@ score reads the dataset and parts of the judge file at once this way: each part 
 whose items are pickled through a pipe. Where there is no fork (Windows), the generator runs here.
 """
 
+import collections
 import contextlib
 import io
 import os
 import pickle
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -26,7 +28,7 @@ class Items(Protocol):
 class Child:
     """The items a forked child makes, read in order; `close` stops a child whose items are not all read."""
 
-    def __init__(self, produce: Callable[[], Iterable[Any]], buffered: bool):
+    def __init__(self, produce: Callable[[], Iterable[Any]], read_ahead: bool):
         read_end, write_end = os.pipe()
         with contextlib.suppress(ImportError, AttributeError, OSError):  # a larger pipe: the child runs ahead
             import fcntl
@@ -35,9 +37,9 @@ class Child:
         self.pid = os.fork()
         if self.pid == 0:
             os.close(read_end)
-            os._exit(_send(produce, write_end, buffered))
+            os._exit(_send(produce, write_end))
         os.close(write_end)
-        self._source = os.fdopen(read_end, "rb")
+        self._source = io.BufferedReader(_ReadAhead(read_end), 1 << 16) if read_ahead else os.fdopen(read_end, "rb")
         self._running = True
 
     def __iter__(self) -> Iterator[Any]:
@@ -63,23 +65,76 @@ class Child:
 
     def _reap(self, kill: bool) -> None:
         self._running = False
-        self._source.close()
         if kill:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+        self._source.close()
         os.waitpid(self.pid, 0)
 
 
-def in_child(produce: Callable[[], Iterable[Any]], *, buffered: bool = False) -> Items:
+class _ReadAhead(io.RawIOBase):
+    """A pipe's bytes, taken by a thread as they come (so that the writer never waits for a full pipe) and
+    kept, as the bytes they are, until read from here."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+        self._blocks: collections.deque[memoryview] = collections.deque()
+        self._more = threading.Condition()
+        self._ended = False
+        self._taker = threading.Thread(target=self._take, name=f"read-ahead-{fd}", daemon=True)
+        self._taker.start()
+
+    def _take(self) -> None:
+        while True:
+            try:
+                block = os.read(self._fd, 1 << 20)
+            except OSError:
+                block = b""
+            with self._more:
+                if block:
+                    self._blocks.append(memoryview(block))
+                else:
+                    self._ended = True
+                self._more.notify()
+            if not block:
+                return
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with self._more:
+            while not self._blocks and not self._ended:
+                self._more.wait()
+            if not self._blocks:
+                return 0
+            block = self._blocks[0]
+            size = min(len(buffer), len(block))
+            buffer[:size] = block[:size]
+            if size == len(block):
+                self._blocks.popleft()
+            else:
+                self._blocks[0] = block[size:]
+            return size
+
+    def close(self) -> None:
+        if not self.closed:
+            self._taker.join()  # it stops at the end of the pipe, which the child's exit closes
+            os.close(self._fd)
+        super().close()
+
+
+def in_child(produce: Callable[[], Iterable[Any]], *, read_ahead: bool = False) -> Items:
     """The items of `produce()`, made by a child forked now. Its BadInput is raised here as it was, another
     StageError as one with the same message and exit code, any other error as a RuntimeError naming it. Call
     `close()` on what is returned if it is not read to its end.
 
-    `buffered`: the child keeps its items until it is done, for a reader that gets to them only later (a
+    `read_ahead`: a thread here takes the items as they come, for a reader that gets to them only later (a
     pipe holds about a megabyte: a child writing to it would wait for the reader instead of working)."""
     if not hasattr(os, "fork"):
         return _Here(produce)
-    return Child(produce, buffered)
+    return Child(produce, read_ahead)
 
 
 def call_in_child(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -109,20 +164,16 @@ class _Here:
             close()
 
 
-def _send(produce: Callable[[], Iterable[Any]], fd: int, buffered: bool) -> int:
+def _send(produce: Callable[[], Iterable[Any]], fd: int) -> int:
     """Send the items, then the end or the error; the exit status (the child leaves without cleanup)."""
     try:
         with os.fdopen(fd, "wb") as pipe:
-            buffer = io.BytesIO() if buffered else None
-            out = pipe if buffer is None else buffer
             try:
                 for item in produce():
-                    pickle.dump(("item", item), out, pickle.HIGHEST_PROTOCOL)
-                pickle.dump(("end", None), out)
+                    pickle.dump(("item", item), pipe, pickle.HIGHEST_PROTOCOL)
+                pickle.dump(("end", None), pipe)
             except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-                pickle.dump(("error", _portable(exc)), out)
-            if buffer is not None:
-                pipe.write(buffer.getbuffer())
+                pickle.dump(("error", _portable(exc)), pipe)
     except BaseException:  # noqa: BLE001 - the parent stopped reading
         return 1
     return 0

@@ -18,11 +18,27 @@ def numbers(n):
         yield {"i": i, "pid": os.getpid()}
 
 
-@pytest.mark.parametrize("buffered", [False, True])
-def test_items_come_back_in_order_from_another_process(buffered):
-    got = list(parallel.in_child(lambda: numbers(50_000), buffered=buffered))  # more than a pipe holds
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_items_come_back_in_order_from_another_process(read_ahead):
+    got = list(parallel.in_child(lambda: numbers(50_000), read_ahead=read_ahead))  # more than a pipe holds
     assert [item["i"] for item in got] == list(range(50_000))
     assert {item["pid"] for item in got} != {os.getpid()}
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_read_ahead_lets_the_child_finish_before_its_items_are_asked_for(tmp_path, read_ahead):
+    done = tmp_path / "done"
+
+    def produce():
+        yield from numbers(50_000)  # more than a pipe holds
+        done.touch()
+
+    items = parallel.in_child(produce, read_ahead=read_ahead)
+    deadline = time.monotonic() + (10 if read_ahead else 1)
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done.exists() == read_ahead  # else it waits for this process to read
+    assert [item["i"] for item in items] == list(range(50_000))
 
 
 def failing():
@@ -69,8 +85,9 @@ def forever():
         time.sleep(0.01)
 
 
-def test_closing_a_child_not_read_to_its_end_stops_it():
-    child = parallel.in_child(forever)
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_closing_a_child_not_read_to_its_end_stops_it(read_ahead):
+    child = parallel.in_child(forever, read_ahead=read_ahead)
     assert next(iter(child)) == 0
     started = time.monotonic()
     child.close()
@@ -92,7 +109,7 @@ def test_without_fork_the_items_are_made_here_as_they_are_read(monkeypatch):
             made.append(i)
             yield i
 
-    items = parallel.in_child(produce, buffered=True)
+    items = parallel.in_child(produce, read_ahead=True)
     assert made == []  # nothing is made before it is read
     reading = iter(items)
     assert [next(reading), next(reading)] == [0, 1] and made == [0, 1]

@@ -162,12 +162,12 @@ def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]
 
 
 def judge_parts(path: Path, fields: tuple[str, ...]) -> list[tuple[int, parallel.Items]]:
-    """`judge_part`s that cover the file, each with its start: the later parts forked at once (each keeping
-    its chunks until read), the first read as it comes; one part, read here, where the file is small."""
+    """`judge_part`s that cover the file, each with its start: all forked at once, the later parts' chunks
+    read ahead (kept here until the parts before them are read); one part, read here, where the file is small."""
     if path.stat().st_size <= FORK_ABOVE_BYTES:
         return [(0, judge_part(path, 0, None, fields))]
     return [
-        (start, parallel.in_child(partial(judge_part, path, start, stop, fields), buffered=start > 0))
+        (start, parallel.in_child(partial(judge_part, path, start, stop, fields), read_ahead=True))
         for start, stop in jsonl.line_ranges(path, JUDGE_PARTS)
     ]
 
