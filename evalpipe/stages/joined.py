@@ -1,13 +1,14 @@
 """score's reading: each selected task's latest judge row, projected on the fields the figures read, and the
 calls the rows record; the dataset and the judge file read at once by forked processes when they are large."""
 
+import contextlib
 from array import array
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from operator import methodcaller
 from pathlib import Path
 
-from .. import cost, jsonl, parallel
+from .. import cost, jsonl, parallel, task_cache
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
 from ..errors import BadInput
@@ -94,9 +95,18 @@ FORK_ABOVE_BYTES = 1 << 20
 JUDGE_PARTS = 2
 
 
-def selected_in_parallel(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, array, list]]:
-    """`selected_chunks`, read by a forked process where the dataset is large."""
-    chunks = partial(selected_chunks, bench, data, max_samples)
+def selected_in_parallel(
+    bench: Benchmark, data: Path, max_samples: int | None, data_sha256: Callable[[], str]
+) -> Iterator[task_cache.Chunk]:
+    """`selected_chunks`, from the task cache where it has them (`data_sha256` gives the dataset's hash, asked
+    for only where the cache may), else read (by a forked process where the dataset is large) and kept there."""
+    chunks: Callable[[], Iterator[task_cache.Chunk]] = partial(selected_chunks, bench, data, max_samples)
+    if task_cache.keeps(bench, data):
+        entry = task_cache.Entry(bench, data, max_samples, data_sha256())
+        cached = entry.read()
+        if cached is not None:
+            return cached
+        chunks = partial(entry.recorded, chunks())
     return iter(parallel.in_child(chunks)) if data.stat().st_size > FORK_ABOVE_BYTES else chunks()
 
 
@@ -153,9 +163,19 @@ def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]
     calls (latencies sorted: the parts' sorted runs are then merged, not sorted again)."""
     projections = Projections(fields)
     accounts = Accounts()
+    ids: list = []
+    codes, first_seen = array("I"), []
     for _, rows in jsonl.iter_row_chunks(path, torn_tail_ok=True, start=start, stop=stop):
-        yield [row["idx"] if "idx" in row else row_id(row) for row in rows], *projections.codes(rows)
+        ids += [row["idx"] if "idx" in row else row_id(row) for row in rows]
+        more_codes, more_first_seen = projections.codes(rows)
+        codes += more_codes
+        first_seen += more_first_seen
         accounts.add_rows(rows)
+        if len(ids) >= _CHUNK:  # chunks as large as the tasks': each is looked up at once (`Join`)
+            yield ids, codes, first_seen
+            ids, codes, first_seen = [], array("I"), []
+    if ids:
+        yield ids, codes, first_seen
     ledger = accounts.finish()
     ledger.sort_latencies()
     yield ledger
@@ -172,8 +192,8 @@ def judge_parts(path: Path, fields: tuple[str, ...]) -> list[tuple[int, parallel
     ]
 
 
-# How far ahead of the next expected task a judge row may be and still be found without a table of every id:
-# concurrent workers write rows a little out of dataset order.
+# How far before or after where it is expected a judge row may be and still be found without a table of every
+# id: concurrent workers write rows a little out of dataset order.
 _WINDOW = 1024
 
 
@@ -181,13 +201,17 @@ class Join:
     """The latest judge row of each selected task (only the fields `project` keeps), read in one pass while
     the selected tasks arrive (in chunks, pulled as the rows need them).
 
-    Rows come in about dataset order (workers finish a little out of it), so each is matched to the next
-    task, or found a little ahead, or among the tasks passed over: no table of a million ids. A row of
-    another task, or a second row of a task (a rerun), makes the table, once, and the calls of the
-    rows are then counted again in a second pass, from each task's last row only."""
+    Rows come in about dataset order (workers finish a little out of it), so each chunk of rows is looked up
+    among the tasks a little before and after where it is expected, then among the tasks passed over without
+    a row: no table of a million ids. A row of another task, or one far from where it is expected, makes
+    the table, once; a second row of a task (a rerun) means the calls of the rows are counted again in a
+    second pass, from each task's last row only."""
 
-    def __init__(self, tasks: Iterator[tuple[list, array, list]], task_fields: tuple[str, ...] | None):
-        self._source = tasks  # chunks of the selected tasks (`selected_chunks`), pulled as the rows need them
+    def __init__(self, tasks: Callable[[], Iterator[task_cache.Chunk]], task_fields: tuple[str, ...] | None):
+        # chunks of the selected tasks (`selected_in_parallel`), pulled as the rows need them; made once the judge
+        # file's readers are forked, so that they work while the dataset is hashed and its readers start
+        self._tasks = tasks
+        self._source: Iterator[task_cache.Chunk] = iter(())
         self._task_projections = Projections(task_fields)  # the tasks' projections, shared in this process
         self._task_table: list[dict] = []  # the source's codes → them
         self.ids: list = []
@@ -196,8 +220,9 @@ class Join:
         self.extra: set = set()  # ids of rows that are not of a selected task
         self._position: dict | None = None
         self._last_row: dict[int, int] = {}  # task position → which row of the file (0, 1, ...) is its last
-        self._cursor = 0  # the position of the next task expected
-        self._passed_over: dict = {}  # id → position of tasks skipped when a row came early
+        self._cursor = 0  # the position after the last task found about where expected
+        self._passed = 0  # tasks before this position are out of the window of lookups
+        self._passed_over: dict = {}  # id → position of those of them still without a row
 
     def tasks(self) -> TaskList:
         """The selected tasks (every one: read after `read`)."""
@@ -224,6 +249,7 @@ class Join:
         projections = Projections(fields)  # the rows' projections, shared in this process
         parts = judge_parts(path, fields)
         try:
+            self._source = self._tasks()
             ordinal = 0  # rows of the file before this chunk
             for start, part in parts:
                 table: list[dict] = []  # the part's codes → the projections
@@ -250,44 +276,51 @@ class Join:
         return ledger
 
     def _match(self, keys: list, projected: list[dict], ordinal: int) -> None:
-        """Set each selected task's row from a chunk of rows (the file's `ordinal`-th row onwards)."""
-        ids, rows, passed_over = self.ids, self.rows, self._passed_over
-        cursor, n = self._cursor, len(ids)
-        for key, row in zip(keys, projected):
-            if cursor >= n:
-                n = self._pull(cursor)
-            if cursor < n and ids[cursor] == key:
-                position = cursor
-                cursor += 1
-            else:
-                found = passed_over.pop(key, None)
-                if found is None:
-                    found = self._ahead(key, cursor)
-                    if found is not None:
-                        passed_over.update(zip(ids[cursor:found], range(cursor, found)))
-                        cursor = found + 1
-                    else:
-                        found = self._table().get(key)
-                        if found is None:
-                            self.extra.add(key)
-                            ordinal += 1
-                            continue
-                position = found
+        """Set each selected task's row from a chunk of rows (the file's `ordinal`-th row onwards): looked up
+        among the tasks about where the chunk was expected (or in the table, once made), the chunk at once
+        where each row is the first of a task found there."""
+        if self._position is None:
+            low, high = max(self._cursor - _WINDOW, 0), self._cursor + len(keys) + _WINDOW
+            self._pull(high)
+            self._pass_over(low)
+            where = dict(zip(self.ids[low:high], range(low, high)))
+        else:
+            where = self._position
+        positions: list = list(map(where.get, keys))
+        rows = self.rows
+        if None not in positions and len(set(positions)) == len(keys):
+            if list(map(rows.__getitem__, positions)).count(None) == len(keys):
+                list(map(rows.__setitem__, positions, projected))
+                self._cursor = max(self._cursor, max(positions, default=-1) + 1)
+                return
+        for key, row, position in zip(keys, projected, positions):
+            if position is None:
+                position = self._passed_over.pop(key, None)
+                if position is None:
+                    position = self._table().get(key)
+                    if position is None:
+                        self.extra.add(key)
+                        ordinal += 1
+                        continue
+            elif where is not self._position:
+                self._cursor = max(self._cursor, position + 1)
             if rows[position] is not None:  # a second row of the task: only the last one counts
                 self._last_row[position] = ordinal
             rows[position] = row
             ordinal += 1
-        self._cursor = cursor
 
-    def _ahead(self, key, cursor: int) -> int | None:
-        """Where the task of `key` is a little ahead of `cursor`, while no table of ids is made."""
-        if self._position is not None:
-            return None
-        self._pull(cursor + _WINDOW)
-        try:
-            return self.ids.index(key, cursor, cursor + _WINDOW)
-        except ValueError:
-            return None
+    def _pass_over(self, low: int) -> None:
+        """Tasks before `low` still without a row leave the window of lookups: kept by id, to be found if their
+        row comes later."""
+        start = self._passed
+        if low <= start:
+            return
+        waiting, index = self.rows[start:low], -1
+        with contextlib.suppress(ValueError):  # no more of them
+            while True:
+                index = waiting.index(None, index + 1)
+                self._passed_over[self.ids[start + index]] = start + index
+        self._passed = low
 
     def _table(self) -> dict:
         if self._position is None:

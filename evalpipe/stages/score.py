@@ -1,16 +1,17 @@
 """score: one run's metrics from its judge rows, with coverage against the selected tasks."""
 
 import argparse
+import functools
 import gc
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, parallel, paths
+from .. import cli, cost, jsonl, manifest, parallel, paths, task_cache
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, TaskList, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
@@ -48,8 +49,9 @@ def _judge_path(bench: Benchmark, args) -> Path:
     return run_dir / paths.judge_file_name(args.judge_label)
 
 
-def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, int | None, str]:
-    """The dataset and prefix the run was selected from (None: unknown), and how to describe them."""
+def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, int | None, str, str | None]:
+    """The dataset and prefix the run was selected from (None: unknown), how to describe them, and the dataset's
+    sha256 as infer recorded it (None: --data given, or no record)."""
     data, max_samples = args.data, args.max_samples
     recorded = manifest.read(judge_path.with_name("infer.jsonl"))
     if data is None and recorded is not None:
@@ -58,16 +60,24 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             max_samples = recorded.get("max_samples")
         if not data.exists():
             raise BadInput(f"the dataset recorded by infer is gone: {data} (pass --data)")
-        if manifest.sha256_file(data) != recorded.get("dataset_sha256"):
-            print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
+        described = f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
+        return data, max_samples, described, recorded.get("dataset_sha256", "")
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
             "against the judged rows only, so missing tasks cannot be seen",
             file=sys.stderr,
         )
-        return None, None, "judged rows only"
-    return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
+        return None, None, "judged rows only", None
+    return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else ""), None
+
+
+def _selected(bench: Benchmark, data: Path, max_samples: int | None, recorded_sha256: str | None) -> Iterator:
+    """The chunks of the selected tasks (`selected_in_parallel`), the dataset first checked against infer's record."""
+    sha256 = functools.cache(functools.partial(task_cache.dataset_sha256, data))
+    if recorded_sha256 is not None and sha256() != recorded_sha256:
+        print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
+    return selected_in_parallel(bench, data, max_samples, sha256)
 
 
 def coverage(
@@ -100,8 +110,14 @@ def coverage(
 
 def _distinct(rows: list) -> list[tuple]:
     """(row, how many times) for each distinct row object (projected rows are shared: a handful of them)."""
-    objects = dict(zip(map(id, rows), rows))
-    return [(objects[key], count) for key, count in Counter(map(id, rows)).items()]
+    counts = Counter(map(id, rows))
+    objects: dict = {}
+    for start in range(0, len(rows), 4096):  # the objects, found among the first rows as a rule
+        some = rows[start : start + 4096]
+        objects.update(zip(map(id, some), some))
+        if len(objects) == len(counts):
+            break
+    return [(objects[key], count) for key, count in counts.items()]
 
 
 def _missing_ids(tasks: Sequence[Task], rows: list) -> tuple[int, list]:
@@ -154,12 +170,12 @@ def main(argv: list[str]) -> int:
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status")
-    data, max_samples, described = selection(bench, args, judge_path)
+    data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
     if data is None:
         tasks, rows, ledger = judged_rows_only(bench, judge_path, fields)
         extra = 0
     else:
-        joined = Join(selected_in_parallel(bench, data, max_samples), bench.task_fields)
+        joined = Join(functools.partial(_selected, bench, data, max_samples, recorded_sha256), bench.task_fields)
         ledger = joined.read(judge_path, fields)
         tasks, rows, extra = joined.tasks(), joined.rows, len(joined.extra)
         del joined
