@@ -29,11 +29,13 @@ import orjson
 
 from . import jsonl, manifest
 from .benchmarks import Benchmark
-from .errors import OutputUnwritable
+from .errors import BadInput, OutputUnwritable
 from .paths import PROJECT
+from .projections import Projections
 
-# (ids, codes of their projections, the projections first seen in the chunk): as `joined.selected_chunks` gives
+# (ids, codes of their projections, the projections first seen in the chunk): as `selected_chunks` gives
 Chunk = tuple[list, Sequence[int], list[dict]]
+CHUNK = 4096  # tasks per chunk
 
 FORMAT = 1
 # Smaller datasets are read again: reading them costs less than keeping them.
@@ -44,6 +46,22 @@ def keeps(bench: Benchmark, data: Path) -> bool:
     """Whether the selection of this benchmark from this dataset is kept (not where the figures read whole
     task rows: `task_fields` None)."""
     return bench.task_fields is not None and os.path.getsize(data) > KEEP_ABOVE_BYTES
+
+
+def selected_chunks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[Chunk]:
+    """The selected tasks, a chunk at a time: their ids, and the codes of their rows' projections on the fields
+    the benchmark's figures read, with the projections first seen in the chunk (see `Projections`)."""
+    projections = Projections(bench.task_fields)
+    ids: list = []
+    rows: list[dict] = []
+    for task in bench.selected(data, max_samples):
+        ids.append(task.id)
+        rows.append(task.row)
+        if len(ids) == CHUNK:
+            yield ids, *projections.codes(rows)
+            ids, rows = [], []
+    if ids:
+        yield ids, *projections.codes(rows)
 
 
 def cache_dir() -> Path:
@@ -66,7 +84,12 @@ _SETTLED_NS = 2 * 10**9
 
 def dataset_sha256(data: Path) -> str:
     """The sha256 of the dataset's bytes, remembered (see the module's note)."""
-    stat = os.stat(data)
+    try:
+        stat = os.stat(data)
+        if stat.st_size <= KEEP_ABOVE_BYTES:
+            return manifest.sha256_file(data)
+    except OSError as exc:
+        raise BadInput(f"cannot read: {exc.strerror}", data) from None
     signature = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
     remembered = _where(data, "sha256", ".json")
     with contextlib.suppress(OSError, orjson.JSONDecodeError, TypeError, KeyError):

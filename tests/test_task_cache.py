@@ -152,6 +152,11 @@ def test_the_dataset_hash_is_remembered_while_the_file_is_unchanged(tmp_path, mo
     data = tmp_path / "data.jsonl"
     data.write_text('{"question": "q", "answer": "yes"}\n')
     real = manifest.sha256_file(data)
+    monkeypatch.setattr(task_cache, "_SETTLED_NS", -(10**12))
+    assert task_cache.dataset_sha256(data) == real
+    assert not (tmp_path / "cache").exists()  # a small file: hashed each time
+    monkeypatch.setattr(task_cache, "KEEP_ABOVE_BYTES", 0)
+    monkeypatch.setattr(task_cache, "_SETTLED_NS", 2 * 10**9)
     assert task_cache.dataset_sha256(data) == real
     assert not (tmp_path / "cache").exists()  # just written: its times could not tell a change made now
 
@@ -164,3 +169,18 @@ def test_the_dataset_hash_is_remembered_while_the_file_is_unchanged(tmp_path, mo
 
     data.write_text('{"question": "q", "answer": "no!"}\n')  # the same size, a new mtime and ctime
     assert task_cache.dataset_sha256(data) == manifest.sha256_file(data) != real
+
+
+def test_infer_makes_the_entry_that_its_reruns_and_score_read(run, stage, tmp_path):
+    data, cache = run.data, tmp_path / "infer-cache"
+    stage.env["EVALPIPE_CACHE_DIR"] = str(cache)
+    ran = stage("infer", "--bench", "coin_flip", "--model", "m", "--input", data, "--max-samples", 20, check=0)
+    (entry,) = entries(cache)
+    made = entry.stat()
+    assert sum(len(orjson.loads(line)[0]) for line in entry.read_bytes().split(b"\n")[1:-2]) == 20
+    again = stage("infer", "--bench", "coin_flip", "--model", "m", "--input", data, "--max-samples", 20, check=0)
+    assert "20 selected, 20 already done, 0 to run" in again.stderr, again.stderr
+    stage("judge", "--bench", "coin_flip", "--model", "m", check=0)
+    scored = stage("score", "--bench", "coin_flip", "--model", "m", check=0)
+    assert "20/20 tasks graded" in scored.stdout, ran.stderr + scored.stdout + scored.stderr
+    assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)  # read, not made again

@@ -5,89 +5,13 @@ import contextlib
 from array import array
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
-from operator import methodcaller
 from pathlib import Path
 
 from .. import cost, jsonl, parallel, task_cache
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
 from ..errors import BadInput
-
-_ABSENT = object()
-_PLAIN = {str, type(None), type(_ABSENT)}  # value types equal only to their own kind: no need to key on them
-
-
-class Projections:
-    """Rows → their `fields` (those they have, all of them with fields None), as codes of distinct projections:
-    a million rows hold a handful of dicts, not a million. Values are told apart by type too (1, 1.0 and true
-    are equal keys); a row with a list or object among them is a projection of its own."""
-
-    def __init__(self, fields: tuple[str, ...] | None):
-        self.fields = fields
-        self.table: list[dict] = []  # code → projection
-        self._code_of: dict[tuple, int] = {}
-        self._getters = [methodcaller("get", field, _ABSENT) for field in fields or ()]
-
-    def codes(self, rows: list[dict]) -> tuple[array, list[dict]]:
-        """The rows' codes, and the projections first seen among them (the next codes, in order)."""
-        known = len(self.table)
-        if self.fields is None:
-            self.table += rows
-            return array("I", range(known, len(self.table))), rows
-        columns = [list(map(get, rows)) for get in self._getters]
-        for column in columns[:]:
-            if not set(map(type, column)) <= _PLAIN:
-                columns.append(list(map(type, column)))
-        keys = list(zip(*columns)) if columns else [()] * len(rows)
-        try:
-            codes = list(map(self._code_of.get, keys))
-        except TypeError:  # a list or an object among the values: each row is looked at
-            codes = [None] * len(keys)
-        if None in codes:
-            for i, code in enumerate(codes):
-                if code is None:
-                    codes[i] = self._code(keys[i])
-        return array("I", codes), self.table[known:]
-
-    def shared(self, rows: list[dict]) -> list[dict]:
-        """The rows' projections."""
-        return list(map(self.table.__getitem__, self.codes(rows)[0]))
-
-    def _code(self, key: tuple) -> int:
-        try:
-            code = self._code_of.get(key)
-        except TypeError:
-            hashable = False
-        else:
-            hashable = True
-            if code is not None:
-                return code
-        code = len(self.table)
-        assert self.fields is not None
-        self.table.append({field: value for field, value in zip(self.fields, key) if value is not _ABSENT})
-        if hashable:
-            self._code_of[key] = code
-        return code
-
-
-_CHUNK = 4096  # tasks per chunk of selected tasks
-
-
-def selected_chunks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, array, list]]:
-    """The selected tasks, a chunk at a time: their ids, and the codes of their rows' projections on the fields
-    the benchmark's figures read, with the projections first seen in the chunk (see `Projections`)."""
-    projections = Projections(bench.task_fields)
-    ids: list = []
-    rows: list[dict] = []
-    for task in bench.selected(data, max_samples):
-        ids.append(task.id)
-        rows.append(task.row)
-        if len(ids) == _CHUNK:
-            yield ids, *projections.codes(rows)
-            ids, rows = [], []
-    if ids:
-        yield ids, *projections.codes(rows)
-
+from ..projections import Projections
 
 # A file larger than this is read by forked processes while this one works (the dataset in one, the judge rows
 # in JUDGE_PARTS parts): score then uses every core. Smaller files are read here, where forking costs more.
@@ -100,7 +24,7 @@ def selected_in_parallel(
 ) -> Iterator[task_cache.Chunk]:
     """`selected_chunks`, from the task cache where it has them (`data_sha256` gives the dataset's hash, asked
     for only where the cache may), else read (by a forked process where the dataset is large) and kept there."""
-    chunks: Callable[[], Iterator[task_cache.Chunk]] = partial(selected_chunks, bench, data, max_samples)
+    chunks: Callable[[], Iterator[task_cache.Chunk]] = partial(task_cache.selected_chunks, bench, data, max_samples)
     if task_cache.keeps(bench, data):
         entry = task_cache.Entry(bench, data, max_samples, data_sha256())
         cached = entry.read()
@@ -171,7 +95,7 @@ def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]
         codes += more_codes
         first_seen += more_first_seen
         accounts.add_rows(rows)
-        if len(ids) >= _CHUNK:  # chunks as large as the tasks': each is looked up at once (`Join`)
+        if len(ids) >= task_cache.CHUNK:  # chunks as large as the tasks': each is looked up at once (`Join`)
             yield ids, codes, first_seen
             ids, codes, first_seen = [], array("I"), []
     if ids:
