@@ -28,15 +28,17 @@ def judge_row(bench, task, output: str, tokens: int) -> dict:
 
 # score as it runs over large files, on small ones: the dataset, three parts of the judge file and the items
 # file each in a forked process
-FORKED = "import sys, score; from evalpipe.stages import joined, score as s; s.FORK_ABOVE_TASKS = 0; "
-FORKED += "joined.FORK_ABOVE_BYTES = 0; joined.JUDGE_PARTS = 3; sys.exit(score.run_stage('score', s.main))"
+FORKED = "import sys, score; from evalpipe import task_cache; from evalpipe.stages import joined, score as s; "
+FORKED += "s.FORK_ABOVE_TASKS = 0; joined.FORK_ABOVE_BYTES = 0; joined.JUDGE_PARTS = 3; "
+# chunks and lookup windows small beside the file: rows come before and after the window about them
+FORKED += "task_cache.CHUNK = 50; joined._WINDOW = 8; sys.exit(score.run_stage('score', s.main))"
 # the same where there is no fork (Windows): every part is read in this process, as it is needed
 NO_FORK = "import os; del os.fork; " + FORKED
 HOW = {"in one process": None, "forked": FORKED, "parts, no fork": NO_FORK}
 
 
 @pytest.mark.parametrize("how", list(HOW))
-@pytest.mark.parametrize("order", ["dataset", "a little out of order", "reversed"])
+@pytest.mark.parametrize("order", ["dataset", "a little out of order", "one far behind", "reversed"])
 def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order, how):
     src = (ROOT / "data" / "coin_flip" / "test.jsonl").read_text().splitlines(keepends=True)
     data = tmp_path / "data.jsonl"
@@ -48,12 +50,18 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     del rows[7]  # a task without a row
     if order == "reversed":
         rows.reverse()
+    elif order == "one far behind":
+        rows.append(rows.pop(20))
     elif order != "dataset":
         for start in range(0, len(rows), 64):
             block = rows[start : start + 64]
             rng.shuffle(block)
             rows[start : start + 64] = block
-    rows.insert(100, {"idx": "not-in-the-dataset", "prediction": "YES", "usage": {"prompt_tokens": 5}})
+    # a row of no selected task makes the table of ids; without one, the row far behind is found among the tasks
+    # passed over
+    extra = order != "one far behind"
+    if extra:
+        rows.insert(100, {"idx": "not-in-the-dataset", "prediction": "YES", "usage": {"prompt_tokens": 5}})
     for again in (1, 11):  # judged again: the last row counts (reversed, task 1's comes when it is next in order)
         rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
     write_jsonl(tmp_path / "judge.jsonl", rows)
@@ -73,7 +81,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     expected = score.summarize(bench, tasks, latest)
     for key in ("f1", "accuracy", "confusion", "unparsed", "coverage", "judge_status"):
         assert got[key] == expected[key], key
-    assert got["coverage"]["missing_ids"] == [tasks[7].id] and got["coverage"]["extra_rows_ignored"] == 1
+    assert got["coverage"]["missing_ids"] == [tasks[7].id] and got["coverage"]["extra_rows_ignored"] == extra
     selected = {t.id for t in tasks}
     tokens = sum(row["usage"]["prompt_tokens"] for key, row in latest.items() if key in selected)
     assert got["cost"]["stages"]["infer"]["calls"] == N - 1
