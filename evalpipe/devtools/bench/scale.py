@@ -256,8 +256,8 @@ SCORE_REPEATS = 3
 
 
 def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
-    """score.py the first time on its dataset (it reads the dataset and keeps its tasks in the task cache), then
-    as every later time (the other runs and models of the benchmark): the tasks from the cache."""
+    """score.py without the task cache's entry of its dataset (it reads the dataset and makes the entry), then as
+    in the pipeline, where infer made the entry: the tasks from the cache."""
     data, judged = work / "cf-data.jsonl", run / "judge.jsonl"
     floor = floor_seconds([judged, data])
     cache = work / "task-cache"
@@ -268,7 +268,7 @@ def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
     later = [stage("score.py", args, env)[:2] for _ in range(SCORE_REPEATS)]
     seconds = sorted(s for s, _ in later)
     yield seconds_figure(
-        f"score.py over {n:,} judged rows, its dataset's tasks from the task cache (best of {SCORE_REPEATS}: "
+        f"score.py over {n:,} judged rows, the tasks from the task cache as after infer (best of {SCORE_REPEATS}: "
         + ", ".join(f"{s:.1f}" for s in seconds)
         + " s)",
         seconds[0],
@@ -277,7 +277,7 @@ def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
         floor,
     )
     yield Figure(
-        f"score.py over {n:,} judged rows, the first on its dataset (reads it, keeps its tasks)",
+        f"score.py over {n:,} judged rows, no entry in the task cache (reads the dataset, makes the entry)",
         f"{first:.1f} s",
         "reported",
         True,
