@@ -108,6 +108,21 @@ def write_jsonl(path, rows):
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def score_missing_one(folder, data, env=None, command=None) -> dict:
+    """score.json of CoinFlip's score.py (or python `command`, which runs it) over folder/judge.jsonl, with
+    --data: a run where a task has no row (exit 3)."""
+    done = subprocess.run(
+        [sys.executable, *(command or [str(ROOT / "score.py")]), "--bench", "coin_flip", "--input", "judge.jsonl"]
+        + ["--data", str(data)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 3, done.stderr  # a task has no row
+    return json.loads((Path(folder) / "score.json").read_text())
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (connection refused)."""
     with socket.socket() as s:

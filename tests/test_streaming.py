@@ -2,7 +2,6 @@
 judge reads the latest row of an id that has several, each as when the whole file was held by id."""
 
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -15,7 +14,7 @@ from evalpipe.benchmarks.coin_flip import CoinFlip
 from evalpipe.results import items
 from evalpipe.stages import score
 
-from .conftest import ROOT, read_jsonl, write_jsonl
+from .conftest import ROOT, read_jsonl, score_missing_one, write_jsonl
 
 N = 3000
 
@@ -66,16 +65,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
         rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
     write_jsonl(tmp_path / "judge.jsonl", rows)
 
-    command = ["-c", HOW[how]] if HOW[how] else [str(ROOT / "score.py")]
-    done = subprocess.run(
-        [sys.executable, *command, "--bench", "coin_flip", "--input", "judge.jsonl", "--data", data],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 3, done.stderr  # a task has no row
-    got = json.loads((tmp_path / "score.json").read_text())
+    got = score_missing_one(tmp_path, data, {"PYTHONPATH": str(ROOT)}, ["-c", HOW[how]] if HOW[how] else None)
 
     latest = {row["idx"]: row for row in rows}  # held whole, by id
     expected = score.summarize(bench, tasks, latest)

@@ -1,11 +1,7 @@
 """The task cache: score reads a large dataset's selected tasks once, and later scores on the same bytes read
 them from the cache; a changed dataset, other code, a damaged or unwritable cache only mean reading the dataset."""
 
-import json
-import os
 import random
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -16,7 +12,7 @@ from evalpipe import manifest, task_cache
 from evalpipe.benchmarks.coin_flip import CoinFlip
 from evalpipe.stages import score
 
-from .conftest import ROOT, write_jsonl
+from .conftest import ROOT, score_missing_one, write_jsonl
 
 N = 7000  # tasks: a dataset over task_cache.KEEP_ABOVE_BYTES
 
@@ -38,15 +34,7 @@ def run(tmp_path):
     cache = tmp_path / "cache"
 
     def score_py(cache_dir: Path = cache) -> dict:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "score.py"), "--bench", "coin_flip", "--input", "judge.jsonl", "--data", data],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "EVALPIPE_CACHE_DIR": str(cache_dir)},
-        )
-        assert done.returncode == 3, done.stderr  # the task without a row
-        got = json.loads((tmp_path / "score.json").read_text())
+        got = score_missing_one(tmp_path, data, {"EVALPIPE_CACHE_DIR": str(cache_dir)})
         got["items"] = (tmp_path / "items.json").read_bytes()
         return got
 
