@@ -1,7 +1,7 @@
-"""The selected tasks of a large dataset as score reads them (their ids in order, and the codes of their
-projections on the fields the benchmark's figures read), kept on disk: the next score on the same dataset
-reads them back instead of the dataset. A million CoinFlip tasks take 2 s of CPU to read and check, their
-entry 0.1 s, and the runs and models of one benchmark share one dataset.
+"""The selected tasks of a large dataset as infer and score read them (their ids in order, and the codes of
+their projections on the fields the benchmark's figures read), kept on disk: made by the first of them to read
+the dataset, read back by the others instead of the dataset. A million CoinFlip tasks take 2 s of CPU to read
+and check, their entry 0.1 s, and the runs and models of one benchmark share one dataset.
 
 An entry is used only when everything that made it is the same: the dataset's bytes (sha256), the benchmark
 and its options, the prefix, and evalpipe's code (sha256 of its sources). It is written while the dataset is
