@@ -1,5 +1,6 @@
 """score's reading: each selected task's latest judge row, projected on the fields the figures read, and the
-calls the rows record; the dataset and the judge file read at once by forked processes when they are large."""
+calls the rows record; the judge file read by forked processes when it is large, the selected tasks from the
+task cache or read at the same time by one more."""
 
 import contextlib
 from array import array
@@ -84,7 +85,7 @@ class Accounts:
 def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]) -> Generator:
     """The judge rows between two offsets of the file, a chunk at a time: their ids, and the codes of their
     projections on `fields` with the projections first seen (see `Projections`); at the end, the ledger of their
-    calls (latencies sorted: the parts' sorted runs are then merged, not sorted again)."""
+    calls (latencies sorted: the parts' sorted runs are kept apart, not merged and sorted again)."""
     projections = Projections(fields)
     accounts = Accounts()
     ids: list = []
@@ -106,8 +107,8 @@ def judge_part(path: Path, start: int, stop: int | None, fields: tuple[str, ...]
 
 
 def judge_parts(path: Path, fields: tuple[str, ...]) -> list[tuple[int, parallel.Items]]:
-    """`judge_part`s that cover the file, each with its start: all forked at once, the later parts' chunks
-    read ahead (kept here until the parts before them are read); one part, read here, where the file is small."""
+    """`judge_part`s that cover the file, each with its start: all forked at once and read ahead (what each
+    sends is kept here until it is read, so that none waits); one part, read here, where the file is small."""
     if path.stat().st_size <= FORK_ABOVE_BYTES:
         return [(0, judge_part(path, 0, None, fields))]
     return [
@@ -122,7 +123,7 @@ _WINDOW = 1024
 
 
 class Join:
-    """The latest judge row of each selected task (only the fields `project` keeps), read in one pass while
+    """The latest judge row of each selected task (only the fields asked for), read in one pass while
     the selected tasks arrive (in chunks, pulled as the rows need them).
 
     Rows come in about dataset order (workers finish a little out of it), so each chunk of rows is looked up
