@@ -183,6 +183,10 @@ def _line(chunk: Chunk) -> bytes | None:
     return line + b"\n"
 
 
+# A temporary file of an entry not written to for this long was left by a writer that was killed.
+_LEFT_AFTER_S = 3600
+
+
 class _Writer:
     """An entry's lines, written to a temporary file that `finish` puts in place; a line that cannot be written
     (None: not representable, or the disk fails) abandons the entry, and the work goes on without it."""
@@ -194,6 +198,10 @@ class _Writer:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             self.out = open(self.tmp, "wb")
+        for left in path.parent.glob(f".{path.name}.*.tmp"):  # by writers killed while writing
+            with contextlib.suppress(OSError):
+                if time.time() - left.stat().st_mtime > _LEFT_AFTER_S:
+                    left.unlink()
 
     def write(self, line: bytes | None) -> None:
         if self.out is None:

@@ -1,7 +1,10 @@
-"""The task cache: score reads a large dataset's selected tasks once, and later scores on the same bytes read
-them from the cache; a changed dataset, other code, a damaged or unwritable cache only mean reading the dataset."""
+"""The task cache: infer or score reads a large dataset's selected tasks once, and later runs on the same bytes
+read them from the cache; a changed dataset, other code, a damaged or unwritable cache only mean reading the
+dataset."""
 
+import os
 import random
+import time
 import zlib
 from pathlib import Path
 
@@ -172,3 +175,17 @@ def test_infer_makes_the_entry_that_its_reruns_and_score_read(run, stage, tmp_pa
     scored = stage("score", "--bench", "coin_flip", "--model", "m", check=0)
     assert "20/20 tasks graded" in scored.stdout, ran.stderr + scored.stdout + scored.stderr
     assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)  # read, not made again
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_removed_by_the_next(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n")
+    entry = task_cache.Entry(CoinFlip(), data, None, "sha")
+    entry.path.parent.mkdir(parents=True)
+    left, writing = (entry.path.with_name(f".{entry.path.name}.{pid}.tmp") for pid in (1, 2))
+    left.write_bytes(b"half an entry")
+    writing.write_bytes(b"another writer, now")
+    os.utime(left, (0, time.time() - 2 * 3600))
+    assert list(entry.recorded(iter(CHUNKS))) == CHUNKS
+    assert not left.exists() and writing.exists() and entry.read() is not None
