@@ -213,6 +213,7 @@ class _Writer:
             self.out.write(line)
         except OSError:
             self.abandon()
+            return
         self.crc32 = zlib.crc32(line, self.crc32)
 
     def finish(self, tasks: int) -> None:
