@@ -10,7 +10,7 @@ import math
 import orjson
 import pytest
 
-from evalpipe.results import items, stats
+from evalpipe.results import items, render, stats
 from evalpipe.results.items import ItemFigure, ModelItems
 
 A = [(1, 1, 1), (1, 1, 0), (1, 1, 1), (1, 0, 1), (1, 1, 1), (0, 0, 1)]
@@ -104,6 +104,20 @@ def test_coin_flip_ratios_by_the_delta_method():
     yes = items.estimate(model, ItemFigure("YES ratio", "yes"), None, None)
     assert close(accuracy["mean"], 0.722222) and close(accuracy["se"], 0.090205)
     assert close(yes["mean"], 0.472222) and close(yes["se"], 0.119330)
+
+
+def test_intervals_are_shown_within_the_values_a_figure_can_take():
+    """F1 is no proportion (no Wilson interval) but lies in [0, 1]: its interval is shown clipped there, as the
+    footnote says; a loss (CR − IR)/CR can go below 0 but not above 1; aggregate.json keeps the raw interval."""
+    f1 = {"mean": 0.9, "ci95": [0.2, 1.03], "proportion": False, "bounds": [0.0, 1.0]}
+    assert items.display_interval(f1) == (0.2, 1.0)
+    assert render.items_cell({**f1, "se": 0.066}) == "90.0 (6.6) [20.0, 100.0]"
+    loss = {"mean": 0.2, "ci95": [-0.3, 1.2], "proportion": False, "bounds": [None, 1.0]}
+    assert items.display_interval(loss) == (-0.3, 1.0)
+    old = {"mean": 0.9, "ci95": [-0.1, 1.1], "proportion": True}  # estimates written before bounds were
+    assert items.display_interval(old) == (0.0, 1.0)
+    figure = items.estimate(ModelItems(coin_flip_runs(), None), ItemFigure("F1", "f1_num", "f1_den", False), None, None)
+    assert figure["bounds"] == [0.0, 1.0]
 
 
 def test_performance_loss_uses_the_paired_delta_method():

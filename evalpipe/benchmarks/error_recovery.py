@@ -143,8 +143,8 @@ class ErrorRecovery(Benchmark):
     # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata
     item_figures = (
         *(ItemFigure(var, var) for var in VARIATIONS),
-        ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False),  # (CR − IR)/CR = 1 − IR/CR
-        ItemFigure("CR − IR", "cr_minus_ir", proportion=False),
+        ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0)),  # (CR − IR)/CR = 1 − IR/CR
+        ItemFigure("CR − IR", "cr_minus_ir", proportion=False, bounds=(-1.0, 1.0)),
         *(ItemFigure(f"{{}} {var}", var, by="task", table=PER_TASK) for var in VARIATIONS),
     )
     options: ErrorRecoveryOptions

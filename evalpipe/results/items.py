@@ -44,6 +44,22 @@ class ItemFigure:
     by: str | None = None
     table: str = ""  # "" for the headline table, else the title of an extra table
     proportion: bool = True  # per run, num ∈ {0, 1} and num ≤ den ∈ {0, 1}: Wilson applies
+    bounds: tuple[float | None, float | None] = (0.0, 1.0)  # the values it can take (None: unbounded)
+
+
+def display_interval(items: dict) -> tuple[float, float] | None:
+    """An estimate's 95% interval clipped to the values its figure can take (rates, F1: [0, 1]), for display.
+    Estimates written before `bounds` was recorded: rates are clipped to [0, 1], other figures not."""
+    ci = items.get("ci95")
+    if not ci:
+        return None
+    low, high = ci
+    bounds = items.get("bounds") or ([0.0, 1.0] if items.get("proportion") else [None, None])
+    if bounds[0] is not None:
+        low = max(bounds[0], low)
+    if bounds[1] is not None:
+        high = min(bounds[1], high)
+    return low, high
 
 
 class ItemColumns(TypedDict):
@@ -256,6 +272,7 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
         "ci_method": None,
         "ci_level": LEVEL,
         "proportion": figure.proportion,
+        "bounds": list(figure.bounds),
     }
     if ratio.value is None:
         return out

@@ -8,6 +8,8 @@ without it aggregate writes its tables and says how to get the plots.
 import re
 from pathlib import Path
 
+from .items import display_interval
+
 MISSING = "matplotlib is not installed; `make report` installs it (requirements-report.txt)"
 
 
@@ -29,9 +31,7 @@ def _bar(figure: dict | None, std_key: str) -> tuple[float, float, float, bool]:
     items = figure.get("items") or {}
     if items.get("mean") is not None:
         mean = items["mean"]
-        low, high = items.get("ci95") or (mean, mean)
-        if items.get("proportion"):
-            low, high = max(0.0, low), min(1.0, high)
+        low, high = display_interval(items) or (mean, mean)
         return 100 * mean, 100 * max(0.0, mean - low), 100 * max(0.0, high - mean), True
     if figure.get("mean") is None:
         return 0.0, 0.0, 0.0, False

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import tables
 from .agreement import NOTE as AGREEMENT_NOTE
-from .items import MDE_RUNS
+from .items import MDE_RUNS, display_interval
 
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
@@ -23,7 +23,8 @@ ITEMS_NOTE = (
     "known given the tasks drawn. Methods per column in the last row: naive = SE over independent items; "
     "cr1:<key> = cluster-robust SE (CR1) over tasks sharing <key>; delta = the delta method for a ratio of item "
     "means; t(df) = Student's t with df = items − 1, or clusters − 1 when clustered; z = normal; wilson = "
-    "Wilson's interval. Intervals of rates are clipped to [0, 100] for display (aggregate.json has them raw)."
+    "Wilson's interval. Intervals are clipped for display to the values a figure can take (rates and F1: [0, 100]; "
+    "aggregate.json has them raw)."
 )
 SMALL_NOTE = (
     f"{SMALL} Small sample (fewer than 100 items, or a rate of exactly 0 or 100, or no spread): the interval of a "
@@ -75,22 +76,12 @@ def _p(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}"
 
 
-def _interval(items: dict) -> tuple[float, float] | None:
-    ci = items.get("ci95")
-    if not ci:
-        return None
-    low, high = ci
-    if items.get("proportion"):
-        low, high = max(0.0, low), min(1.0, high)
-    return low, high
-
-
 def items_cell(items: dict | None, tex: bool = False) -> str:
     """`mean (SE) [low, high]` in percent, with the small-sample mark."""
     if not items or items.get("mean") is None:
         return "--" if tex else "-"
     text = _p(items["mean"]) + (f" ({_p(items['se'])})" if items.get("se") is not None else "")
-    interval = _interval(items)
+    interval = display_interval(items)
     if interval:
         text += f" [{_p(interval[0])}, {_p(interval[1])}]"
     if tex:

@@ -321,7 +321,9 @@
   }
   function interval(f) {
     if (f.items && Array.isArray(f.items.ci95)) {
-      const clip = (x) => f.items.proportion ? Math.max(0, Math.min(1, x)) : x; // rates: shown within [0, 100]
+      // shown within the values the figure can take (rates, F1: [0, 100]); older items: rates only
+      const [min, max] = f.items.bounds || (f.items.proportion ? [0, 1] : [null, null]);
+      const clip = (x) => Math.min(max ?? Infinity, Math.max(min ?? -Infinity, x));
       return { lo: clip(f.items.ci95[0]), hi: clip(f.items.ci95[1]),
         label: 'item-level 95% CI' + (f.items.ci_method ? ' (' + f.items.ci_method + ')' : '') };
     }
