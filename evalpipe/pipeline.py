@@ -12,10 +12,14 @@ VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its ow
 make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
 """
 
+import ctypes
+import difflib
+import os
 import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import benchmarks
@@ -62,22 +66,29 @@ class Plan:
 
 def parse(argv: list[str]) -> Plan:
     """Stage names and VAR=value words → a checked Plan (raises UsageError)."""
-    stages, settings = [], {}
+    stages, settings, unknown = [], {}, []
     for word in argv:
         name, eq, value = word.partition("=")
         if eq:
             if name not in SETTINGS:
-                raise UsageError(f"unknown setting {name}=; known: {', '.join(SETTINGS)}")
+                unknown.append(f"{name}={_nearest(name, SETTINGS)}")
             settings[name] = value.strip()
         elif word in STAGES:
             stages.append(word)
         else:
-            raise UsageError(f"unknown stage {word!r}; stages: {', '.join(STAGES)}")
+            raise UsageError(f"unknown stage {word!r}{_nearest(word, STAGES)}; stages: {', '.join(STAGES)}")
+    if unknown:
+        raise UsageError(f"unknown setting {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
     if not stages:
         raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
     plan = Plan([s for s in STAGES if s in stages], settings)
     _check(plan)
     return plan
+
+
+def _nearest(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _check(plan: Plan) -> None:
@@ -139,12 +150,38 @@ def command(plan: Plan, stage: str) -> list[str]:
     ]
 
 
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn for Popen: the kernel sends the child SIGKILL when this process dies, however it dies
+    (Linux's PR_SET_PDEATHSIG: a SIGKILL to our process group, a CI cancel, `timeout -s KILL`, a scheduler);
+    None where there is no prctl. Popen must be called from the main thread: the kernel watches the thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def hook() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+
+    return hook
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell would give it: killed by signal N is 128 + N (Popen says -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 class _Signals:
     """Passes SIGINT/SIGTERM on to the running stage, one for one.
 
     Each stage runs in a process group of its own, so a Ctrl-C reaches it only through here:
     exactly once per press (the first lets calls in flight finish, a second abandons them), and a
-    `kill` of this process stops the stage as cleanly as a Ctrl-C."""
+    `kill` of this process stops the stage as cleanly as a Ctrl-C. A SIGKILL, which cannot be passed on,
+    ends the stage by die_with_parent."""
 
     def __init__(self):
         self.child: subprocess.Popen | None = None
@@ -166,11 +203,22 @@ class _Signals:
     def run(self, cmd: list[str]) -> int:
         if self.received:
             return EXIT_INTERRUPTED
-        self.child = subprocess.Popen(cmd, process_group=0)
+        self.child = subprocess.Popen(cmd, process_group=0, preexec_fn=die_with_parent())
         try:
-            return self.child.wait()
+            returncode = self.child.wait()
+            if returncode < 0 and not self.received:
+                name = os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
+                print(f"pipeline: {name} was killed by {_signal_name(-returncode)}", file=sys.stderr)
+            return exit_code(returncode)
         finally:
             self.child = None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def _over_runs(signals: _Signals, cmd: list[str], runs: int) -> int:
