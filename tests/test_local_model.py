@@ -1,7 +1,10 @@
-"""The real local model end to end (the demo's setup) on two tasks; skipped without `make demo`'s packages."""
+"""The real local model (the demo's setup): its portable build, and two tasks end to end; skipped without the
+packages `make demo` and `make test` install."""
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -15,10 +18,42 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+LOAD_AND_ANSWER = """
+import llama_cpp, sys
+print(llama_cpp.llama_print_system_info().decode(), file=sys.stderr, flush=True)
+model = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, verbose=True)
+print(model.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=1)["choices"][0]["finish_reason"])
+"""
+
+
+@pytest.mark.e2e
+def test_the_build_is_portable_whatever_this_cpu_has(tmp_path):
+    """The library reports what it was compiled for: AVX2 and nothing newer, so no AVX-512 kernels and no AMX
+    weight buffers (which died with a general protection fault on some AMX Xeons), whatever this CPU has."""
+    assert (
+        localmodel.installed_from() == sorted(localmodel.wheel_dir(localmodel.llama_pin()).glob("*.whl"))[-1].as_uri()
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_ANSWER, str(localmodel.model_file())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] in ("length", "stop")  # it answered
+    features = dict(
+        item.split(" = ") for item in done.stderr.split("CPU : ", 1)[1].splitlines()[0].split(" | ") if " = " in item
+    )
+    assert features.get("AVX2") == "1", features
+    assert not {name for name, on in features.items() if on == "1" and name.startswith(("AVX512", "AMX"))}, features
+    buffers = [line for line in done.stderr.splitlines() if "model buffer size" in line]
+    assert buffers and not [line for line in buffers if "AMX" in line], buffers
+
+
 @pytest.mark.e2e
 def test_real_model_through_every_stage(stage, tmp_path):
-    with localmodel.server(tmp_path / "server.log") as base_url:
-        stage.env["OPENAI_BASE_URL"] = base_url
+    with localmodel.server(tmp_path / "server.log") as local:
+        stage.env["OPENAI_BASE_URL"] = local.base_url
         stage.env.pop("OPENAI_API_KEY", None)
         common = ["--outputs-dir", tmp_path / "out", "--model", localmodel.MODEL_NAME]
         stage("infer", *common, "--max-samples", "2", "--max-tokens", "24", check=0, timeout=300)

@@ -9,35 +9,17 @@ more often but is about three times slower here.)
 """
 
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
 
-from .. import benchmarks, cli, pipeline
+from .. import cli, pipeline
 from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
 from . import localmodel
+from .localmodel import PLAN, make_line, settings
 
 ROOT = Path("outputs") / "demo"
 RUNS = 2
-
-# The benchmarks in the demo, in registry order: those that say how to run on the local model.
-PLAN = [name for name, bench in benchmarks.REGISTRY.items() if bench().demo is not None]
-
-
-def settings(bench: str) -> dict[str, str]:
-    """The pipeline settings of one benchmark on the local model: one call at a time, short answers."""
-    chosen = benchmarks.get(bench)
-    out = {"BENCH": bench, "MODEL": localmodel.MODEL_NAME, "WORKERS": "1", **(chosen.demo or {})}
-    if chosen.judge_uses_llm:
-        out["JUDGE_MODEL"] = localmodel.MODEL_NAME
-    return out
-
-
-def make_line(bench: str, runs: int = 1) -> str:
-    """The `make` command that runs one benchmark as the demo does, for a user to paste."""
-    words = {**settings(bench), "RUNS": str(runs)}
-    return "make infer judge score " + " ".join(f"{k}={shlex.quote(v)}" for k, v in words.items())
 
 
 def main() -> int:
@@ -52,19 +34,23 @@ def main() -> int:
         del os.environ[name]  # the demo talks to its own server only, with no key
     worst = EXIT_OK
     try:
-        with localmodel.server(ROOT / "llama-server.log") as base_url:
-            os.environ["OPENAI_BASE_URL"] = base_url
+        with localmodel.server(ROOT / "llama-server.log") as local:
+            os.environ["OPENAI_BASE_URL"] = local.base_url
             for bench in PLAN:
                 print(f"\ndemo: {bench}: {make_line(bench, RUNS)}", flush=True)
                 plan = pipeline.Plan(
                     ["infer", "judge", "score"], {**settings(bench), "RUNS": str(RUNS), "OUTPUTS": str(ROOT)}
                 )
                 code = pipeline.run(plan)
+                local.check()  # a stage that could not reach the server: say why
                 if code not in (EXIT_OK, EXIT_INCOMPLETE):
                     return code
                 worst = max(worst, code)
         print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
         code = pipeline.run_command([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(ROOT)])
+    except (localmodel.ServerDied, localmodel.ServerNotReady) as exc:
+        print(f"\ndemo: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
