@@ -15,8 +15,8 @@ BROWSER_STAMP := $(VENV)/.browser-installed
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
 
-PIPELINE_STAGES := infer judge error-analysis score aggregate
-PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL ARGS JUDGE_ARGS
+PIPELINE_STAGES := infer judge error-analysis score aggregate publish
+PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL ARGS JUDGE_ARGS REPO PUBLISH_ARGS
 # The stages named on make's command line run as one pipeline (so that an incomplete infer still
 # lets judge and score go on), started by the first of them; the others have nothing left to do.
 PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))
@@ -94,6 +94,9 @@ lint: $(STAMP)
 # infer, judge, error-analysis (CL-bench: why failed solutions failed), score, aggregate.
 $(PIPELINE_STAGES): $(STAMP)
 	@$(if $(filter $@,$(PIPELINE_GOALS)),$(if $(filter $@,$(firstword $(PIPELINE_GOALS))),$(call pipeline,$(PIPELINE_GOALS)),true),$(call pipeline,$@))
+
+# publish: a benchmark's results as a Hugging Face Hub dataset, BENCH=... REPO=owner/name (docs/results.md#publish).
+publish: $(DATA_STAMP)
 
 # Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
 # OUTPUTS/report.md with all of them, and OUTPUTS/report.html with every sample (docs/viewer.md).

@@ -26,7 +26,7 @@ from . import benchmarks
 from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
 from .paths import JUDGE_LABEL, PROJECT
 
-STAGES = ("infer", "judge", "error-analysis", "score", "aggregate")
+STAGES = ("infer", "judge", "error-analysis", "score", "aggregate", "publish")
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_RUNS = 3
 # VAR -> what it means; an empty value is the same as not giving the variable.
@@ -43,6 +43,8 @@ SETTINGS = {
     "LABEL": "a named variant of the model's configuration: its own folder <model>@<label> and leaderboard row",
     "ARGS": "more flags for infer.py",
     "JUDGE_ARGS": "more flags for judge.py (judge and error-analysis)",
+    "REPO": "publish: the Hugging Face Hub dataset repo, owner/name (token: HF_TOKEN)",
+    "PUBLISH_ARGS": "more flags for publish (--with-prompts, --private)",
 }
 _WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES")
 
@@ -99,12 +101,14 @@ def _check(plan: Plan) -> None:
     bench = plan.get("BENCH") or benchmarks.DEFAULT
     if bench not in benchmarks.REGISTRY:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
+    if "publish" in plan.stages and not plan.get("REPO"):
+        raise UsageError("publish: give the Hub dataset repo, REPO=owner/name")
     if "error-analysis" in plan.stages and not isinstance(benchmarks.get(bench), benchmarks.ErrorAnalysis):
         raise UsageError(f"error-analysis: {bench} has no error analysis (CL-bench has)")
     label = plan.get("JUDGE_LABEL")
     if label is not None and not JUDGE_LABEL.fullmatch(label):
         raise UsageError(f"JUDGE_LABEL={label}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
-    for name in ("ARGS", "JUDGE_ARGS"):
+    for name in ("ARGS", "JUDGE_ARGS", "PUBLISH_ARGS"):
         try:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
@@ -118,6 +122,10 @@ def _flag(plan: Plan, var: str, flag: str) -> list[str]:
 
 def command(plan: Plan, stage: str) -> list[str]:
     """The stage script's command line for this plan (without --run)."""
+    if stage == "publish":
+        bench = plan.get("BENCH") or benchmarks.DEFAULT
+        publish = [sys.executable, "-m", "evalpipe.results.publish", bench, plan.get("REPO") or ""]
+        return publish + _flag(plan, "OUTPUTS", "--outputs-dir") + shlex.split(plan.get("PUBLISH_ARGS") or "")
     script = {"error-analysis": "judge"}.get(stage, stage)
     cmd = [
         sys.executable,
@@ -248,7 +256,7 @@ def run(plan: Plan) -> int:
     with _Signals() as signals:
         for stage in plan.stages:
             cmd = command(plan, stage)
-            rc = signals.run(cmd) if stage == "aggregate" else _over_runs(signals, cmd, plan.runs)
+            rc = signals.run(cmd) if stage in ("aggregate", "publish") else _over_runs(signals, cmd, plan.runs)
             if signals.received:  # the stage kept what it finished; the user asked to stop, so no next stage
                 print("pipeline: interrupted; rerun the same command to continue", file=sys.stderr)
                 return EXIT_INTERRUPTED

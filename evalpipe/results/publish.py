@@ -1,0 +1,210 @@
+"""A benchmark's results as a Hugging Face Hub dataset: `make publish BENCH=coin_flip REPO=owner/name`.
+
+    python -m evalpipe.results.publish BENCH REPO [--outputs-dir outputs] [--with-prompts] [--private]
+
+One commit to the dataset repo holds, under `<bench>/`:
+  samples.jsonl       a row per model × run × task: ids, score, statuses, tokens, latency and the served
+                      model (no prompts or answers unless --with-prompts); the dataset viewer's config `<bench>`
+  leaderboard.jsonl   a row per model × headline figure (mean ± std over runs, the item-level interval);
+                      config `<bench>-leaderboard`
+  aggregate.md/.json/.csv, and manifests/<model>/run-<k>/*.manifest.json as written by the stages
+and README.md, the dataset card, whose YAML names every benchmark's configs found in the repo.
+
+The files are made the same way from the same results, byte for byte, so publishing again uploads
+nothing and makes no commit unless something changed (huggingface_hub skips files whose content the
+Hub already has, and an empty commit). Files of this benchmark that are no longer made are deleted.
+The token is HF_TOKEN (or huggingface_hub's own login), read by huggingface_hub and never written
+anywhere by us; HF_ENDPOINT points at another Hub.
+"""
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from .. import jsonl, paths
+from ..errors import EXIT_BAD_INPUT, EXIT_ENDPOINT_REFUSED, EXIT_OK, EXIT_UNREACHABLE, BadInput
+from ..redact import redact
+from . import discover
+
+REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+ROW_FIELDS = ("status", "finish_reason", "latency_s", "score", "judge_status", "judge_model", "judge_latency_s")
+PROMPT_FIELDS = ("messages", "model_output", "target", "prediction", "grading_rationale", "requirement_status")
+
+
+def _tokens(usage) -> dict:
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")} | (
+        {"cached_tokens": cached} if cached is not None else {}
+    )
+
+
+def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) -> dict:
+    """One judge row as a row of the published samples."""
+    out = {"benchmark": bench, "model": model, "run": run, "task_id": str(row.get("idx"))}
+    out.update({key: row.get(key) for key in ROW_FIELDS})
+    out.update(_tokens(row.get("usage")))
+    judge_tokens = _tokens(row.get("judge_usage"))
+    out["judge_prompt_tokens"], out["judge_completion_tokens"] = (
+        judge_tokens["prompt_tokens"],
+        judge_tokens["completion_tokens"],
+    )
+    for key in ("response_model", "system_fingerprint", "judge_response_model", "judge_system_fingerprint"):
+        out[key] = row.get(key)
+    if with_prompts:
+        out.update({key: row[key] for key in PROMPT_FIELDS if key in row})
+    return out
+
+
+def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
+    """(model folder, run number, run folder) of every run with a judge.jsonl, in a stable order."""
+    for model_dir in discover.subfolders(bench_dir):
+        numbered = []
+        for run_dir in model_dir.glob("run-*"):
+            if run_dir.name[4:].isdigit() and (run_dir / paths.judge_file_name()).is_file():
+                numbered.append((int(run_dir.name[4:]), run_dir))
+        for k, run_dir in sorted(numbered):
+            yield model_dir.name, k, run_dir
+
+
+def samples(bench: str, bench_dir: Path, with_prompts: bool) -> Iterator[bytes]:
+    for model, k, run_dir in runs(bench_dir):
+        latest: dict = {}
+        for _, row in jsonl.iter_rows(run_dir / paths.judge_file_name(), torn_tail_ok=True):
+            latest[row.get("idx")] = row  # the last row of a task is the one that counts, as in score
+        for row in latest.values():
+            yield jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n"
+
+
+def leaderboard(summary: dict) -> Iterator[bytes]:
+    for model in summary.get("models", []):
+        for name, figure in model.get("figures", {}).items():
+            items = figure.get("items") or {}
+            ci = items.get("ci95") or [None, None]
+            yield (
+                jsonl.dumps(
+                    {
+                        "model": model["model"],
+                        "figure": name,
+                        "runs": len(model.get("runs", [])),
+                        "mean": figure.get("mean"),
+                        "std": figure.get("std_sample"),
+                        "items_mean": items.get("mean"),
+                        "items_se": items.get("se"),
+                        "items_ci95_low": ci[0],
+                        "items_ci95_high": ci[1],
+                    }
+                )
+                + b"\n"
+            )
+
+
+def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]:
+    """What this benchmark puts in the repo, path → bytes (README.md apart: it covers every benchmark)."""
+    bench_dir = paths.bench_dir(outputs_dir, bench)
+    summary_path = bench_dir / "aggregate.json"
+    if not summary_path.is_file():
+        raise BadInput(f"no aggregate.json: run `make aggregate BENCH={bench}` first", bench_dir)
+    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, bench_dir, with_prompts))}
+    if not out[f"{bench}/samples.jsonl"]:
+        raise BadInput("no run has a judge.jsonl", bench_dir)
+    summary = orjson.loads(summary_path.read_bytes())
+    out[f"{bench}/leaderboard.jsonl"] = b"".join(leaderboard(summary))
+    for name in ("aggregate.md", "aggregate.json", "aggregate.csv"):
+        if (bench_dir / name).is_file():
+            out[f"{bench}/{name}"] = (bench_dir / name).read_bytes()
+    for model, k, run_dir in runs(bench_dir):
+        for manifest in sorted(run_dir.glob("*.manifest.json")):
+            out[f"{bench}/manifests/{model}/run-{k}/{manifest.name}"] = manifest.read_bytes()
+    return out
+
+
+def card(benches: list[str], repo: str) -> str:
+    """The dataset card: YAML configs for the Hub's viewer, one pair per benchmark, and where the rest lies."""
+    configs = "".join(
+        f"  - config_name: {b}\n    data_files:\n      - split: samples\n        path: {b}/samples.jsonl\n"
+        f"  - config_name: {b}-leaderboard\n    data_files:\n      - split: leaderboard\n"
+        f"        path: {b}/leaderboard.jsonl\n"
+        for b in sorted(benches)
+    )
+    listing = "\n".join(
+        f"- `{b}`: per-sample results (`{b}/samples.jsonl`), the leaderboard (`{b}/aggregate.md`, "
+        f"`{b}/leaderboard.jsonl`) and the stages' manifests (`{b}/manifests/`)"
+        for b in sorted(benches)
+    )
+    return (
+        f"---\npretty_name: {repo.split('/')[1]}\ntags:\n  - evaluation\n  - evalpipe\nconfigs:\n{configs}---\n\n"
+        f"# {repo}\n\nEvaluation results published by evalpipe, one folder per benchmark:\n\n{listing}\n\n"
+        "Each sample row: benchmark, model, run, task id, score, statuses, tokens, latency, and the model the "
+        "endpoint said answered (`response_model`, `system_fingerprint`). Prompts and answers are included only "
+        "when published with `--with-prompts`.\n"
+    )
+
+
+def publish(outputs_dir: Path, bench: str, repo: str, with_prompts: bool = False, private: bool = False):
+    """Upload; returns huggingface_hub's CommitInfo (of the repo's head when nothing changed) and whether a new
+    commit was made."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    staged = files(outputs_dir, bench, with_prompts)
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now: huggingface_hub reads it at import
+    api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
+    head = api.repo_info(repo, repo_type="dataset", revision="main")
+    present = [sibling.rfilename for sibling in head.siblings or []]
+    benches = {path.split("/", 1)[0] for path in present if path.endswith("/samples.jsonl")} | {bench}
+    staged["README.md"] = card(sorted(benches), repo).encode()
+    operations: list = [CommitOperationAdd(path, data) for path, data in sorted(staged.items())]
+    operations += [
+        CommitOperationDelete(path) for path in present if path.startswith(f"{bench}/") and path not in staged
+    ]
+    commit = api.create_commit(repo, operations, commit_message=f"evalpipe: {bench} results", repo_type="dataset")
+    return commit, commit.oid != head.sha
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.results.publish", description=__doc__)
+    parser.add_argument("bench", help="the benchmark folder under --outputs-dir")
+    parser.add_argument("repo", help="the Hub dataset repo, owner/name")
+    parser.add_argument("--outputs-dir", type=Path, default=Path("outputs"))
+    parser.add_argument("--with-prompts", action="store_true", help="also publish prompts and answers")
+    parser.add_argument("--private", action="store_true", help="create the repo private (an existing one stays)")
+    args = parser.parse_args(argv)
+    if not REPO.fullmatch(args.repo):
+        parser.error(f"REPO={args.repo}: expected owner/name")
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        print("publish: huggingface_hub is not installed: `make publish` installs it", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)
+    except BadInput as exc:
+        print(f"publish: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        hint = ": set HF_TOKEN to a token that may write to it" if status in (401, 403) else ""
+        print(f"publish: the Hub refused {args.repo} (HTTP {status}){hint}", file=sys.stderr)
+        return EXIT_ENDPOINT_REFUSED if status in (401, 403, 404) else EXIT_UNREACHABLE
+    except Exception as exc:  # connection refused, DNS, TLS, timeouts: OSErrors, or httpx's own
+        if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("httpx", "httpcore")):
+            raise
+        print(f"publish: cannot reach the Hub: {type(exc).__name__}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if changed:
+        print(f"publish: {args.bench} → {commit.commit_url}", file=sys.stderr)
+    else:
+        print(f"publish: {args.bench}: nothing changed since {commit.commit_url}; no new commit", file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
