@@ -11,6 +11,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 REPORT_STAMP := $(VENV)/.report-installed
 DATA_STAMP := $(VENV)/.data-installed
 BROWSER_STAMP := $(VENV)/.browser-installed
+SLURM_STAMP := $(VENV)/.slurm-installed
 
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
@@ -27,7 +28,7 @@ UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIAB
 pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
-.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench clean-venv
+.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench slurm-check clean-venv
 
 install: $(STAMP)
 
@@ -72,10 +73,29 @@ $(BROWSER_STAMP): | $(STAMP)
 	  then touch $@; else echo "browser: apt-get could not install chromium chromium-driver (the browser tests need them)" >&2; exit 1; fi; \
 	else echo "browser: no chromium/chromedriver, and installing needs root and apt-get: the browser tests will be skipped"; fi
 
+# Debian's Slurm (slurmctld, slurmd, the client commands) and munge, for the test that runs shards as a job
+# array on a throwaway single-node cluster (evalpipe/devtools/slurmcluster.py): installed when missing and
+# possible (Debian, as root), without the optional plugins. Otherwise no stamp is made, and that test skips and
+# says why. The test uses none of the packages' services (on a host run by systemd, apt starts munge's).
+$(SLURM_STAMP): | $(STAMP)
+	@if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
+	  && command -v munged >/dev/null 2>&1; then touch $@; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "slurm: installing Debian's slurmctld, slurmd, slurm-client and munge (the Slurm job array test)"; \
+	  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    slurmctld slurmd slurm-client munge >/dev/null; \
+	  then touch $@; else echo "slurm: apt-get could not install slurmctld slurmd slurm-client munge (the Slurm test needs them)" >&2; exit 1; fi; \
+	else echo "slurm: no slurmctld/slurmd/sbatch/munged, and installing needs root and apt-get: the Slurm test will be skipped"; fi
+
+# Installs Slurm as above, starts the throwaway cluster, runs a 2-task job array on it and stops it (a few
+# seconds): says whether the Slurm test can run here, and if not, why (exit 1).
+slurm-check: $(STAMP) $(SLURM_STAMP)
+	$(PYTHON) -m evalpipe.devtools.slurmcluster check
+
 # The tests run only once lint passes, so CI (`make test`) keeps it green. The code is compiled first: the
 # tests start hundreds of stage scripts, and where PYTHONDONTWRITEBYTECODE is set (these machines) each would
 # compile every module again (about 60 ms a start).
-test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP) $(DEMO_STAMP) $(BROWSER_STAMP)
+test: lint $(STAMP) $(REPORT_STAMP) $(DATA_STAMP) $(DEMO_STAMP) $(BROWSER_STAMP) $(SLURM_STAMP)
 	$(PYTHON) -m compileall -q evalpipe *.py >/dev/null
 	$(PYTHON) -m pytest -q
 
