@@ -5,7 +5,6 @@ them, are priced as cached input; reasoning tokens are already part of completio
 OpenAI reports them) and are shown separately for information only.
 """
 
-import bisect
 import math
 import os
 import re
@@ -98,42 +97,18 @@ def load_prices(path: Path | None = None) -> Prices:
 
 def percentiles(values: Sequence[float], points=(50, 90, 99)) -> dict[str, float]:
     """Nearest-rank percentiles (each one an observed value)."""
-    return sorted_runs_percentiles([sorted(values)], points)
-
-
-def sorted_runs_percentiles(runs: Sequence[Sequence[float]], points=(50, 90, 99)) -> dict[str, float]:
-    """`percentiles` of the values of sorted runs, found in them by bisection: a million latencies in two
-    arrays are not merged into a list of a million floats."""
-    count = sum(map(len, runs))
-    if not count:
+    if not values:
         return {}
-    out = {f"p{p}": _kth_smallest(runs, max(0, math.ceil(p / 100 * count) - 1)) for p in points}
-    out["max"] = max(run[-1] for run in runs if run)
+    ordered = sorted(values)
+    out = {f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}
+    out["max"] = ordered[-1]
     return out
-
-
-def _kth_smallest(runs: Sequence[Sequence[float]], k: int) -> float:
-    """The k-th smallest value (from 0) of the sorted runs: in each run, the first value with more than k values
-    at or below it; the least of those."""
-    found = []
-    for run in runs:
-        low, high = 0, len(run)
-        while low < high:
-            middle = (low + high) // 2
-            if sum(bisect.bisect_right(other, run[middle]) for other in runs) > k:
-                high = middle
-            else:
-                low = middle + 1
-        if low < len(run):
-            found.append(run[low])
-    return min(found)
 
 
 @dataclass
 class _StageTally:
     calls: int = 0
     latencies: array = field(default_factory=lambda: array("d"))  # a million calls: 8 MB, not a list of floats
-    sorted_runs: list[array] = field(default_factory=list)  # more latencies, in runs each sorted (sort_latencies)
     usages: dict = field(default_factory=dict)  # (model, via batch) -> the calls' token counts, summed as added
     batch_calls: int = 0
 
@@ -178,27 +153,6 @@ class Ledger:
         self.add(stage, model, usage, None, calls, batch)
         self.stages[stage].latencies.extend(latencies)
 
-    def merge(self, other: "Ledger") -> None:
-        """Add another ledger's calls (of other rows of the run)."""
-        for stage, theirs in other.stages.items():
-            tally = self.stages.get(stage)
-            if tally is None:
-                tally = self.stages[stage] = _StageTally()
-            tally.calls += theirs.calls
-            tally.batch_calls += theirs.batch_calls
-            tally.latencies.extend(theirs.latencies)
-            tally.sorted_runs += theirs.sorted_runs
-            for group, counts in theirs.usages.items():
-                tally.usages[group] = add_counts(tally.usages.get(group, {}), counts)
-
-    def sort_latencies(self) -> None:
-        """Sort each stage's latencies into a run of their own (the runs of merged ledgers are kept apart: the
-        percentiles are found in them as they are)."""
-        for tally in self.stages.values():
-            if tally.latencies:
-                tally.sorted_runs.append(array("d", sorted(tally.latencies)))
-                tally.latencies = array("d")
-
     def summary(self, prices: Prices) -> dict:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
         total, unpriced = 0.0, set()
@@ -220,7 +174,7 @@ class Ledger:
                 "calls": tally.calls,
                 "batch_calls": tally.batch_calls,
                 "tokens": tokens,
-                "latency_s": {k: round(v, 3) for k, v in sorted_runs_percentiles(_runs(tally)).items()},
+                "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
                 "models": models,
                 "cost_usd": round(cost, 6) if priced else None,
             }
@@ -228,12 +182,6 @@ class Ledger:
         out["cost_usd"] = None if unpriced else round(total, 6)
         out["unpriced_models"] = sorted(unpriced)
         return out
-
-
-def _runs(tally: _StageTally) -> list[Sequence[float]]:
-    """A stage's latencies as sorted runs."""
-    runs: list[Sequence[float]] = [*tally.sorted_runs]
-    return runs + [sorted(tally.latencies)] if tally.latencies else runs
 
 
 def format_summary(summary: dict) -> str:

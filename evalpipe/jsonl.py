@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain, count
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,34 +47,21 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
     A line that is not a JSON object is a BadInput error naming the file and line, except a
     last line without a newline when torn_tail_ok (a write cut short): it is skipped.
     """
-    for first, rows in iter_row_chunks(path, torn_tail_ok=torn_tail_ok):
-        yield from zip(range(first, first + len(rows)), rows)
+    chunks = iter_row_chunks(path, torn_tail_ok=torn_tail_ok)
+    return chain.from_iterable(zip(count(first), rows) for first, rows in chunks)  # no generator step per row
 
 
-def iter_row_chunks(
-    path: str | os.PathLike, *, torn_tail_ok: bool = False, start: int = 0, stop: int | None = None
-) -> Iterator[tuple[int, list[dict]]]:
-    """`iter_rows` a chunk at a time: (line number of the first row, rows of consecutive lines).
-
-    With `start` and `stop` (byte offsets at line starts, as `line_ranges` gives them), only the lines
-    between are read, and line numbers count from `start`."""
+def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterator[tuple[int, list[dict]]]:
+    """`iter_rows` a chunk at a time: (line number of the first row, rows of consecutive lines)."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb", buffering=1 << 20)  # fewer reads of the file
     except OSError as exc:
         raise BadInput(f"cannot read: {exc.strerror}", path) from None
     with f:
         loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-        f.seek(start)
-        left = None if stop is None else stop - start  # bytes of the range not yet read
         before = 0  # lines read before this chunk
-        while left != 0 and (lines := f.readlines(_CHUNK_BYTES)):
-            if left is not None:
-                left -= sum(map(len, lines))
-                while left < 0:  # read past the range: its last lines belong to the next one
-                    left += len(lines.pop())
-                if not lines:
-                    break
-            if before == 0 and start == 0 and lines[0].startswith(BOM):
+        while lines := f.readlines(_CHUNK_BYTES):
+            if before == 0 and lines[0].startswith(BOM):
                 lines[0] = lines[0][len(BOM) :]
             try:
                 rows = list(map(loads, lines))
@@ -101,22 +89,6 @@ def iter_row_chunks(
                         raise BadInput(msg, path, lineno)
                     yield lineno, [row]
             before += len(lines)
-
-
-def line_ranges(path: str | os.PathLike, parts: int) -> list[tuple[int, int | None]]:
-    """(start, stop) byte offsets that cut a file into at most `parts` runs of whole lines of about equal size;
-    the last runs to the end of the file (stop None)."""
-    size = os.path.getsize(path)
-    cuts = [0]
-    with open(path, "rb") as f:
-        for part in range(1, parts):
-            f.seek(max(cuts[-1], size * part // parts - 1))
-            f.readline()  # to the start of the next line
-            if f.tell() >= size:
-                break
-            if f.tell() > cuts[-1]:
-                cuts.append(f.tell())
-    return [*zip(cuts, cuts[1:]), (cuts[-1], None)]
 
 
 def latest_rows(

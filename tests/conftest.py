@@ -1,12 +1,9 @@
-import atexit
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,10 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "clbench" / "sample.jsonl"
 SHARED = ROOT.parent / "shared"
 API_KEY = "sk-test-SECRET-0123456789abcdef"
-
-# the stages the tests run keep their task cache (evalpipe/task_cache.py) here, not in the project
-os.environ["EVALPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="evalpipe-test-cache-")
-atexit.register(shutil.rmtree, os.environ["EVALPIPE_CACHE_DIR"], True)
 
 
 def judge_json(score: int, n: int, rationale: str = "checked") -> str:

@@ -106,26 +106,3 @@ def test_ids_in_slices_our_ids_and_parses_the_rest(tmp_path):
     path.write_bytes(b'{"idx":"a","v":1}\nnot json\n{"idx":"b","v":2}\n')
     with pytest.raises(BadInput, match=":2:"):
         jsonl.ids_in(path, key)
-
-
-def test_a_file_read_in_line_ranges_gives_the_rows_and_line_numbers_of_reading_it_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl, "_CHUNK_BYTES", 64)  # many chunks per range
-    rng = __import__("random").Random(7)
-    path = tmp_path / "rows.jsonl"
-    for trial in range(200):
-        lines = [
-            b"\n" if rng.random() < 0.08 else b'{"i":%d,"p":"%s"}\n' % (i, b"x" * rng.randint(0, 60))
-            for i in range(rng.randint(0, 60))
-        ]
-        data = b"".join(lines) + (b'{"torn' if rng.random() < 0.3 else b"")
-        path.write_bytes(data)
-        whole = list(jsonl.iter_rows(path, torn_tail_ok=True))
-        for parts in (1, 2, 3, 7):
-            ranges = jsonl.line_ranges(path, parts)
-            assert len(ranges) <= parts and ranges[0][0] == 0 and ranges[-1][1] is None
-            got = []
-            for start, stop in ranges:
-                before = data[:start].count(b"\n")
-                for first, rows in jsonl.iter_row_chunks(path, torn_tail_ok=True, start=start, stop=stop):
-                    got += [(before + first + i, row) for i, row in enumerate(rows)]
-            assert got == whole, (trial, parts, ranges)

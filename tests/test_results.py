@@ -2,11 +2,9 @@
 
 import json
 import math
-import random
 import re
 import struct
 import subprocess
-from array import array
 
 import pytest
 
@@ -129,19 +127,6 @@ def test_cost_arithmetic_and_price_lookup():
     assert math.isclose(prices.cost("gpt-x-mini", {"prompt_tokens": 500, "completion_tokens": 500}), (100 + 400) / 1e6)
     assert cost.percentiles([0.4, 0.1, 0.3, 0.2, 5.0]) == {"p50": 0.3, "p90": 5.0, "p99": 5.0, "max": 5.0}
     assert cost.percentiles(list(range(1, 101))) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
-
-
-def test_percentiles_of_sorted_runs_are_those_of_their_values_merged():
-    rng = random.Random(7)
-    for _ in range(2000):
-        runs = [
-            sorted(rng.choice([rng.random(), rng.randint(0, 4)]) for _ in range(rng.randint(0, 25))) for _ in range(3)
-        ]
-        runs = runs[: rng.randint(1, 3)]
-        merged = [value for run in runs for value in run]
-        if merged:  # ties within and across runs, empty runs, one run
-            assert cost.sorted_runs_percentiles([array("d", run) for run in runs]) == cost.percentiles(merged), runs
-    assert cost.sorted_runs_percentiles([array("d"), array("d")]) == {}
 
 
 def test_the_bundled_price_table_is_dated_and_marked_for_review():

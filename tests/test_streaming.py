@@ -1,8 +1,8 @@
 """Stages that stream their files: score joins judge rows to the dataset in whatever order they were written,
-judge reads the latest row of an id that has several, each as when the whole file was held by id."""
+judge reads the latest row of an id that has several, each as when the whole file was held by id; score counts
+the calls of a block of rows at once as cost.api_calls counts them row by row."""
 
 import asyncio
-import os
 import random
 import subprocess
 import sys
@@ -10,9 +10,10 @@ import sys
 import orjson
 import pytest
 
+from evalpipe import cost
 from evalpipe.benchmarks.coin_flip import CoinFlip
 from evalpipe.results import items
-from evalpipe.stages import score
+from evalpipe.stages import score, score_input
 
 from .conftest import ROOT, read_jsonl, score_missing_one, write_jsonl
 
@@ -25,20 +26,8 @@ def judge_row(bench, task, output: str, tokens: int) -> dict:
     return asyncio.run(bench.grade(row, None))
 
 
-# score as it runs over large files, on small ones: the dataset, three parts of the judge file and the items
-# file each in a forked process
-FORKED = "import sys, score; from evalpipe import task_cache; from evalpipe.stages import joined, score as s; "
-FORKED += "s.FORK_ABOVE_TASKS = 0; joined.FORK_ABOVE_BYTES = 0; joined.JUDGE_PARTS = 3; "
-# chunks and lookup windows small beside the file: rows come before and after the window about them
-FORKED += "task_cache.CHUNK = 50; joined._WINDOW = 8; sys.exit(score.run_stage('score', s.main))"
-# the same where there is no fork (Windows): every part is read in this process, as it is needed
-NO_FORK = "import os; del os.fork; " + FORKED
-HOW = {"in one process": None, "forked": FORKED, "parts, no fork": NO_FORK}
-
-
-@pytest.mark.parametrize("how", list(HOW))
 @pytest.mark.parametrize("order", ["dataset", "a little out of order", "one far behind", "reversed"])
-def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order, how):
+def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_path, order):
     src = (ROOT / "data" / "coin_flip" / "test.jsonl").read_text().splitlines(keepends=True)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(src[i % len(src)] for i in range(N)))
@@ -56,16 +45,16 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
             block = rows[start : start + 64]
             rng.shuffle(block)
             rows[start : start + 64] = block
-    # a row of no selected task makes the table of ids; without one, the row far behind is found among the tasks
-    # passed over
-    extra = order != "one far behind"
+    # a row of no selected task, tasks judged again, both or neither: the calls counted are those of the rows kept
+    extra = order in ("a little out of order", "reversed")
     if extra:
         rows.insert(100, {"idx": "not-in-the-dataset", "prediction": "YES", "usage": {"prompt_tokens": 5}})
-    for again in (1, 11):  # judged again: the last row counts (reversed, task 1's comes when it is next in order)
-        rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
+    if order in ("a little out of order", "one far behind"):
+        for again in (1, 11):  # judged again: the last row counts
+            rows.append(judge_row(bench, tasks[again], "ANSWER: YES", 10**6 + again))
     write_jsonl(tmp_path / "judge.jsonl", rows)
 
-    got = score_missing_one(tmp_path, data, {"PYTHONPATH": str(ROOT)}, ["-c", HOW[how]] if HOW[how] else None)
+    got = score_missing_one(tmp_path, data)
 
     latest = {row["idx"]: row for row in rows}  # held whole, by id
     expected = score.summarize(bench, tasks, latest)
@@ -100,23 +89,49 @@ def test_judge_grades_the_latest_row_of_a_repeated_id_in_first_seen_order(tmp_pa
     assert orjson.loads((tmp_path / "judge.jsonl").read_bytes().splitlines()[1]) == graded[1]
 
 
-def test_a_bad_judge_line_read_by_a_later_part_is_named_by_its_line_in_the_file(tmp_path):
+def test_a_bad_judge_line_is_named_by_its_line_in_the_file(tmp_path):
     bench = CoinFlip()
     data = ROOT / "data" / "coin_flip" / "test.jsonl"
     tasks = bench.load(data)
     rows = [judge_row(bench, t, "ANSWER: YES", 1) for t in tasks] * 4
     lines = [orjson.dumps(row) + b"\n" for row in rows]
-    bad = len(lines) * 5 // 6  # in the third of three parts
+    bad = len(lines) * 5 // 6  # in a later chunk of the file
     lines[bad] = b'{"idx": "x", "prediction": \n'
     (tmp_path / "judge.jsonl").write_bytes(b"".join(lines))
-    command = [sys.executable, "-c", FORKED, "--bench", "coin_flip", "--input", "judge.jsonl"]
-    done = subprocess.run(
-        [*command, "--data", str(data)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    command = [sys.executable, str(ROOT / "score.py"), "--bench", "coin_flip", "--input", "judge.jsonl"]
+    done = subprocess.run([*command, "--data", str(data)], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert f"judge.jsonl:{bad + 1}: invalid JSON" in done.stderr
     assert not (tmp_path / "score.json").exists() and not (tmp_path / "items.json").exists()
+
+
+def test_calls_counted_a_block_at_a_time_are_those_cost_api_calls_finds_row_by_row():
+    rng = random.Random(3)
+    shapes = [
+        lambda: {"model": "m", "usage": {"prompt_tokens": rng.randint(0, 9)}, "latency_s": rng.random()},
+        lambda: {"model": "m", "usage": {"prompt_tokens": 3, "cached_tokens": 1}, "latency_s": None},
+        lambda: {"model": "m", "usage": None, "latency_s": 0.5},
+        lambda: {"model": "n", "usage": {"completion_tokens": 2}, "latency_s": 1},
+        lambda: {"model": "m", "latency_s": 0.25},
+        lambda: {"model": "m", "usage": {"prompt_tokens": 1}, "latency_s": 0.1, "batch": True},
+        lambda: {"usage": {"prompt_tokens": 4}, "latency_s": 0.2},
+        lambda: {"model": "m", "calls": {"a": {"usage": {"prompt_tokens": 5}, "latency_s": 0.3}}},
+        lambda: {"model": "m", "usage": {}, "latency_s": 0.1, "judge_model": "j", "judge_usage": {"prompt_tokens": 7}},
+        lambda: {"model": "m", "usage": {"prompt_tokens": 1}, "latency_s": 0.1, "analysis_model": "a"},
+        lambda: {"idx": "no calls"},
+    ]
+    for trial in range(200):
+        # each block of rows of one to three shapes: of one, as a run's rows are, it is counted at once where it can be
+        blocks = [[rng.choice(kinds)() for _ in range(rng.randint(0, 6))] for kinds in _kinds(rng, shapes)]
+        by_block, by_row = cost.Ledger(), cost.Ledger()
+        for block in blocks:
+            score_input.add_calls(by_block, block)
+            for row in block:
+                for call in cost.api_calls(row):
+                    by_row.add(*call)
+        prices = cost.load_prices()
+        assert by_block.summary(prices) == by_row.summary(prices), (trial, blocks)
+
+
+def _kinds(rng: random.Random, shapes: list) -> list[list]:
+    return [rng.sample(shapes, rng.choice([1, 1, 2, 3])) for _ in range(rng.randint(1, 4))]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import cli, cost, jsonl, manifest, paths, task_cache
+from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..checkpoint import StepCache
 from ..datasets import hub
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
     """infer.py: load and select the tasks, then let the engine run those without a row."""
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
-    data_sha = task_cache.dataset_sha256(Path(data))
-    tasks = Selected(bench, Path(data), args.max_samples, data_sha)  # prefix first, then resume, as upstream
+    tasks = Selected(bench, Path(data), args.max_samples)  # prefix first, then resume, as upstream
+    data_sha = manifest.sha256_file(Path(data))
     gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
@@ -63,23 +63,13 @@ def main(argv: list[str]) -> int:
 class Selected:
     """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones,
     so that infer holds the done ids, never the tasks. A benchmark that reads its dataset whole, or selects
-    other than a prefix, is held as it loads. Where the task cache keeps the selection (`task_cache`), it is
-    counted there, made while counting the first time, and the pending ones are counted among its ids: the
-    dataset is read again only for tasks to run."""
+    other than a prefix, is held as it loads."""
 
-    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None, data_sha256: str):
+    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None):
         self.bench, self.data, self.max_samples = bench, data, max_samples
         lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and type(bench).select is Benchmark.select
         self.held = None if lazy else list(bench.selected(data, max_samples))
-        kept = lazy and task_cache.keeps(bench, data)
-        self.entry = task_cache.Entry(bench, data, max_samples, data_sha256) if kept else None
-        if self.held is not None:
-            self.count = len(self.held)
-        elif self.entry is not None:
-            chunks = self.entry.read() or self.entry.recorded(task_cache.selected_chunks(bench, data, max_samples))
-            self.count = sum(len(ids) for ids, _, _ in chunks)
-        else:
-            self.count = sum(1 for _ in self._read())
+        self.count = len(self.held) if self.held is not None else sum(1 for _ in self._read())
 
     def __len__(self) -> int:
         """How many tasks are selected."""
@@ -96,9 +86,6 @@ class Selected:
 
         if self.held is not None:
             return engine.Pending(sum(1 for task in self.held if task.id not in done), tasks)
-        cached = self.entry.read() if self.entry is not None else None
-        if cached is not None:
-            return engine.Pending(sum(len(ids) - sum(map(done.__contains__, ids)) for ids, _, _ in cached), tasks)
         return engine.Pending(sum(1 for _ in tasks()), tasks)
 
 

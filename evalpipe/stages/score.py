@@ -1,23 +1,22 @@
 """score: one run's metrics from its judge rows, with coverage against the selected tasks."""
 
 import argparse
-import functools
 import gc
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, parallel, paths, task_cache
+from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import ErrorAnalysis, JudgedRows, TaskList, judge_rows, task_ids
+from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, items
 from ..rows import Coverage
-from .joined import Join, judged_rows_only, selected_in_parallel
+from . import score_input
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -70,14 +69,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
         )
         return None, None, "judged rows only", None
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else ""), None
-
-
-def _selected(bench: Benchmark, data: Path, max_samples: int | None, recorded_sha256: str | None) -> Iterator:
-    """The chunks of the selected tasks (`selected_in_parallel`), the dataset first checked against infer's record."""
-    sha256 = functools.cache(functools.partial(task_cache.dataset_sha256, data))
-    if recorded_sha256 is not None and sha256() != recorded_sha256:
-        print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
-    return selected_in_parallel(bench, data, max_samples, sha256)
 
 
 def coverage(
@@ -172,20 +163,16 @@ def main(argv: list[str]) -> int:
     fields = (*bench.score_fields, "judge_status")
     data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
     if data is None:
-        tasks, rows, ledger = judged_rows_only(bench, judge_path, fields)
+        tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
         extra = 0
     else:
-        joined = Join(functools.partial(_selected, bench, data, max_samples, recorded_sha256), bench.task_fields)
-        ledger = joined.read(judge_path, fields)
-        tasks, rows, extra = joined.tasks(), joined.rows, len(joined.extra)
-        del joined
+        if recorded_sha256 is not None and manifest.sha256_file(data) != recorded_sha256:
+            print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
+        tasks, rows, extra, ledger = score_input.judged_tasks(bench, data, max_samples, judge_path, fields)
     judged = _Judged(tasks, rows, extra)
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
-    # per-item values for aggregate's item-level error bars, written while the metrics are computed (by a forked
-    # process when there are many) and before score.json, so that a score.json is never older than its items
-    items_written = write_items(bench, tasks, judged, paths.items_path(output))
     metrics = summarize(bench, tasks, judged)
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
@@ -206,7 +193,11 @@ def main(argv: list[str]) -> int:
         second = agreement.for_run(bench, judge_path)
         if second is not None:
             metrics["agreement"] = second
-    items_written()
+    # per-item values for aggregate's item-level error bars, written before score.json, so that a score.json is
+    # never older than its items
+    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.item_cluster, columns))
+    del columns
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))
     print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
@@ -214,24 +205,6 @@ def main(argv: list[str]) -> int:
         print(agreement.format_report(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
     return _exit_code(metrics["coverage"])
-
-
-# More tasks than this: the items file is written by a forked process while this one computes the metrics.
-FORK_ABOVE_TASKS = 20_000
-
-
-def write_items(bench: Benchmark, tasks: TaskList, judged: Mapping, path: Path) -> Callable[[], None]:
-    """Write the run's items file, in a forked process when there are many tasks; what is returned waits for
-    it to be written."""
-
-    def write() -> None:
-        columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
-        jsonl.atomic_write(path, items.encoded(bench.name, bench.item_cluster, columns))
-
-    if len(tasks) > FORK_ABOVE_TASKS:
-        return parallel.call_in_child(write)
-    write()
-    return lambda: None
 
 
 def _require(judge_path: Path) -> None:

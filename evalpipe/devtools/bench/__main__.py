@@ -2,7 +2,6 @@
 
 import argparse
 import importlib
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     rows: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="evalpipe-bench-") as tmp:
-        os.environ["EVALPIPE_CACHE_DIR"] = str(Path(tmp) / "task-cache")  # the stages' task cache, not the project's
         for part in args.only:
             work = Path(tmp) / part
             work.mkdir()

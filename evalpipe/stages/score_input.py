@@ -1,0 +1,162 @@
+"""What score reads, in one plain pass over each file: the selected tasks (their ids, and the fields the figures
+read of their rows), then the judge rows (their ids, the fields the figures read, and the calls they record),
+joined by id. Rows are parsed and looked at a block at a time; a million rows are held as their ids and a
+handful of distinct dicts of those fields, never whole."""
+
+from array import array
+from collections.abc import Iterator
+from itertools import chain, count, islice, repeat
+from operator import attrgetter, itemgetter
+from pathlib import Path
+
+from .. import cost, jsonl
+from ..benchmarks import Benchmark, row_id
+from ..benchmarks.base import TaskList
+
+BLOCK = 4096  # tasks looked at at once
+
+
+def judged_tasks(
+    bench: Benchmark, data: Path, max_samples: int | None, judge_path: Path, fields: tuple[str, ...]
+) -> tuple[TaskList, list, int, cost.Ledger]:
+    """The selected tasks (each row held as the fields the figures read, `task_fields`); each one's last judge
+    row on `fields` (None: no row), aligned with them; how many ids of the judge file are of no selected task;
+    and the calls of the rows kept."""
+    tasks = selected_tasks(bench, data, max_samples)
+    judge_ids, judge_rows, ledger = _judge_rows(judge_path, fields)
+    read = len(judge_ids)
+    # joined once both files are read: the table of a million ids is made and read at once, while in the cache
+    latest = dict(zip(judge_ids, judge_rows))
+    del judge_ids, judge_rows
+    rows = list(map(latest.pop, tasks.ids, repeat(None)))  # an id that repeats in the dataset: its first task's
+    extra = len(latest)
+    if read > len(rows) - rows.count(None):  # rows of other tasks, or several of a task (judged again)
+        ledger = _recounted(judge_path, tasks.ids)  # only the calls of the rows kept are the run's
+    return tasks, rows, extra, ledger
+
+
+def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> TaskList:
+    """The selected tasks, each row held as the fields the benchmark's figures read (`task_fields`)."""
+    ids: list = []
+    rows: list[dict] = []
+    shared = Shared(bench.task_fields)
+    tasks = bench.selected(data, max_samples)
+    while block := list(islice(tasks, BLOCK)):
+        ids += map(_ID, block)
+        rows += shared(list(map(_ROW, block)))
+    return TaskList(ids, rows)
+
+
+_ID, _ROW, _IDX = attrgetter("id"), attrgetter("row"), itemgetter("idx")
+
+
+def _judge_rows(path: Path, fields: tuple[str, ...]) -> tuple[list, list, cost.Ledger]:
+    """The ids of the judge file's rows, in order, the rows on `fields`, and the calls of them all."""
+    ids: list = []
+    rows: list = []
+    shared, ledger = Shared(fields), cost.Ledger()
+    for _, block_ids, block in _blocks(path):
+        ids += block_ids
+        rows += shared(block)
+        add_calls(ledger, block)
+    return ids, rows, ledger
+
+
+def _blocks(path: Path) -> Iterator[tuple[int, list, list[dict]]]:
+    """The judge rows a block at a time: which row of the file the first is (0, 1, ...), their ids, the rows."""
+    ordinal = 0
+    for _, block in jsonl.iter_row_chunks(path, torn_tail_ok=True):
+        try:
+            ids = list(map(_IDX, block))
+        except KeyError:
+            ids = list(map(row_id, block))
+        yield ordinal, ids, block
+        ordinal += len(block)
+
+
+def _recounted(path: Path, selected: list) -> cost.Ledger:
+    """The calls of each selected task's last row only: which row of the file that is, then those rows."""
+    last = dict.fromkeys(selected, -1)
+    for ordinal, ids, _ in _blocks(path):
+        last.update((key, n) for n, key in enumerate(ids, ordinal) if key in last)
+    ledger = cost.Ledger()
+    for ordinal, ids, block in _blocks(path):
+        add_calls(ledger, [row for n, key, row in zip(count(ordinal), ids, block) if last.get(key) == n])
+    return ledger
+
+
+def judged_rows_only(bench: Benchmark, path: Path, fields: tuple[str, ...]) -> tuple[TaskList, list, cost.Ledger]:
+    """With no dataset known: the judge rows stand in for it (their last row per id, as tasks); those rows
+    on `fields`, and the calls they record."""
+    latest = jsonl.latest_rows(path, row_id)
+    rows = list(latest.values())
+    ledger = cost.Ledger()
+    add_calls(ledger, rows)
+    return TaskList(list(latest), Shared(bench.task_fields)(rows)), Shared(fields)(rows), ledger
+
+
+_ABSENT = object()
+# Values of these types equal only values of their own type: their projections need no type beside them.
+_PLAIN = {str, type(None)}
+
+
+class Shared:
+    """Rows → their `fields` (those they have; None: the whole row), one dict per distinct projection. Values
+    are told apart by type too (1, 1.0 and true are equal keys); a list or object among them makes a dict of
+    the row's own."""
+
+    def __init__(self, fields: tuple[str, ...] | None):
+        self.fields = fields
+        self._values = itemgetter(*fields) if fields else None
+        self._seen: dict = {}
+
+    def __call__(self, rows: list[dict]) -> list[dict]:
+        if self.fields is None:
+            return rows
+        try:  # every row has every field, and no value needs its type beside it: at once
+            keys = list(map(self._values, rows))  # type: ignore[arg-type]
+            distinct = set(keys)  # a value equal to a string or None is one
+            values = distinct if len(self.fields) == 1 else chain.from_iterable(distinct)
+            plain = set(map(type, values)) <= _PLAIN
+        except (KeyError, TypeError):  # a field missing, or a list or an object
+            plain = False
+        if not plain:
+            return list(map(self._one, rows))
+        for key in distinct.difference(self._seen):
+            self._seen[key] = self._made(key if len(self.fields) > 1 else (key,))
+        return list(map(self._seen.__getitem__, keys))
+
+    def _one(self, row: dict) -> dict:
+        values = tuple(row.get(field, _ABSENT) for field in self.fields or ())
+        key = (values, tuple(map(type, values)))
+        try:
+            return self._seen.setdefault(key, self._made(values))
+        except TypeError:  # a list or an object
+            return self._made(values)
+
+    def _made(self, values: tuple) -> dict:
+        return {field: value for field, value in zip(self.fields or (), values) if value is not _ABSENT}
+
+
+def add_calls(ledger: cost.Ledger, rows: list[dict]) -> None:
+    """Add the calls the rows record to the ledger, as `cost.api_calls` counts them: a block of rows of one call
+    each (a usage and a latency), of one model and not by batch, at once (a run's rows, but for the judge's
+    own calls); another block a row at a time."""
+    try:
+        models = set(map(_MODEL, rows))
+        usages = list(filter(None, map(_USAGE, rows)))
+        latencies = array("d", map(_LATENCY, rows))
+    except (KeyError, TypeError):  # a row without them, or a latency of None
+        models = set()
+    if len(models) != 1 or any(any(map(dict.__contains__, rows, repeat(key))) for key in _MORE_CALLS):
+        for row in rows:
+            for call in cost.api_calls(row):
+                ledger.add(*call)
+        return
+    sums = {key: sum(filter(None, map(dict.get, usages, repeat(key)))) for key in cost.TOKEN_KEYS}
+    ledger.add_many("infer", models.pop(), sums if usages else None, latencies, len(rows), False)
+
+
+# Keys of a row that records its calls otherwise.
+_MORE_CALLS = ("calls", "batch", "judge_usage", "judge_latency_s", "analysis_model")
+_MODEL, _USAGE, _LATENCY = itemgetter("model"), itemgetter("usage"), itemgetter("latency_s")

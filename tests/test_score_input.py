@@ -1,0 +1,45 @@
+"""score's projected rows: each row's values on the fields, as a handful of shared dicts, equal to the row's own
+values and of the same types (1, 1.0 and true are equal keys in Python, not the same value)."""
+
+import random
+
+import pytest
+
+from evalpipe.stages.score_input import Shared
+
+VALUES = ["YES", "NO", None, "", 1, 1.0, True, 0, False, 0.0, [1], {"a": 1}]
+
+
+def own(row: dict, fields: tuple[str, ...]) -> dict:
+    return {field: row[field] for field in fields if field in row}
+
+
+def typed(projection: dict) -> list:
+    return sorted((key, type(value).__name__, repr(value)) for key, value in projection.items())
+
+
+@pytest.mark.parametrize("fields", [("prediction",), ("prediction", "judge_status"), ("a", "b", "c")])
+def test_each_row_gets_its_own_values_in_a_shared_projection(fields):
+    rng = random.Random(len(fields))
+    shared = Shared(fields)
+    for block in range(60):
+        plain = block % 3 == 0  # every field there, each a string or None: the quick path
+        full = block % 3 == 1  # every field there, of any type
+        rows = []
+        for _ in range(rng.randint(0, 40)):
+            row = {"other": rng.random()}
+            for field in fields:
+                if plain:
+                    row[field] = rng.choice(["YES", "NO", None])
+                elif full or rng.random() < 0.8:
+                    row[field] = rng.choice(VALUES)
+            rows.append(row)
+        for row, projected in zip(rows, shared(rows), strict=True):
+            assert typed(projected) == typed(own(row, fields)), row
+    distinct = {id(projected) for _ in range(20) for projected in shared([{field: "YES" for field in fields}] * 50)}
+    assert len(distinct) == 1  # rows of one projection share one dict
+
+
+def test_without_fields_each_row_is_its_own_projection():
+    rows = [{"a": 1}, {"a": 1}]
+    assert Shared(None)(rows) is rows
