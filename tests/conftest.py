@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from evalpipe.devtools.slurmcluster import SlurmCluster, SlurmUnavailable
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +144,18 @@ def plain_http_port():
         yield listener.getsockname()[1]
     finally:
         listener.close()
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The throwaway single-node Slurm cluster (evalpipe/devtools/slurmcluster.py), one for the session; the test
+    skips, saying why, where it cannot start."""
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+    except SlurmUnavailable as e:
+        pytest.skip(f"no Slurm cluster: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()

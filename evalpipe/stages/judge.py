@@ -183,7 +183,7 @@ class InputRows:
     its ids only while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
 
     def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
-        self.path = path
+        self.path, self.keep = path, keep
         ids: set = set()
         self.repeated: dict = {}  # id → its latest row, for ids with several rows
         self.left_out: set = set()  # ids whose latest row `keep` does not accept
@@ -217,7 +217,8 @@ class InputRows:
         return engine.Pending(count, lambda: self._tasks(done))
 
     def _tasks(self, done: set) -> Iterator[Task]:
-        repeated, left_out, given = self.repeated, self.left_out, set()
+        # `keep` again: rows added since the count (another shard's answers, written meanwhile) are not given
+        repeated, left_out, keep, given = self.repeated, self.left_out, self.keep, set()
         for _, row in jsonl.run_rows(self.path):
             key = row_id(row)
             if key in repeated:
@@ -225,7 +226,7 @@ class InputRows:
                     continue
                 given.add(key)
                 row = repeated[key]
-            if key not in done and key not in left_out:
+            if key not in done and key not in left_out and (keep is None or keep(row)):
                 yield Task(id=key, row=row, line=0)
 
 
