@@ -22,6 +22,7 @@ import yaml
 from evalpipe import shards
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
+from evalpipe.results.viewer import collect
 
 from .conftest import API_KEY, ROOT, SAMPLE, Stage, is_judge, scripted
 
@@ -83,11 +84,32 @@ def runner(env, *words, check=0):
 
 
 def figures(run: Path) -> dict:
-    """What a run's score.json and items.json say of the tasks (not its cost, files or how it was cut)."""
+    """What a run's score.json and items.json say of the tasks (not its cost, files or how it was cut); what
+    `make report` makes of it (aggregate.md, every benchmark's leaderboard); what the viewer shows of it."""
     score = json.loads((run / "score.json").read_text())
     score["coverage"].pop("shards", None)
     kept = {k: v for k, v in score.items() if k not in ("cost", "selection", "judge_file")}
-    return {"score": kept, "items": json.loads((run / "items.json").read_text())}
+    outputs = run.parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = collect.read_run("clbench", "m", 1, run, collect.shape_for("clbench"), collect.Texts(None))
+    assert len(seen.samples) == seen.judge_rows == TASKS, seen.problems
+    return {
+        "score": kept,
+        "items": json.loads((run / "items.json").read_text()),
+        "report": (outputs / "clbench" / "aggregate.md").read_text(),
+        "viewer": {
+            "rows": (seen.infer_rows, seen.judge_rows, seen.expected),
+            "problems": seen.problems,
+            "samples": sorted((s["id"], s["pass"], s["status"], s["preview"]) for s in seen.samples),
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -333,3 +355,54 @@ def test_a_task_keeps_its_shard_and_shards_share_the_tasks():
     assert shards.index(7, 3) == shards.index(7, 3) and shards.whole(Path("a/judge-x.shard-0-of-2.jsonl")) == Path(
         "a/judge-x.jsonl"
     )
+
+
+@pytest.mark.e2e
+def test_a_stand_in_in_a_shard_file_is_redone_by_its_shard_not_by_an_uncut_run(endpoint, tmp_path):
+    """The one exception to resume across cuts (docs/scale.md): an uncut judge leaves it and says so (exit 3)."""
+    server, slow = endpoint
+    slow.delay = 0.0
+    data = tmp_path / "data.jsonl"
+    dataset(data)
+    stage = Stage(base_env(server), tmp_path)
+    common = ("--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out")
+    stage("infer", *common, "--input", data, check=0)
+    failing = "task-05"
+    k = shards.index("context-01", SHARDS)  # task-05's context
+
+    def judge_fails(request):
+        if is_judge(request) and f"[{failing}]" in request.last_content:
+            return replace(scripted(request), status=500, body=b'{"error": {"message": "judge down"}}')
+        return scripted(request)
+
+    server.handler = judge_fails
+    try:
+        stage("judge", *common, "--shard", f"{k}/{SHARDS}", "--max-retries", "0", check=3)
+    finally:
+        server.handler = slow
+    since = len(server.chat_requests())
+    uncut = stage("judge", *common, check=3)
+    assert "1 rows to do again are in shard files" in uncut.stderr
+    assert failing not in asked(server, since)[1]
+    stage("judge", *common, "--shard", f"{k}/{SHARDS}", check=0)
+    assert asked(server, since)[1][failing] == 1
+    scored = stage("score", "--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out", check=0)
+    assert "wrote" in scored.stderr
+
+
+def test_judge_gives_only_the_rows_it_counted(tmp_path):
+    """Another shard's answers written after judge counted its rows are not judged by this shard."""
+    from evalpipe.benchmarks import get
+    from evalpipe.stages.judge import InputRows, shard_filter
+
+    bench, shard = get("clbench"), shards.Shard(0, 2)
+    rows = [{"idx": f"t{i}", "metadata": {"context_id": f"c{i}"}} for i in range(40)]
+    mine = [row for row in rows if shard.takes(f"{row['metadata']['context_id']}")]
+    infer = tmp_path / "infer.jsonl"
+    infer.write_text("".join(json.dumps(row) + "\n" for row in rows[:20]))
+    counted = InputRows(infer, keep=shard_filter(bench, shard))
+    pending = counted.pending(set())
+    later = tmp_path / "infer.shard-1-of-2.jsonl"  # the other shard writes meanwhile
+    later.write_text("".join(json.dumps(row) + "\n" for row in rows[20:] if row not in mine))
+    given = [task.id for task in pending]
+    assert given == [row["idx"] for row in mine if row in rows[:20]] and len(given) == len(pending)
