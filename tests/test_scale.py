@@ -406,3 +406,21 @@ def test_judge_gives_only_the_rows_it_counted(tmp_path):
     later.write_text("".join(json.dumps(row) + "\n" for row in rows[20:] if row not in mine))
     given = [task.id for task in pending]
     assert given == [row["idx"] for row in mine if row in rows[:20]] and len(given) == len(pending)
+
+
+def test_shards_write_side_by_side_but_never_beside_an_uncut_run(tmp_path):
+    from evalpipe import lock
+    from evalpipe.errors import Locked
+
+    whole = tmp_path / "infer.jsonl"
+    first, second = shards.Shard(0, 2).path(whole), shards.Shard(1, 2).path(whole)
+    with lock.exclusive(first):
+        with lock.exclusive(second):
+            pass
+        with pytest.raises(Locked, match="being written by another run"), lock.exclusive(whole):
+            pass
+        with pytest.raises(Locked, match="being written by another run"), lock.exclusive(first):
+            pass
+    with lock.exclusive(whole):
+        with pytest.raises(Locked, match="being written by an uncut run on infer.jsonl"), lock.exclusive(second):
+            pass
