@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import shards
+from evalpipe import paths, shards
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.results.viewer import collect
@@ -276,17 +276,21 @@ def test_slurm_array_script_task_cancelled_mid_run_and_requeued(slurm, endpoint,
     check_merged(run, env, reference, server, since)
 
 
-@pytest.mark.e2e
-def test_resume_across_cuts_and_a_second_count_refused(endpoint, tmp_path):
-    """Half the run uncut, the rest as shards: no task asked twice; shards of another count: exit 2."""
+@pytest.fixture
+def stages(endpoint, tmp_path):
+    """The stage scripts against the endpoint, answering at once; the dataset; the flags of run 1."""
     server, slow = endpoint
     slow.delay = 0.0
-    data = tmp_path / "data.jsonl"
-    dataset(data)
-    env = base_env(server)
-    stage = Stage(env, tmp_path)
-    common = ("--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out")
-    run = tmp_path / "out" / "clbench" / "m" / "run-1"
+    dataset(tmp_path / "data.jsonl")
+    return Stage(base_env(server), tmp_path), tmp_path / "data.jsonl", ("--bench", "clbench", "--model", "m")
+
+
+@pytest.mark.e2e
+def test_resume_across_cuts_and_a_second_count_refused(endpoint, stages, tmp_path):
+    """Half the run uncut, the rest as shards: no task asked twice; shards of another count: exit 2."""
+    server, _ = endpoint
+    stage, data, common = stages
+    run = tmp_path / "outputs" / "clbench" / "m" / "run-1"
     since = len(server.chat_requests())
     stage("infer", *common, "--input", data, "--max-samples", TASKS // 2, check=0)
     for k in range(SHARDS):
@@ -299,9 +303,9 @@ def test_resume_across_cuts_and_a_second_count_refused(endpoint, tmp_path):
     refused = stage("infer", *common, "--input", data, "--shard", "1/8", check=2)
     assert "cut into 4 shards, not 8" in refused.stderr
     (run / "judge.shard-1-of-8.jsonl").write_text("")  # a second count beside the first: readers refuse too
-    refused = stage("score", "--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out", check=2)
+    refused = stage("score", *common, check=2)
     assert "shard files of 4 and of 8 shards" in refused.stderr
-    assert env["OPENAI_API_KEY"] not in refused.stderr
+    assert API_KEY not in refused.stderr
 
 
 @pytest.mark.parametrize(
@@ -346,7 +350,7 @@ def test_a_shard_that_cannot_be_is_refused(flag, count, env, says):
         shards.chosen(flag, count, env)
 
 
-def test_a_task_keeps_its_shard_and_shards_share_the_tasks():
+def test_a_task_keeps_its_shard_and_shards_share_the_tasks(tmp_path):
     keys = [f"task-{i}" for i in range(4000)]
     first = [shards.index(key, 8) for key in keys]
     assert first == [shards.index(key, 8) for key in keys]  # stable (no per-process hash seed)
@@ -355,17 +359,15 @@ def test_a_task_keeps_its_shard_and_shards_share_the_tasks():
     assert shards.index(7, 3) == shards.index(7, 3) and shards.whole(Path("a/judge-x.shard-0-of-2.jsonl")) == Path(
         "a/judge-x.jsonl"
     )
+    (tmp_path / "judge-x.shard-1-of-2.jsonl").write_text("")  # a second opinion, cut: its label, not "x.shard-1-of-2"
+    assert paths.labelled_judge_files(tmp_path) == {"x": tmp_path / "judge-x.jsonl"}
 
 
 @pytest.mark.e2e
-def test_a_stand_in_in_a_shard_file_is_redone_by_its_shard_not_by_an_uncut_run(endpoint, tmp_path):
+def test_a_stand_in_in_a_shard_file_is_redone_by_its_shard_not_by_an_uncut_run(endpoint, stages):
     """The one exception to resume across cuts (docs/scale.md): an uncut judge leaves it and says so (exit 3)."""
     server, slow = endpoint
-    slow.delay = 0.0
-    data = tmp_path / "data.jsonl"
-    dataset(data)
-    stage = Stage(base_env(server), tmp_path)
-    common = ("--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out")
+    stage, data, common = stages
     stage("infer", *common, "--input", data, check=0)
     failing = "task-05"
     k = shards.index("context-01", SHARDS)  # task-05's context
@@ -386,7 +388,7 @@ def test_a_stand_in_in_a_shard_file_is_redone_by_its_shard_not_by_an_uncut_run(e
     assert failing not in asked(server, since)[1]
     stage("judge", *common, "--shard", f"{k}/{SHARDS}", check=0)
     assert asked(server, since)[1][failing] == 1
-    scored = stage("score", "--bench", "clbench", "--model", "m", "--outputs-dir", tmp_path / "out", check=0)
+    scored = stage("score", *common, check=0)
     assert "wrote" in scored.stderr
 
 
