@@ -403,9 +403,11 @@ def test_judge_gives_only_the_rows_it_counted(tmp_path):
     infer = tmp_path / "infer.jsonl"
     infer.write_text("".join(json.dumps(row) + "\n" for row in rows[:20]))
     counted = InputRows(infer, keep=shard_filter(bench, shard))
+    later = [json.dumps(row) + "\n" for row in rows[20:] if row not in mine]
+    other = tmp_path / "infer.shard-1-of-2.jsonl"  # the other shard writes meanwhile: before the pending count
+    other.write_text("".join(later[:5]))
     pending = counted.pending(set())
-    later = tmp_path / "infer.shard-1-of-2.jsonl"  # the other shard writes meanwhile
-    later.write_text("".join(json.dumps(row) + "\n" for row in rows[20:] if row not in mine))
+    other.write_text("".join(later))  # and after it
     given = [task.id for task in pending]
     assert given == [row["idx"] for row in mine if row in rows[:20]] and len(given) == len(pending)
 

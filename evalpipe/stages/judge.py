@@ -211,6 +211,8 @@ class InputRows:
 
     def pending(self, done: set) -> engine.Pending:
         """The rows whose id is not in `done`, as tasks, in the order their ids first occur."""
+        if self.keep is not None:  # counted as they are given: rows added meanwhile are judged by `keep` too
+            return engine.Pending(sum(1 for _ in self._tasks(done)), lambda: self._tasks(done))
         repeated, left_out = self.repeated, self.left_out
         once = (key for key in jsonl.iter_ids(self.path, row_id) if key not in repeated)
         count = sum(1 for key in itertools.chain(once, repeated) if key not in done and key not in left_out)
