@@ -146,10 +146,11 @@ def plain_http_port():
         listener.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm():
-    """The throwaway single-node Slurm cluster (evalpipe/devtools/slurmcluster.py), one for the session; the test
-    skips, saying why, where it cannot start."""
+    """The throwaway single-node Slurm cluster (evalpipe/devtools/slurmcluster.py), one per test module that asks
+    for it (not per session: its daemons, children of this process, would stay for every later test, and count
+    in test_slim_and_bench's memory of this process's tree); the test skips, saying why, where it cannot start."""
     cluster = SlurmCluster()
     try:
         cluster.start()
