@@ -160,6 +160,28 @@ class Completion:
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
     reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
+    served: "Served | None" = None  # which model the endpoint says answered
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model a reply says answered (`model`, which a provider may re-point behind the asked name) and its
+    `system_fingerprint`, when one is given: a row records them so that a changed snapshot shows."""
+
+    model: str | None
+    fingerprint: str | None = None
+
+    @classmethod
+    def of(cls, response: Any) -> "Served | None":
+        model, fingerprint = getattr(response, "model", None), getattr(response, "system_fingerprint", None)
+        model = model if isinstance(model, str) and model else None
+        fingerprint = fingerprint if isinstance(fingerprint, str) and fingerprint else None
+        return cls(model, fingerprint) if model or fingerprint else None
+
+    def fields(self, prefix: str = "") -> dict[str, str]:
+        """The row's keys: `<prefix>response_model`, and `<prefix>system_fingerprint` when given."""
+        out = {f"{prefix}response_model": self.model} if self.model else {}
+        return out | ({f"{prefix}system_fingerprint": self.fingerprint} if self.fingerprint else {})
 
 
 def _status(exc: BaseException) -> int | None:
@@ -463,6 +485,7 @@ def completion_from(response: Any, latency_s: float | None, attempts: int) -> Co
         latency_s=latency_s,
         attempts=attempts,
         reasoning=_reasoning(message),
+        served=Served.of(response),
     )
 
 

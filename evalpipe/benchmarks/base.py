@@ -56,6 +56,8 @@ async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fiel
         return out
     out["model_output"] = done.text
     out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
+    if done.served is not None:
+        out.update(done.served.fields())
     return out
 
 

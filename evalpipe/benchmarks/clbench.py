@@ -21,7 +21,7 @@ from ..results.items import ItemColumns, ItemFigure
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient, Endpoint
+    from ..llm import ChatClient, Endpoint, Served
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -252,6 +252,10 @@ class Asked:
     mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
     field: str = "content"  # where the last reply was read: content, or reasoning (content empty)
     enforced: bool | None = None  # False: the last reply broke the schema its structured mode asked for
+    served: "Served | None" = None  # the model the last reply says answered
+
+    def served_fields(self, prefix: str) -> dict[str, str]:
+        return self.served.fields(prefix) if self.served is not None else {}
 
     @property
     def latency_rounded(self) -> float | None:
@@ -287,7 +291,7 @@ async def ask_judge(
 
     def asked(value, status, n, error=None) -> Asked:
         latency = None if not latencies or None in latencies else sum(latencies)
-        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced)
+        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced, last.served)
 
     attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
     messages = [{"role": "user", "content": prompt}]
@@ -305,6 +309,7 @@ async def ask_judge(
             return asked(None, API_ERROR, n, str(exc))
         cost.add_counts(usage, reply.usage)
         latencies.append(reply.latency_s)
+        last.served = reply.served
         text, last.field = reply.text, "content"
         if not text.strip() and reply.reasoning.strip():
             text, last.field = reply.reasoning, "reasoning"
@@ -624,6 +629,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             judge_attempts=asked.attempts,
             judge_format=asked.mode,
             judge_format_enforced=False if asked.enforced is False else None,
+            **asked.served_fields("judge_"),
         )
         verdict = asked.value
         if verdict is not None:
@@ -716,6 +722,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             analysis_latency_s=asked.latency_rounded,
             analysis_attempts=asked.attempts,
             analysis_format=asked.mode,
+            **asked.served_fields("analysis_"),
         )
         if asked.enforced is False:
             out["analysis_format_enforced"] = False

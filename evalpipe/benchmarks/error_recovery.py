@@ -204,6 +204,7 @@ class ErrorRecovery(Benchmark):
                     "usage": reply.usage,
                     "latency_s": reply.latency_s,
                     "finish_reason": reply.finish_reason,
+                    **(reply.served.fields() if reply.served is not None else {}),
                 },
             )
         return done
@@ -266,6 +267,10 @@ class ErrorRecovery(Benchmark):
             usage=usage,
             calls={k: _call_record(v) for k, v in calls.items()},
         )
+        for key in ("response_model", "system_fingerprint"):  # the calls' own, joined where they differ
+            values = sorted({str(c[key]) for c in calls.values() if c.get(key)})
+            if values:
+                out[key] = " + ".join(values)
         return out
 
     # ---- how a solution is graded
@@ -413,4 +418,5 @@ class ErrorRecovery(Benchmark):
 
 
 def _call_record(call: dict) -> dict:
-    return {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+    record = {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+    return record | {k: call[k] for k in ("response_model", "system_fingerprint") if call.get(k)}

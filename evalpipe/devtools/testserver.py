@@ -90,6 +90,8 @@ class Reply:
     usage: dict | None = None
     reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
     cached_tokens: int | None = None  # sent as usage.prompt_tokens_details.cached_tokens (PrefixCache sets it)
+    served_model: str | None = None  # the reply's `model` (default: the request's, as most servers echo it)
+    system_fingerprint: str | None = None  # sent when set, as OpenAI does
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -135,7 +137,8 @@ def completion_body(request: Request, reply: Reply) -> bytes:
             "id": f"chatcmpl-{request.number}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": (request.body or {}).get("model", "test"),
+            "model": reply.served_model or (request.body or {}).get("model", "test"),
+            **({"system_fingerprint": reply.system_fingerprint} if reply.system_fingerprint else {}),
             "choices": [
                 {
                     "index": 0,

@@ -16,6 +16,7 @@ from .items import MDE_RUNS, display_interval
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
 SMALL, SMALL_TEX = "‡", "\\textsuperscript{\\ddag}"  # beside an item-level figure from few items or a rate of 0 or 1
+MIXED, MIXED_TEX = "§", "\\S"  # beside a model whose runs more than one served model answered or judged
 
 ITEMS_NOTE = (
     "Items: each task's score averaged over the runs that graded it, then the mean over tasks, with its "
@@ -74,6 +75,44 @@ def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
 
 def _p(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}"
+
+
+def provenance_notes(models: list[dict]) -> list[str]:
+    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings."""
+    notes = []
+    mixed = [m for m in models if m.get("mixed_served_models")]
+    if mixed:
+        parts = []
+        for m in mixed:
+            said = [
+                f"{who} {', '.join(f'{name} ({n})' for name, n in m['served'][who].items())}"
+                for who in ("model", "judge")
+                if len(m["served"].get(who, {})) > 1
+            ]
+            parts.append(f"{m['model']}: {'; '.join(said)}")
+        notes.append(
+            f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
+            "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
+        )
+    lines = []
+    for m in models:
+        settings = m.get("settings") or {}
+        said = [
+            f"{who}: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in values.items() if k != "model")
+                or "none sent (the endpoint's defaults)"
+            )
+            for who, values in settings.items()
+        ]
+        judge = (settings.get("judge") or {}).get("model")
+        if said:
+            lines.append(f"{m['model']}" + (f" (judge {judge})" if judge else "") + ": " + "; ".join(said))
+    if lines:
+        notes.append(
+            "Generation settings (from the manifests; a setting not listed was not sent): " + ". ".join(lines) + "."
+        )
+    return notes
 
 
 def items_cell(items: dict | None, tex: bool = False) -> str:
@@ -142,20 +181,23 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
             figure = m["figures"].get(first)
             items = (figure or {}).get("items") or {}
             mark = f" {FLAG}" if m["model"] in flagged else ""
+            mixed = m.get("mixed_served_models", False)
             cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
             counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
             rows.append(
-                [m["model"], len(m["runs"]), *counts, items_cell(items) + mark]
+                [m["model"] + (f" {MIXED}" if mixed else ""), len(m["runs"]), *counts, items_cell(items) + mark]
                 + [runs_cell(figure, std_key, False), _p(items.get("mde")), cost]
             )
             tex_rows.append(
-                [m["model"], len(m["runs"]), *counts, items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
+                [m["model"] + (MIXED_TEX if mixed else ""), len(m["runs"]), *counts]
+                + [items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
                 + [runs_cell(figure, std_key, False, tex=True), _p(items.get("mde")), cost]
             )
         notes = [ITEMS_NOTE if _has_items(models, lambda m: m["figures"]) else NO_ITEMS_NOTE]
         notes.append(RUNS_NOTE.format(std=std_words))
         if flagged and flag_note:
             notes.append(flag_note)
+        notes += provenance_notes(models)
         md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
         md.append("\n\n".join(notes) + "\n")
         tex.append(

@@ -56,13 +56,52 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 
 def _fingerprints(run_dir: Path) -> dict:
-    """The infer and judge fingerprints a run's manifests recorded."""
+    """The infer and judge fingerprints a run's manifests recorded, and the judge's learned response_format."""
     out = {}
     for stage in ("infer", "judge"):
         recorded = manifest.read(run_dir / f"{stage}.jsonl")
         if recorded and recorded.get("fingerprint") is not None:
             out[stage] = recorded["fingerprint"]
+            learned = (recorded.get("learned") or {}).get("judge_format") or {}
+            modes = sorted({v["mode"] for v in learned.values() if isinstance(v, dict) and v.get("mode")})
+            if stage == "judge" and modes:
+                out["judge_response_format"] = modes
     return out
+
+
+SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort")
+
+
+def settings(fingerprints: dict[int, dict]) -> dict:
+    """The generation settings of the model and of the judge, from the first run's manifests (runs that differ get
+    a warning of their own)."""
+    first = fingerprints[min(fingerprints)] if fingerprints else {}
+    out = {}
+    for stage, who in (("infer", "model"), ("judge", "judge")):
+        fp = first.get(stage)
+        if fp:
+            out[who] = {k: fp.get(k) for k in SETTINGS if fp.get(k) is not None}
+    if "judge" in out:
+        judge = first["judge"]
+        out["judge"] = {"model": judge.get("judge_model"), **out["judge"]}
+        if judge.get("judge_format"):
+            out["judge"]["response_format"] = judge["judge_format"]
+            if first.get("judge_response_format"):
+                out["judge"]["response_format"] += f" ({', '.join(first['judge_response_format'])})"
+    return out
+
+
+def served(runs: list[dict]) -> tuple[dict, bool]:
+    """The served models and fingerprints of a model's runs (score.json's `served`, summed), and whether its
+    runs were answered or judged by more than one model."""
+    total: dict[str, dict[str, int]] = {}
+    for metrics in runs:
+        for who, counts in (metrics.get("served") or {}).items():
+            bucket = total.setdefault(who, {})
+            for name, n in counts.items():
+                bucket[name] = bucket.get(name, 0) + n
+    total = {who: dict(sorted(counts.items())) for who, counts in sorted(total.items())}
+    return total, any(len(total.get(who, {})) > 1 for who in ("model", "judge"))
 
 
 def collect(
@@ -194,6 +233,7 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             for title, values in bench.extra_tables(metrics).items():
                 extra.setdefault(title, []).append(values)
         costs = [m.get("cost", {}).get("cost_usd") for m in runs]
+        served_models, mixed = served(runs)
         model = {
             "model": entry["model"],
             "runs": list(entry["runs"]),
@@ -203,6 +243,9 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
             "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
             "fingerprints": {f"run-{k}": fp for k, fp in entry["fingerprints"].items()},
+            "settings": settings(entry["fingerprints"]),
+            "served": served_models,
+            "mixed_served_models": mixed,
         }
         if entry["items"] is not None:
             _item_estimates(bench, model, entry["items"], boot)

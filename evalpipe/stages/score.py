@@ -140,7 +140,20 @@ def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping) -> dict:
         counts = field_counts(counted, key)
         if counts:
             metrics[key] = counts
+    served = {name: field_counts(counted, key) for name, key in SERVED.items()}
+    if any(served.values()):
+        metrics["served"] = {name: counts for name, counts in served.items() if counts}
     return metrics
+
+
+# score.json's `served`: which models the endpoints said answered and judged the rows (a name re-pointed to another
+# snapshot shows as two), from the rows' keys
+SERVED = {
+    "model": "response_model",
+    "model_fingerprint": "system_fingerprint",
+    "judge": "judge_response_model",
+    "judge_fingerprint": "judge_system_fingerprint",
+}
 
 
 def field_counts(counted: list[tuple], key: str) -> dict[str, int]:
@@ -160,7 +173,7 @@ def main(argv: list[str]) -> int:
     judge_path = _judge_path(bench, args)
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    fields = (*bench.score_fields, "judge_status")
+    fields = (*bench.score_fields, "judge_status", *SERVED.values())
     data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
     if data is None:
         tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
