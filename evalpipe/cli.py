@@ -207,7 +207,14 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     g.add_argument(
         "--prices",
         type=Path,
-        help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)",
+        help="price table JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES, else the bundled dated table)",
+    )
+    g.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="spend at most this much in this run: no call starts whose worst case could pass it; "
+        "exit 6 when reached (docs/results.md#a-spending-cap)",
     )
     b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
     b.add_argument(

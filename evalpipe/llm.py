@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     import httpx2
     import openai
     from openai.types.chat import ChatCompletionMessageParam
+
+    from .spending import SpendingCap
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
@@ -320,9 +322,10 @@ class ChatClient:
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
 
-    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None):
+    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: "SpendingCap | None" = None):
         self.endpoint = endpoint
         self.limit = limit
+        self.cap = cap
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
@@ -349,6 +352,20 @@ class ChatClient:
         return self._fallback_wait(state)
 
     async def _call_once(self, messages: list[dict], fields: dict | None) -> Any:
+        if self.cap is None:
+            return await self._attempt(messages, fields)
+        params, extra = self.endpoint.call_fields(fields)
+        chars = prompt_chars(messages)
+        reservation = self.cap.reserve(chars, max_tokens_of({**params, **extra}))
+        try:
+            response = await self._attempt(messages, fields)
+        except BaseException:
+            self.cap.release(reservation)
+            raise
+        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)), chars)
+        return response
+
+    async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         params, extra = self.endpoint.call_fields(fields)

@@ -23,6 +23,7 @@ from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, Endp
 from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 from .scheduler import GroupOf, PrefixSchedule
+from .spending import SpendingCap, SpendingCapReached
 
 
 @dataclass
@@ -32,7 +33,7 @@ class RunSummary:
     failed: int = 0
     skipped: int = 0
     interrupted: bool = False
-    refused: EndpointRefused | None = None
+    refused: EndpointRefused | SpendingCapReached | None = None  # why no new call was started
     unwritable: OutputUnwritable | None = None  # the first write that failed for want of space or permission
     rescued: int = 0  # finished rows the output could not take, kept in the rescue file
     lost: int = 0  # finished rows neither the output nor the rescue file could take
@@ -193,7 +194,7 @@ async def run(
                 except CallFailed as exc:
                     record_failure(task, str(exc))
                     meter.update(failed=True)
-                except EndpointRefused as exc:
+                except (EndpointRefused, SpendingCapReached) as exc:
                     summary.refused = summary.refused or exc
                     stop.set()
                     return
@@ -263,12 +264,13 @@ async def run_with_client(
     args,
     work: Callable[[object, ChatClient | None], Awaitable[dict]],
     group_of: GroupOf | None = None,
+    cap: SpendingCap | None = None,
 ) -> RunSummary:
     """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
 
     The client's requests in flight adapt to 429s below the --workers ceiling. `group_of`: as for `run`.
     """
-    client = ChatClient(endpoint, AdaptiveLimit(args.workers)) if endpoint is not None else None
+    client = ChatClient(endpoint, AdaptiveLimit(args.workers), cap) if endpoint is not None else None
     try:
         return await run(
             pending,
@@ -309,6 +311,9 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     if summary.failed:
         print(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them", file=sys.stderr)
     if summary.refused is not None:
+        if isinstance(summary.refused, SpendingCapReached):
+            print(f"{stage}: {summary.refused}", file=sys.stderr)
+            return summary.refused.exit_code
         raise summary.refused
     if summary.interrupted:
         print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)
