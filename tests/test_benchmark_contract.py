@@ -3,7 +3,6 @@ loopback server answering with the benchmark's own example replies. A new benchm
 by registering it; nothing in this file names one."""
 
 import asyncio
-import hashlib
 import json
 import math
 
@@ -12,7 +11,7 @@ import pytest
 from evalpipe import benchmarks, cli, jsonl
 from evalpipe.benchmarks import ErrorAnalysis
 from evalpipe.checkpoint import StepCache
-from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.devtools.testserver import FakeOpenAI, example_replies
 from evalpipe.llm import ChatClient, Endpoint
 from evalpipe.results import items
 from evalpipe.stages import score
@@ -22,20 +21,10 @@ from .conftest import API_KEY
 NAMES = list(benchmarks.REGISTRY)
 
 
-def replies_of(bench):
-    """The server answers every request with the benchmark's example reply, varied by the request."""
-
-    def answer(request):
-        seed = int(hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:8], 16)
-        return Reply(content=bench.example_reply(request.last_content, seed))
-
-    return answer
-
-
 @pytest.fixture(params=NAMES)
 def case(request, tmp_path):
     bench = benchmarks.get(request.param)
-    server = FakeOpenAI(replies_of(bench)).start()
+    server = FakeOpenAI(example_replies(bench)).start()
     data = tmp_path / "data.jsonl"
     data.write_bytes(b"".join(jsonl.dumps(row) + b"\n" for row in bench.sample_rows(6)))
     yield bench, server, data, tmp_path
