@@ -168,7 +168,7 @@ class Benchmark:
     def __init__(self, options: Any = None):
         self.options = self.Options() if options is None else options
 
-    # ---- the four answers
+    # ---- the answers (the fourth, which figures a run has, is `figures` above)
 
     def load(self, path: Path) -> list[Task]:
         """Which tasks: read a dataset file into tasks, in file order.
