@@ -42,7 +42,7 @@ def tables(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, dict[str, 
         shown = out.setdefault(table, {})
         if by is None:
             for figure in block:
-                shown[figure.name] = _get(metrics, figure.key, "") if figure.key else _run(figure, metrics)
+                shown[figure.name] = _get(metrics, figure.key, "") if figure.key else figure.run and figure.run(metrics)
             continue
         block_figures = list(block)
         labels = dict.fromkeys(label for figure in block_figures for label in _labels(metrics, figure.key or ""))
@@ -69,10 +69,6 @@ def _ratio(figure: ItemFigure, columns: ItemColumns, where: Sequence[int]) -> fl
 
     den = total(figure.den) if figure.den else len(where)
     return total(figure.num) / den if den else 0.0
-
-
-def _run(figure: ItemFigure, metrics: dict) -> float | None:
-    return figure.run(metrics) if figure.run else None
 
 
 def _part(part: str, label: str) -> str:
