@@ -69,9 +69,8 @@ class Arithmetic(Benchmark):
             reply = numbers[-1] if numbers else ""
         return {**row, "score": int(reply == row.get("target")), "judge_status": "ok" if reply else "empty_output"}
 
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        solved = sum(judged[t.id]["score"] for t in tasks if t.id in judged)
-        return {"benchmark": self.name, "score": solved / len(tasks) if tasks else 0.0, "solved": solved}
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        return {"solved": sum(judged[t.id]["score"] for t in tasks if t.id in judged)}
 
     def sample_rows(self, tasks: int) -> list[dict]:
         return [{**row, "id": f"copy-{i:04d}"} for i, row in enumerate(super().sample_rows(tasks))]

@@ -29,6 +29,7 @@ import orjson
 from .. import jsonl
 from ..benchmarks import REGISTRY, Benchmark, get, row_id
 from ..paths import PROJECT
+from ..results.figures import headline
 from .testserver import FakeOpenAI, Reply, Request, example_replies
 
 KEY = "sk-chaos-" + "7f3a9c" * 4
@@ -196,9 +197,9 @@ class Chaos:
                 raise AssertionError(f"{bench} {name}: ids differ: {sorted(set(want) ^ set(got))[:5]}")
         a = json.loads((clean / run / "score.json").read_text())
         b = json.loads((chaotic / run / "score.json").read_text())
-        headline = get(bench).headline
-        if headline(a) != headline(b) or a["coverage"]["missing"] or b["coverage"]["missing"]:
-            raise AssertionError(f"{bench}: scores differ: {headline(a)} vs {headline(b)}")
+        declared = get(bench).figures
+        if headline(declared, a) != headline(declared, b) or a["coverage"]["missing"] or b["coverage"]["missing"]:
+            raise AssertionError(f"{bench}: scores differ: {headline(declared, a)} vs {headline(declared, b)}")
         return {"rows": len(want), "lost": lost, "infer_duplicates": dup}
 
     def leaked(self) -> list[str]:

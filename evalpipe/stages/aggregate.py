@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 
 from .. import cli, jsonl, manifest, paths
-from ..benchmarks import Benchmark
+from ..benchmarks import Benchmark, ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, items, plots, render, stats
+from ..results import agreement, figures, items, plots, render, stats
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 
@@ -218,7 +218,7 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
 
 def _item_estimates(bench: Benchmark, model: dict, model_items: items.ModelItems, boot: items.Bootstrap | None) -> None:
     """Attach each item-level figure's `items` object to the model's figure of that name."""
-    for figure in bench.item_figures:
+    for figure in bench.figures:
         target = model["figures"] if not figure.table else model["extra_tables"].setdefault(figure.table, {})
         for name, label in model_items.subsets(figure):
             target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
@@ -228,16 +228,21 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
     models = []
     for entry in found:
         runs = list(entry["runs"].values())
+        headlines = []
         extra: dict[str, list] = {}
         for metrics in runs:
-            for title, values in bench.extra_tables(metrics).items():
+            shown = figures.tables(bench.figures, metrics)
+            headlines.append(shown.pop(figures.HEADLINE))
+            if isinstance(bench, ErrorAnalysis):
+                shown |= bench.error_analysis_tables(metrics)
+            for title, values in shown.items():
                 extra.setdefault(title, []).append(values)
         costs = [m.get("cost", {}).get("cost_usd") for m in runs]
         served_models, mixed = served(runs)
         model = {
             "model": entry["model"],
             "runs": list(entry["runs"]),
-            "figures": _figures([bench.headline(m) for m in runs]),
+            "figures": _figures(headlines),
             "flagged": bench.flagged(runs),
             "extra_tables": {title: _figures(values) for title, values in extra.items()},
             "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
@@ -250,7 +255,7 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
         if entry["items"] is not None:
             _item_estimates(bench, model, entry["items"], boot)
         models.append(model)
-    # headline() lists the overall figure first: sort by it, best first
+    # the first headline figure is the overall one: sort by it, best first
     models.sort(key=lambda m: -(_sort_value(next(iter(m["figures"].values()), {})) or 0.0))
     return models
 
@@ -281,7 +286,7 @@ def compare_models(
             mine, theirs = by_name[first["model"]], by_name[second["model"]]
             if mine is None or theirs is None:
                 continue
-            for figure in bench.item_figures:
+            for figure in bench.figures:
                 for name, _ in mine.subsets(figure):
                     result = items.compare(mine, theirs, figure, name, boot)
                     if result is not None:

@@ -14,7 +14,7 @@ from .. import cli, cost, jsonl, manifest, paths
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, items
+from ..results import agreement, figures, items
 from ..rows import Coverage
 from . import score_input
 
@@ -131,9 +131,11 @@ class _Judged(JudgedRows):
 
 
 def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping) -> dict:
-    """One run's metrics: the benchmark's own figures, then coverage and judge statuses."""
+    """One run's metrics: the benchmark's details and figures, then coverage and judge statuses."""
     # the benchmark reads the tasks (a TaskList) and rows as the sequence and mapping they are (base.py)
-    metrics = bench.metrics(cast(list, tasks), cast(dict, judged))
+    details = bench.details(cast(list, tasks), cast(dict, judged))
+    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
     counted = _distinct(judge_rows(tasks, judged))
     metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged, counted)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
