@@ -15,6 +15,7 @@ from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, figures, items
+from ..results.items import ItemColumns
 from ..rows import Coverage
 from . import score_input
 
@@ -130,11 +131,13 @@ class _Judged(JudgedRows):
         self.extra_rows = extra_rows
 
 
-def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping) -> dict:
-    """One run's metrics: the benchmark's details and figures, then coverage and judge statuses."""
+def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
+    """One run's metrics: the benchmark's details and figures (from `columns`, the run's item columns, made here
+    when not given), then coverage and judge statuses."""
     # the benchmark reads the tasks (a TaskList) and rows as the sequence and mapping they are (base.py)
     details = bench.details(cast(list, tasks), cast(dict, judged))
-    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    if columns is None:
+        columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
     counted = _distinct(judge_rows(tasks, judged))
     metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged, counted)
@@ -188,7 +191,9 @@ def main(argv: list[str]) -> int:
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
-    metrics = summarize(bench, tasks, judged)
+    # per-item values: the figures of score.json and aggregate's item-level error bars (items.json) come from them
+    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    metrics = summarize(bench, tasks, judged, columns)
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
         if analysis_path.exists():
@@ -208,9 +213,7 @@ def main(argv: list[str]) -> int:
         second = agreement.for_run(bench, judge_path)
         if second is not None:
             metrics["agreement"] = second
-    # per-item values for aggregate's item-level error bars, written before score.json, so that a score.json is
-    # never older than its items
-    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    # items.json before score.json, so that a score.json is never older than its items
     jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.item_cluster, columns))
     del columns
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
