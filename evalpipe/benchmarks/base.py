@@ -48,6 +48,18 @@ class NoOptions:
     """A benchmark without flags of its own."""
 
 
+async def one_call(
+    task: "Task", model: "ChatClient", prompt: str, target: Any = None, metadata: dict | None = None
+) -> dict:
+    """The inference row of a task solved by one chat call with one user message (`prompt`): upstream's keys
+    first (`idx`, `messages`, `model_output`), then `target` (what grade compares with), `metadata` and `model`,
+    then the answer (answer_into). The `solve` of most rule-graded benchmarks is this one line."""
+    messages = [{"role": "user", "content": prompt}]
+    out = {"idx": task.id, "messages": messages, "model_output": "", "target": target}
+    out.update(metadata=metadata or {}, model=model.endpoint.model)
+    return await answer_into(out, model, messages)
+
+
 async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
     """Fill an inference row from one chat call: the answer, or a final context-length failure.
     `fields`: body fields of this call (ChatClient.complete)."""

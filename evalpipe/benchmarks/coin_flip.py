@@ -21,7 +21,7 @@ from ..paths import PROJECT
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
-from .base import Benchmark, Task, answer_into, flag, judge_rows, task_ids, task_rows
+from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -247,16 +247,8 @@ class CoinFlip(Benchmark):
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
-        messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
-        out = {
-            "idx": task.id,
-            "messages": messages,
-            "model_output": "",
-            "target": task.row["target"],
-            "metadata": {"fewshot": self.options.fewshot},
-            "model": model.endpoint.model,
-        }
-        return await answer_into(out, model, messages)
+        metadata = {"fewshot": self.options.fewshot}
+        return await one_call(task, model, self.prompt(task.row["question"]), task.row["target"], metadata)
 
     def is_judged(self, row: dict) -> bool:
         return row.get("parse_mode") == self.options.parse  # another parse mode: grade again (it is free)
