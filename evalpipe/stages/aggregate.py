@@ -117,51 +117,17 @@ def collect(
     for model_dir in model_dirs:
         if models and model_dir.name not in models:
             continue
-        per_run, fingerprints, per_run_items = {}, {}, {}
-        for run_dir in model_dir.iterdir():
-            match = _RUN_DIR.match(run_dir.name)
-            if not match or not (run_dir / "score.json").exists():
-                continue
-            k = int(match.group(1))
-            if runs is not None and k > runs:
-                continue
-            try:
-                per_run[k] = orjson.loads((run_dir / "score.json").read_bytes())
-            except orjson.JSONDecodeError as exc:
-                raise BadInput(f"not valid JSON ({exc})", run_dir / "score.json") from None
-            fingerprints[k] = _fingerprints(run_dir)
-            items_file = paths.items_path(run_dir / "score.json")
-            if items_file.exists():
-                per_run_items[k] = items.read(items_file)
-        if not per_run:
+        entry = _read_model(model_dir, runs)
+        if entry is None:
             continue
-        name = model_dir.name
-        without = sorted(set(per_run) - set(per_run_items))
+        found.append(entry)
+        warnings += _run_warnings(entry, runs)
+        without = sorted(set(entry["runs"]) - set(entry.pop("runs_with_items")))
         if without:
             notes.append(
-                f"{name}: run(s) {without} have no items.json (scored by an older version): their tasks are left out "
-                "of the item-level figures; run score again"
+                f"{entry['model']}: run(s) {without} have no items.json (scored by an older version): their tasks are "
+                "left out of the item-level figures; run score again"
             )
-        if runs is not None and len(per_run) < runs:
-            absent = sorted(set(range(1, runs + 1)) - set(per_run))
-            warnings.append(f"{name}: no score.json for run(s) {absent}")
-        for k, metrics in sorted(per_run.items()):
-            cov = metrics.get("coverage", {})
-            if cov.get("missing"):
-                warnings.append(f"{name} run-{k}: {cov['missing']} of {cov['expected']} tasks missing (counted as 0)")
-        expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
-        if len(set(expected.values())) > 1:
-            warnings.append(
-                f"{name}: runs cover different task sets (expected tasks per run: {dict(sorted(expected.items()))})"
-            )
-        warnings += _fingerprint_warnings(name, fingerprints)
-        model_items = None
-        if per_run_items:
-            clusters = {cluster for cluster, _ in per_run_items.values()}
-            model_items = items.ModelItems([columns for _, columns in per_run_items.values()], clusters.pop())
-        found.append(
-            {"model": name, "runs": dict(sorted(per_run.items())), "fingerprints": fingerprints, "items": model_items}
-        )
     judges = {orjson.dumps(_judge_config(e)).decode() for e in found if _judge_config(e)}
     if len(judges) > 1:
         warnings.append(
@@ -169,6 +135,56 @@ def collect(
             "their figures are not comparable"
         )
     return found, warnings, notes
+
+
+def _read_model(model_dir: Path, runs: int | None) -> dict | None:
+    """A model's runs 1..runs (all without `runs`) that have a score.json: metrics, fingerprints, items."""
+    per_run, fingerprints, per_run_items = {}, {}, {}
+    for run_dir in model_dir.iterdir():
+        match = _RUN_DIR.match(run_dir.name)
+        if not match or not (run_dir / "score.json").exists():
+            continue
+        k = int(match.group(1))
+        if runs is not None and k > runs:
+            continue
+        try:
+            per_run[k] = orjson.loads((run_dir / "score.json").read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise BadInput(f"not valid JSON ({exc})", run_dir / "score.json") from None
+        fingerprints[k] = _fingerprints(run_dir)
+        items_file = paths.items_path(run_dir / "score.json")
+        if items_file.exists():
+            per_run_items[k] = items.read(items_file)
+    if not per_run:
+        return None
+    model_items = None
+    if per_run_items:
+        clusters = {cluster for cluster, _ in per_run_items.values()}
+        model_items = items.ModelItems([columns for _, columns in per_run_items.values()], clusters.pop())
+    return {
+        "model": model_dir.name,
+        "runs": dict(sorted(per_run.items())),
+        "fingerprints": fingerprints,
+        "items": model_items,
+        "runs_with_items": list(per_run_items),
+    }
+
+
+def _run_warnings(entry: dict, runs: int | None) -> list[str]:
+    """Runs of one model that do not line up: absent, missing tasks, other task sets, other configurations."""
+    name, per_run = entry["model"], entry["runs"]
+    warnings = []
+    if runs is not None and len(per_run) < runs:
+        absent = sorted(set(range(1, runs + 1)) - set(per_run))
+        warnings.append(f"{name}: no score.json for run(s) {absent}")
+    for k, metrics in per_run.items():
+        cov = metrics.get("coverage", {})
+        if cov.get("missing"):
+            warnings.append(f"{name} run-{k}: {cov['missing']} of {cov['expected']} tasks missing (counted as 0)")
+    expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
+    if len(set(expected.values())) > 1:
+        warnings.append(f"{name}: runs cover different task sets (expected tasks per run: {expected})")
+    return warnings + _fingerprint_warnings(name, entry["fingerprints"])
 
 
 def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str]:
