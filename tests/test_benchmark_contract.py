@@ -66,6 +66,9 @@ def test_solve_grade_metrics_against_the_server(case):
     assert [row["idx"] for row in answers] == ids and [row["idx"] for row in graded] == ids
     assert all(row.get("status") == "ok" and row.get("model") == "m" for row in answers)
     assert all(row["score"] in (0, 1) and isinstance(row["judge_status"], str) for row in graded)
+    # example_reply is what a well-formed reply looks like: every one is read as such (the test server, chaos
+    # runs and a new benchmark's first run by hand rely on it)
+    assert [row["judge_status"] for row in graded] == ["ok"] * 4, [row["judge_status"] for row in graded]
     json.dumps(answers), json.dumps(graded)  # rows are plain JSON
     cov = metrics["coverage"]
     assert (cov["expected"], cov["graded"], cov["missing"]) == (len(tasks), 4, len(tasks) - 4)
