@@ -151,7 +151,18 @@ def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse
 
 
 def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: int | None = None) -> None:
+    """The flags of a stage that calls an endpoint: where and how to call it, what to send, what it may cost,
+    the batch engines, and how the run goes."""
     g = parser.add_argument_group("endpoint and generation")
+    _connection_args(g, upstream_max_retries)
+    _generation_args(g)
+    _cost_args(g)
+    _batch_args(parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)"))
+    _run_args(g)
+
+
+def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | None) -> None:
+    """Where the endpoint is, its key, and how a call is tried: timeout, retries, backoff, transport."""
     g.add_argument(
         "--base-url",
         help="OpenAI-compatible endpoint URL "
@@ -179,6 +190,10 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="the SDK's HTTP transport: aiohttp (default; about twice the requests per second at hundreds in "
         "flight) or httpx (the SDK's own default)",
     )
+
+
+def _generation_args(g: argparse._ArgumentGroup) -> None:
+    """What every request sends besides the messages."""
     g.add_argument(
         "--temperature",
         type=number_or_none,
@@ -199,6 +214,10 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="JSON object merged into the request body for provider-specific fields, "
         "e.g. '{\"top_k\": 20}' (or @file.json)",
     )
+
+
+def _cost_args(g: argparse._ArgumentGroup) -> None:
+    """What the calls would cost (--dry-run) and what they may cost (--max-cost)."""
     g.add_argument(
         "--dry-run",
         action="store_true",
@@ -207,42 +226,56 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     g.add_argument(
         "--prices",
         type=Path,
-        help="price table JSON for --dry-run (default $EVALPIPE_PRICES, else the bundled dated table)",
+        help="price table JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES, else the bundled dated table)",
     )
-    b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
-    b.add_argument(
+    g.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="spend at most this much in this run: no call starts whose worst case could pass it; "
+        "exit 6 when reached (docs/results.md#a-spending-cap)",
+    )
+
+
+def _batch_args(g: argparse._ArgumentGroup) -> None:
+    """The batch engines: export/import files, or the Batch API."""
+    g.add_argument(
         "--export-batch",
         type=Path,
         metavar="FILE",
         help="write the next call of every pending task as OpenAI batch request lines and exit",
     )
-    b.add_argument(
+    g.add_argument(
         "--import-batch",
         type=Path,
         nargs="+",
         metavar="FILE",
         help="write the rows that batch output/error files complete (any order, any subset; idempotent)",
     )
-    b.add_argument(
+    g.add_argument(
         "--backend",
         choices=("online", "batch"),
         default="online",
         help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
         "(exit 75 while waiting)",
     )
-    b.add_argument(
+    g.add_argument(
         "--batch-wait", type=float, default=0.0, help="with --backend batch, keep polling up to S seconds (default 0)"
     )
-    b.add_argument(
+    g.add_argument(
         "--batch-poll",
         type=float,
         default=30.0,
         help="first wait between polls in seconds, doubled up to 300 (default 30)",
     )
-    b.add_argument("--batch-max-requests", type=int, default=50_000, help="requests per batch file (default 50,000)")
-    b.add_argument(
+    g.add_argument("--batch-max-requests", type=int, default=50_000, help="requests per batch file (default 50,000)")
+    g.add_argument(
         "--batch-max-bytes", type=int, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
     )
+
+
+def _run_args(g: argparse._ArgumentGroup) -> None:
+    """How the run goes: calls in flight, the grace period on a stop, progress."""
     g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
     g.add_argument(
         "--grace",

@@ -57,6 +57,7 @@ def estimate(
     prices: cost.Prices,
     *,
     first_call_only: bool = False,
+    max_cost: float | None = None,
 ) -> dict:
     """Run `work(task, client)` for every pending task against a recording client; print and return the totals."""
     completion_tokens = max_tokens or DEFAULT_COMPLETION_TOKENS
@@ -87,6 +88,12 @@ def estimate(
         priced = f"no price for {endpoint.model!r} in {prices.source} (add it to a --prices file)"
     else:
         priced = f"≈ ${price:,.4f} at {prices.source} prices as of {prices.as_of} (review them)"
+    if max_cost is not None and endpoint is not None:
+        if price is None:
+            priced += f"; --max-cost ${max_cost:g} cannot be kept without a price (the run would exit 2)"
+        else:
+            within = "within it" if price <= max_cost else "the run would stop at the cap, exit 6"
+            priced += f"; --max-cost ${max_cost:g}: {within}"
     print(
         f"{label} --dry-run: {len(pending):,} tasks pending → {calls:,} calls\n"
         f"  prompt tokens     ≈ {usage['prompt_tokens']:,} (characters / {CHARS_PER_TOKEN})\n"

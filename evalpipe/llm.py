@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     import httpx2
     import openai
     from openai.types.chat import ChatCompletionMessageParam
+
+    from .spending import SpendingCap
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
@@ -160,6 +162,28 @@ class Completion:
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
     reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
+    served: "Served | None" = None  # which model the endpoint says answered
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model a reply says answered (`model`, which a provider may re-point behind the asked name) and its
+    `system_fingerprint`, when one is given: a row records them so that a changed snapshot shows."""
+
+    model: str | None
+    fingerprint: str | None = None
+
+    @classmethod
+    def of(cls, response: Any) -> "Served | None":
+        model, fingerprint = getattr(response, "model", None), getattr(response, "system_fingerprint", None)
+        model = model if isinstance(model, str) and model else None
+        fingerprint = fingerprint if isinstance(fingerprint, str) and fingerprint else None
+        return cls(model, fingerprint) if model or fingerprint else None
+
+    def fields(self, prefix: str = "") -> dict[str, str]:
+        """The row's keys: `<prefix>response_model`, and `<prefix>system_fingerprint` when given."""
+        out = {f"{prefix}response_model": self.model} if self.model else {}
+        return out | ({f"{prefix}system_fingerprint": self.fingerprint} if self.fingerprint else {})
 
 
 def _status(exc: BaseException) -> int | None:
@@ -298,9 +322,10 @@ class ChatClient:
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
 
-    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None):
+    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: "SpendingCap | None" = None):
         self.endpoint = endpoint
         self.limit = limit
+        self.cap = cap
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
@@ -327,6 +352,20 @@ class ChatClient:
         return self._fallback_wait(state)
 
     async def _call_once(self, messages: list[dict], fields: dict | None) -> Any:
+        if self.cap is None:
+            return await self._attempt(messages, fields)
+        params, extra = self.endpoint.call_fields(fields)
+        chars = prompt_chars(messages)
+        reservation = self.cap.reserve(chars, max_tokens_of({**params, **extra}))
+        try:
+            response = await self._attempt(messages, fields)
+        except BaseException:
+            self.cap.release(reservation)
+            raise
+        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)), chars)
+        return response
+
+    async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         params, extra = self.endpoint.call_fields(fields)
@@ -463,6 +502,7 @@ def completion_from(response: Any, latency_s: float | None, attempts: int) -> Co
         latency_s=latency_s,
         attempts=attempts,
         reasoning=_reasoning(message),
+        served=Served.of(response),
     )
 
 

@@ -161,6 +161,7 @@ OPERATIONAL = {
     "allow_config_change",
     "dry_run",
     "prices",
+    "max_cost",
     "export_batch",
     "import_batch",
     "backend",

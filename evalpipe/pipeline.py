@@ -19,10 +19,11 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import benchmarks
+from . import benchmarks, spending
 from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
 from .paths import JUDGE_LABEL, PROJECT
 
@@ -45,6 +46,7 @@ SETTINGS = {
     "SHARDS": "the number of shards N, with K from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX",
     "ARGS": "more flags for infer.py",
     "JUDGE_ARGS": "more flags for judge.py (judge and error-analysis)",
+    "MAX_COST": "spend at most this many USD in this invocation, over all its stages (--max-cost; exit 6 when reached)",
     "REPO": "publish: the Hugging Face Hub dataset repo, owner/name (token: HF_TOKEN)",
     "PUBLISH_ARGS": "more flags for publish (--with-prompts, --private)",
 }
@@ -107,6 +109,14 @@ def _check(plan: Plan) -> None:
         raise UsageError("publish: give the Hub dataset repo, REPO=owner/name")
     if "error-analysis" in plan.stages and not isinstance(benchmarks.get(bench), benchmarks.ErrorAnalysis):
         raise UsageError(f"error-analysis: {bench} has no error analysis (CL-bench has)")
+    max_cost = plan.get("MAX_COST")
+    if max_cost is not None:
+        try:
+            ok = float(max_cost) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"MAX_COST={max_cost}: expected an amount in USD above 0")
     label = plan.get("JUDGE_LABEL")
     if label is not None and not JUDGE_LABEL.fullmatch(label):
         raise UsageError(f"JUDGE_LABEL={label}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
@@ -145,6 +155,7 @@ def command(plan: Plan, stage: str) -> list[str]:
             *_flag(plan, "DATA", "--input"),
             *_flag(plan, "MAX_SAMPLES", "--max-samples"),
             *_flag(plan, "WORKERS", "--workers"),
+            *_flag(plan, "MAX_COST", "--max-cost"),
             *shlex.split(plan.get("ARGS") or ""),
         ]
     if stage == "score":
@@ -158,6 +169,7 @@ def command(plan: Plan, stage: str) -> list[str]:
         *_flag(plan, "JUDGE_MODEL", "--judge-model"),
         *_flag(plan, "JUDGE_LABEL", "--judge-label"),
         *_flag(plan, "WORKERS", "--workers"),
+        *_flag(plan, "MAX_COST", "--max-cost"),
         *shlex.split(plan.get("JUDGE_ARGS") or ""),
     ]
 
@@ -256,6 +268,18 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
+    with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
+        if plan.get("MAX_COST") is None:
+            return _run(plan)
+        # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
+        os.environ[spending.LEDGER_ENV] = os.path.join(folder, "spent")
+        try:
+            return _run(plan)
+        finally:
+            del os.environ[spending.LEDGER_ENV]
+
+
+def _run(plan: Plan) -> int:
     worst = EXIT_OK
     with _Signals() as signals:
         for stage in plan.stages:

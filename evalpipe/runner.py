@@ -14,7 +14,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
@@ -23,6 +22,7 @@ from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, Endp
 from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 from .scheduler import GroupOf, PrefixSchedule
+from .spending import SpendingCap, SpendingCapReached
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RunSummary:
     failed: int = 0
     skipped: int = 0
     interrupted: bool = False
-    refused: EndpointRefused | None = None
+    refused: EndpointRefused | SpendingCapReached | None = None  # why no new call was started
     unwritable: OutputUnwritable | None = None  # the first write that failed for want of space or permission
     rescued: int = 0  # finished rows the output could not take, kept in the rescue file
     lost: int = 0  # finished rows neither the output nor the rescue file could take
@@ -114,6 +114,121 @@ class _Rescue:
         return "; ".join(parts)
 
 
+class _Sink:
+    """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
+    rescue file), each failure to the side file. The first write that fails for want of space or permission
+    stops new calls."""
+
+    def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, grace_s: float):
+        self.output, self.summary, self.stop, self.label, self.grace_s = output, summary, stop, label, grace_s
+        self.rescue = _Rescue(output, summary)
+        self._out = jsonl.Appender(output)
+        self._failures: jsonl.Appender | None = None
+
+    def write(self, row: dict) -> None:
+        try:
+            self._out.append(row)
+        except OutputUnwritable as exc:
+            self.stop_writing(exc)
+            self.rescue.keep(row)
+        else:
+            self.summary.written += 1
+
+    def failed(self, task, error: str) -> None:
+        self.summary.failed += 1
+        if len(self.summary.first_errors) < 3:
+            self.summary.first_errors.append(f"{task.id}: {error}")
+        try:
+            if self._failures is None:
+                self._failures = jsonl.Appender(failures_path(self.output))
+            self._failures.append(
+                {"idx": task.id, "stage": self.label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            )
+        except OutputUnwritable as exc:
+            self.stop_writing(exc)  # the task stays pending all the same: the next run retries it
+
+    def stop_writing(self, exc: OutputUnwritable) -> None:
+        """As on SIGINT: no new calls; the calls in flight get the grace period."""
+        if self.summary.unwritable is None:
+            self.summary.unwritable = exc
+            print(
+                f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
+                f"waiting up to {self.grace_s:g}s for calls in flight",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.stop.set()
+
+    def close(self) -> None:
+        self.rescue.close()
+        if self._failures is not None:
+            self._failures.close()
+        self._out.close()
+
+
+async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
+    """Take tasks until there are none or the run stops; write what each gives."""
+    summary, stop = sink.summary, sink.stop
+    while (task := await next_task()) is not None:
+        try:
+            row = await work(task)
+        except CallFailed as exc:
+            sink.failed(task, str(exc))
+            meter.update(failed=True)
+        except (EndpointRefused, SpendingCapReached) as exc:
+            summary.refused = summary.refused or exc
+            stop.set()
+            return
+        except OutputUnwritable as exc:  # a side file of the work, such as the step cache
+            sink.stop_writing(exc)
+            return
+        else:
+            if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
+                summary.skipped += 1
+            else:
+                sink.write(row)
+            meter.update()
+        if stop.is_set():
+            return
+
+
+async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
+    """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
+    period, then abandon them. A first SIGINT/SIGTERM stops new calls, a second abandons those in flight."""
+    stop, label, grace_s = sink.stop, sink.label, sink.grace_s
+
+    def on_signal(signame: str) -> None:
+        if stop.is_set():
+            all_done.cancel()
+            return
+        sink.summary.interrupted = True
+        print(
+            f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    try:
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([all_done, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not all_done.done():
+            _, still_running = await asyncio.wait([all_done], timeout=grace_s)
+            if still_running:
+                all_done.cancel()
+        try:
+            await all_done
+        except asyncio.CancelledError:
+            pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def run(
     tasks: Iterable,
     total: int,
@@ -142,115 +257,27 @@ async def run(
     queue = iter(tasks)
     stop = asyncio.Event()
     schedule = None if group_of is None else PrefixSchedule(queue, group_of, stop, lookahead=max(4096, 4 * workers))
+
+    async def next_task():
+        return next(queue, None) if schedule is None else await schedule.next()
+
     if schedule is not None:
         work = schedule.watching(work)
     meter = _Progress(label, total, log_every_s, progress)
-    failures = None
-    rescue = _Rescue(output, summary)
     started = time.monotonic()
-
-    def stop_writing(exc: OutputUnwritable) -> None:
-        """As on SIGINT: no new calls; the calls in flight get the grace period."""
-        if summary.unwritable is None:
-            summary.unwritable = exc
-            print(
-                f"{label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {grace_s:g}s for calls in flight",
-                file=sys.stderr,
-                flush=True,
-            )
-        stop.set()
-
-    def record_failure(task, error: str) -> None:
-        nonlocal failures
-        summary.failed += 1
-        if len(summary.first_errors) < 3:
-            summary.first_errors.append(f"{task.id}: {error}")
-        try:
-            if failures is None:
-                failures = jsonl.Appender(failures_path(output))
-            failures.append(
-                {"idx": task.id, "stage": label, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            )
-        except OutputUnwritable as exc:
-            stop_writing(exc)  # the task stays pending all the same: the next run retries it
-
-    with jsonl.Appender(output) as out:
-
-        def write(row: dict) -> None:
-            try:
-                out.append(row)
-            except OutputUnwritable as exc:
-                stop_writing(exc)
-                rescue.keep(row)
-            else:
-                summary.written += 1
-
-        async def worker() -> None:
-            while (task := next(queue, None) if schedule is None else await schedule.next()) is not None:
-                try:
-                    row = await work(task)
-                except CallFailed as exc:
-                    record_failure(task, str(exc))
-                    meter.update(failed=True)
-                except EndpointRefused as exc:
-                    summary.refused = summary.refused or exc
-                    stop.set()
-                    return
-                except OutputUnwritable as exc:  # a side file of the work, such as the step cache
-                    stop_writing(exc)
-                    return
-                else:
-                    if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
-                        summary.skipped += 1
-                    else:
-                        write(row)
-                    meter.update()
-                if stop.is_set():
-                    return
-
-        loop = asyncio.get_running_loop()
-        running = [asyncio.create_task(worker()) for _ in range(max(1, min(workers, total)))]
-        all_done = asyncio.gather(*running)
-
-        def on_signal(signame: str) -> None:
-            if stop.is_set():
-                all_done.cancel()  # a second signal: abandon in-flight calls now
-                return
-            summary.interrupted = True
-            print(
-                f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight",
-                file=sys.stderr,
-                flush=True,
-            )
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig.name)
-        try:
-            stopper = asyncio.create_task(stop.wait())
-            first: list[asyncio.Future[Any]] = [all_done, stopper]
-            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if not all_done.done():
-                _, still_running = await asyncio.wait([all_done], timeout=grace_s)
-                if still_running:
-                    all_done.cancel()
-            try:
-                await all_done
-            except asyncio.CancelledError:
-                pass
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            meter.close()
-            rescue.close()
-            if failures is not None:
-                failures.close()
+    sink = _Sink(output, summary, stop, label, grace_s)
+    try:
+        running = [
+            asyncio.create_task(_worker(next_task, work, sink, meter)) for _ in range(max(1, min(workers, total)))
+        ]
+        await _until_done_or_stopped(asyncio.gather(*running), sink)
+    finally:
+        meter.close()
+        sink.close()
     summary.elapsed_s = time.monotonic() - started
     if summary.unwritable is not None:
         _print_counts(label, summary)
-        summary.unwritable.note = rescue.note()
+        summary.unwritable.note = sink.rescue.note()
         raise summary.unwritable
     return summary
 
@@ -263,12 +290,13 @@ async def run_with_client(
     args,
     work: Callable[[object, ChatClient | None], Awaitable[dict]],
     group_of: GroupOf | None = None,
+    cap: SpendingCap | None = None,
 ) -> RunSummary:
     """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
 
     The client's requests in flight adapt to 429s below the --workers ceiling. `group_of`: as for `run`.
     """
-    client = ChatClient(endpoint, AdaptiveLimit(args.workers)) if endpoint is not None else None
+    client = ChatClient(endpoint, AdaptiveLimit(args.workers), cap) if endpoint is not None else None
     try:
         return await run(
             pending,
@@ -309,6 +337,9 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     if summary.failed:
         print(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them", file=sys.stderr)
     if summary.refused is not None:
+        if isinstance(summary.refused, SpendingCapReached):
+            print(f"{stage}: {summary.refused}", file=sys.stderr)
+            return summary.refused.exit_code
         raise summary.refused
     if summary.interrupted:
         print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)

@@ -84,7 +84,7 @@ def test_zero_divisions_are_zero(golds, outputs):
 
 
 def test_empty_selection_is_all_zero():
-    m = bench().metrics([], {})
+    m = score.summarize(bench(), [], {})
     assert (m["accuracy"], m["f1"], m["yes_ratio"]) == (0.0, 0.0, 0.0)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .. import jsonl
 from ..errors import BadInput
 from ..paths import PROJECT
-from .base import Benchmark, Task, answer_into, flag
+from .base import Benchmark, Task, flag, one_call
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -51,16 +51,7 @@ class Arithmetic(Benchmark):
         return [PROMPT]
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
-        messages = [{"role": "user", "content": PROMPT.format(question=task.row["question"])}]
-        out = {
-            "idx": task.id,
-            "messages": messages,
-            "model_output": "",
-            "target": task.row["answer"],
-            "metadata": {},
-            "model": model.endpoint.model,
-        }
-        return await answer_into(out, model, messages)
+        return await one_call(task, model, PROMPT.format(question=task.row["question"]), task.row["answer"])
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         reply = (row.get("model_output") or "").strip()
@@ -69,9 +60,8 @@ class Arithmetic(Benchmark):
             reply = numbers[-1] if numbers else ""
         return {**row, "score": int(reply == row.get("target")), "judge_status": "ok" if reply else "empty_output"}
 
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        solved = sum(judged[t.id]["score"] for t in tasks if t.id in judged)
-        return {"benchmark": self.name, "score": solved / len(tasks) if tasks else 0.0, "solved": solved}
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        return {"solved": sum(judged[t.id]["score"] for t in tasks if t.id in judged)}
 
     def sample_rows(self, tasks: int) -> list[dict]:
         return [{**row, "id": f"copy-{i:04d}"} for i, row in enumerate(super().sample_rows(tasks))]

@@ -1,7 +1,8 @@
-"""What every benchmark answers: which tasks, how one is solved, how it is graded, which metrics.
+"""What every benchmark answers: which tasks, how one is solved, how it is graded, which figures.
 
-A benchmark is a `Benchmark` subclass that implements the four answers — `load`, `solve`,
-`grade`, `metrics` — and sets `name` and `default_data`. Everything else has a default. Its own
+A benchmark is a `Benchmark` subclass that implements the answers — `load`, `solve`, `grade` —
+declares its `figures` (with the `item_columns` they are made of), and sets `name` and
+`default_data`. Everything else has a default. Its own
 flags are the fields of an `Options` dataclass (declared with `flag`); the stages turn them into
 command-line flags and hand the parsed values over once, as `self.options`. Coverage (expected,
 graded, missing), call accounting and cost are the framework's: a benchmark never counts them.
@@ -18,6 +19,7 @@ from .. import jsonl
 from ..checkpoint import StepCache
 from ..errors import ContextTooLong
 from ..results import tables
+from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -46,6 +48,18 @@ class NoOptions:
     """A benchmark without flags of its own."""
 
 
+async def one_call(
+    task: "Task", model: "ChatClient", prompt: str, target: Any = None, metadata: dict | None = None
+) -> dict:
+    """The inference row of a task solved by one chat call with one user message (`prompt`): upstream's keys
+    first (`idx`, `messages`, `model_output`), then `target` (what grade compares with), `metadata` and `model`,
+    then the answer (answer_into). The `solve` of most rule-graded benchmarks is this one line."""
+    messages = [{"role": "user", "content": prompt}]
+    out = {"idx": task.id, "messages": messages, "model_output": "", "target": target}
+    out.update(metadata=metadata or {}, model=model.endpoint.model)
+    return await answer_into(out, model, messages)
+
+
 async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
     """Fill an inference row from one chat call: the answer, or a final context-length failure.
     `fields`: body fields of this call (ChatClient.complete)."""
@@ -56,6 +70,8 @@ async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fiel
         return out
     out["model_output"] = done.text
     out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
+    if done.served is not None:
+        out.update(done.served.fields())
     return out
 
 
@@ -143,14 +159,14 @@ def row_id(row: dict) -> Any:
 
 
 class Benchmark:
-    """The four answers are required (`load`, `solve`, `grade`, `metrics`); the rest are defaults."""
+    """The three answers are required (`load`, `solve`, `grade`); the rest, `figures` too, are defaults."""
 
     name: ClassVar[str] = ""  # the --bench value and the outputs/<name>/ folder
     default_data: ClassVar[Path | None] = None  # the bundled dataset infer reads without --input
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
     judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
-    score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what metrics() and is_provisional() read of a judge row
-    # what metrics(), item_columns() and error_analysis_metrics() read of a task's row; None: all of it
+    score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what details(), item_columns() and is_provisional() read
+    # what details(), item_columns() and error_analysis_metrics() read of a task's row; None: all of it
     # (score keeps only these of each task, so a million tasks need not be held whole)
     task_fields: ClassVar[tuple[str, ...] | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
@@ -158,14 +174,15 @@ class Benchmark:
     demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
     # infer's defaults for generation flags, where the reference sends its own (e.g. temperature 0)
     generation_defaults: ClassVar[dict[str, Any]] = {}
-    # the figures aggregate gives item-level error bars, as ratios of item means of item_columns()
-    item_figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score"),)
+    # each figure of a run, declared once: its value in score.json (at `key`), its item-level error bars in
+    # aggregate, and its place on the leaderboard, all as ratios of sums of item_columns() (results/figures.py)
+    figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
     item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
 
     def __init__(self, options: Any = None):
         self.options = self.Options() if options is None else options
 
-    # ---- the four answers
+    # ---- the answers (the fourth, which figures a run has, is `figures` above)
 
     def load(self, path: Path) -> list[Task]:
         """Which tasks: read a dataset file into tasks, in file order.
@@ -193,16 +210,6 @@ class Benchmark:
         Called by judge once per inference row not yet judged. `judge` is the judge model when
         `judge_uses_llm`, else None (a rule). The row keeps the inference keys and adds `score`
         (0/1) and `judge_status` ("ok", or why the score is a conservative 0).
-        """
-        raise NotImplementedError
-
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        """Which metrics a run has, from the selected tasks and their judge rows (last row per id,
-        only the `score_fields` keys). A task without a row counts as wrong.
-
-        Called by score; never calls an API. Coverage, judge statuses and cost are added by score:
-        leave them out. score passes a TaskList and rows aligned with it: `task_rows(tasks)` and
-        `judge_rows(tasks, judged)` read them in task order without a lookup per task.
         """
         raise NotImplementedError
 
@@ -250,10 +257,14 @@ class Benchmark:
         """Whether judge, with its current options, leaves this judge row as it is (else grades again)."""
         return not self.is_provisional(row)
 
-    def headline(self, metrics: dict) -> dict[str, float | None]:
-        """The figures aggregate reports, by name in display order (rates in 0..1, differences in −1..1).
-        Default: the metrics' `score`."""
-        return {"Score": metrics.get("score")}
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
+        and their judge rows (last row per id, only the `score_fields` keys; a task without a row counts as wrong).
+
+        Called by score, which then writes each figure's value into it; no API. Coverage, judge statuses and cost
+        are score's: leave them out. score passes a TaskList and rows aligned with it: `task_rows(tasks)` and
+        `judge_rows(tasks, judged)` read them in task order without a lookup per task. Default: nothing."""
+        return {}
 
     def format_metrics(self, metrics: dict) -> str:
         """The table score prints for one run (`metrics` includes score's `coverage`). Default: the headline."""
@@ -261,16 +272,12 @@ class Benchmark:
         lines = [
             f"{self.name}: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing (counted as wrong)"
         ]
-        lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
+        lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in headline(self.figures, metrics).items()]
         return "\n".join(lines)
 
     def flagged(self, runs: list[dict]) -> bool:
         """Whether aggregate marks a model's headline figure with † (`flag_note` says why), from its runs' metrics."""
         return False
-
-    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
-        """Further figures aggregate reports as tables of their own, by title (e.g. CL-bench error types)."""
-        return {}
 
     def infer_prompts(self) -> list[str]:
         """The prompt templates infer fills in beyond the dataset's own text (part of the run's fingerprint)."""
@@ -281,9 +288,9 @@ class Benchmark:
         return []
 
     def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
-        """One run's values per item, for the item-level error bars of `item_figures` (items.json).
+        """One run's values per item (items.json), that the `figures` are sums of.
 
-        Called by score with `metrics`' arguments; no API. A value is None where the item was not
+        Called by score with `details`' arguments; no API. A value is None where the item was not
         graded in this run (aggregate averages each item over the runs that graded it). Default:
         each task is an item, its column `score` the judge row's 0/1 score."""
         provisional = self.is_provisional
@@ -343,3 +350,7 @@ class ErrorAnalysis:
     def error_analysis_prompts(self) -> list[str]:
         """The prompt templates of the analysis (part of its fingerprint)."""
         return []
+
+    def error_analysis_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
+        """The analysis figures aggregate reports as tables of their own, by title, from a run's score.json."""
+        return {}

@@ -21,7 +21,7 @@ from ..results.items import ItemColumns, ItemFigure
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient, Endpoint
+    from ..llm import ChatClient, Endpoint, Served
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -252,6 +252,10 @@ class Asked:
     mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
     field: str = "content"  # where the last reply was read: content, or reasoning (content empty)
     enforced: bool | None = None  # False: the last reply broke the schema its structured mode asked for
+    served: "Served | None" = None  # the model the last reply says answered
+
+    def served_fields(self, prefix: str) -> dict[str, str]:
+        return self.served.fields(prefix) if self.served is not None else {}
 
     @property
     def latency_rounded(self) -> float | None:
@@ -287,7 +291,7 @@ async def ask_judge(
 
     def asked(value, status, n, error=None) -> Asked:
         latency = None if not latencies or None in latencies else sum(latencies)
-        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced)
+        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced, last.served)
 
     attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
     messages = [{"role": "user", "content": prompt}]
@@ -305,6 +309,7 @@ async def ask_judge(
             return asked(None, API_ERROR, n, str(exc))
         cost.add_counts(usage, reply.usage)
         latencies.append(reply.latency_s)
+        last.served = reply.served
         text, last.field = reply.text, "content"
         if not text.strip() and reply.reasoning.strip():
             text, last.field = reply.reasoning, "reasoning"
@@ -498,10 +503,11 @@ class CLBench(ErrorAnalysis, Benchmark):
     }
     # tasks that share a context are not independent: their error bars are clustered by it
     item_cluster = "context_id"
-    item_figures = (
-        ItemFigure("Overall", "solved"),
-        ItemFigure("{}", "solved", by="category"),
-        ItemFigure("{}", "solved", by="sub_category", table=SUB_CATEGORIES),
+    # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
+    figures = (
+        ItemFigure("Overall", "solved", key="overall/solving_rate"),
+        ItemFigure("{}", "solved", by="category", key="by_category/{}/solving_rate"),
+        ItemFigure("{}", "solved", by="sub_category", table=SUB_CATEGORIES, key="by_sub_category/{}/solving_rate"),
     )
     options: CLBenchOptions
 
@@ -624,6 +630,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             judge_attempts=asked.attempts,
             judge_format=asked.mode,
             judge_format_enforced=False if asked.enforced is False else None,
+            **asked.served_fields("judge_"),
         )
         verdict = asked.value
         if verdict is not None:
@@ -716,6 +723,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             analysis_latency_s=asked.latency_rounded,
             analysis_attempts=asked.attempts,
             analysis_format=asked.mode,
+            **asked.served_fields("analysis_"),
         )
         if asked.enforced is False:
             out["analysis_format_enforced"] = False
@@ -747,14 +755,11 @@ class CLBench(ErrorAnalysis, Benchmark):
             "share": {t: (counts[t] / analyzed if analyzed else None) for t in ERROR_TYPES},
         }
 
-    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
-        tables_ = {}
-        if metrics.get("by_sub_category"):
-            tables_[SUB_CATEGORIES] = {k: v["solving_rate"] for k, v in metrics["by_sub_category"].items()}
+    def error_analysis_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
         analysis = metrics.get(self.error_analysis_name)
         if analysis and analysis["analyzed"]:
-            tables_["Error types (share of failed solutions)"] = dict(analysis["share"])
-        return tables_
+            return {"Error types (share of failed solutions)": dict(analysis["share"])}
+        return {}
 
     def judge_prompts(self) -> list[str]:
         return [self.judge_template]
@@ -789,7 +794,7 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     # ---- which metrics a run has
 
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         overall = _Tally()
         by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
         by_sub: dict[str, _Tally] = {}
@@ -804,7 +809,6 @@ class CLBench(ErrorAnalysis, Benchmark):
             ):
                 tally.add(score)
         return {
-            "benchmark": self.name,
             "denominator": "solving_rate counts missing rows as 0 (all selected tasks); "
             "solving_rate_graded is upstream's rate over graded rows only",
             "overall": overall.as_dict(),
@@ -836,14 +840,6 @@ class CLBench(ErrorAnalysis, Benchmark):
             "groups": {"category": categories, "sub_category": subs},
             "columns": {"solved": solved},
         }
-
-    def headline(self, metrics: dict) -> dict[str, float | None]:
-        figures = {"Overall": metrics["overall"]["solving_rate"]}
-        for cat in CATEGORIES:
-            figures[cat] = metrics["by_category"].get(cat, {}).get("solving_rate")
-        for cat, tally in metrics["by_category"].items():
-            figures.setdefault(cat, tally["solving_rate"])
-        return figures
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]
@@ -883,12 +879,12 @@ class _Tally:
             self.score_0 += 1
 
     def as_dict(self) -> dict:
+        """The counts and upstream's rate over graded rows (`solving_rate`, over all tasks, is a figure)."""
         graded = self.score_1 + self.score_0
         return {
             "total": self.total,
             "score_1": self.score_1,
             "score_0": self.score_0,
             "missing": self.missing,
-            "solving_rate": self.score_1 / self.total if self.total else 0.0,
             "solving_rate_graded": self.score_1 / graded if graded else 0.0,
         }

@@ -19,8 +19,9 @@ from .. import jsonl
 from ..errors import BadInput
 from ..paths import PROJECT
 from ..results import tables
+from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
-from .base import Benchmark, Task, answer_into, flag, judge_rows, task_ids, task_rows
+from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..llm import ChatClient
@@ -148,6 +149,10 @@ def _item_values(gold: str, pred: str | None) -> tuple[int, ...]:
     return tp, yes, positive, int(pred is not None and pred == gold), int(pred is not None), 2 * tp, yes + positive
 
 
+def _f1(precision: float, recall: float) -> float:
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
 def answered_share(metrics: dict) -> float | None:
     """Parsed answers / selected tasks (None when a score.json does not tell)."""
     confusion, expected = metrics.get("confusion"), metrics.get("coverage", {}).get("expected")
@@ -242,16 +247,8 @@ class CoinFlip(Benchmark):
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
-        messages = [{"role": "user", "content": self.prompt(task.row["question"])}]
-        out = {
-            "idx": task.id,
-            "messages": messages,
-            "model_output": "",
-            "target": task.row["target"],
-            "metadata": {"fewshot": self.options.fewshot},
-            "model": model.endpoint.model,
-        }
-        return await answer_into(out, model, messages)
+        metadata = {"fewshot": self.options.fewshot}
+        return await one_call(task, model, self.prompt(task.row["question"]), task.row["target"], metadata)
 
     def is_judged(self, row: dict) -> bool:
         return row.get("parse_mode") == self.options.parse  # another parse mode: grade again (it is free)
@@ -267,50 +264,37 @@ class CoinFlip(Benchmark):
             "parse_mode": self.options.parse,
         }
 
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        tp = fp = fn = tn = unparsed = missing = yes = 0
+    # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
+    figures = (
+        # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
+        ItemFigure(
+            "F1", "f1_num", "f1_den", proportion=False, key="f1", run=lambda m: _f1(m["precision"], m["recall"])
+        ),
+        ItemFigure("Answered", "parsed", run=answered_share),  # not in score.json: from the confusion
+        ItemFigure("Accuracy", "correct", key="accuracy"),
+        ItemFigure("Precision", "tp", "yes", key="precision"),
+        ItemFigure("Recall", "tp", "positive", key="recall"),
+        ItemFigure("YES ratio", "yes", key="yes_ratio"),
+    )
+
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+        confusion = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
+        unparsed = 0
         for task_row, row in zip(task_rows(tasks), judge_rows(tasks, judged)):
             if row is None:
-                missing += 1
                 continue
             pred, gold = row.get("prediction"), task_row["target"]
             if pred is None:
                 unparsed += 1
-                continue
-            yes += pred == "YES"
-            if pred == "YES":
-                tp += gold == "YES"
-                fp += gold == "NO"
+            elif pred == "YES":
+                confusion["tp" if gold == "YES" else "fp"] += 1
             else:
-                fn += gold == "YES"
-                tn += gold == "NO"
-        total = len(tasks)
-
-        def ratio(a: float, b: float) -> float:
-            return a / b if b else 0.0
-
-        precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
+                confusion["fn" if gold == "YES" else "tn"] += 1
         return {
-            "benchmark": self.name,
             "denominator": "accuracy and yes_ratio over all selected tasks (unparsed and missing count as wrong); "
             "precision, recall and F1 over parsed predictions, positive class YES",
-            "f1": ratio(2 * precision * recall, precision + recall),
-            "accuracy": ratio(tp + tn, total),
-            "precision": precision,
-            "recall": recall,
-            "yes_ratio": ratio(yes, total),
-            "confusion": {"tp": tp, "fp": fp, "fn": fn, "tn": tn},
+            "confusion": confusion,
             "unparsed": unparsed,
-        }
-
-    def headline(self, metrics: dict) -> dict[str, float | None]:
-        return {
-            "F1": metrics["f1"],
-            "Answered": answered_share(metrics),
-            "Accuracy": metrics["accuracy"],
-            "Precision": metrics["precision"],
-            "Recall": metrics["recall"],
-            "YES ratio": metrics["yes_ratio"],
         }
 
     def flagged(self, runs: list[dict]) -> bool:
@@ -323,7 +307,7 @@ class CoinFlip(Benchmark):
             f"CoinFlip: {cov['graded']}/{cov['expected']} tasks graded, {cov['missing']} missing, "
             f"{metrics['unparsed']} unparsed (both count as wrong)"
         ]
-        lines += [f"  {name:10} {tables.pct(value):>6}" for name, value in self.headline(metrics).items()]
+        lines += [f"  {name:10} {tables.pct(value):>6}" for name, value in headline(self.figures, metrics).items()]
         if self.flagged([metrics]):
             lines.append("  most answers unparsed: F1 covers only the parsed ones")
         lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")
@@ -331,17 +315,6 @@ class CoinFlip(Benchmark):
 
     def example_reply(self, prompt: str, seed: int) -> str:
         return f"Tracking the coin.\nANSWER: {'YES' if seed % 3 else 'NO'}"
-
-    # ---- item-level error bars: precision, recall and F1 are ratios of item means (pooled counts)
-
-    item_figures = (
-        ItemFigure("F1", "f1_num", "f1_den", proportion=False),  # 2·TP / (2·TP + FP + FN)
-        ItemFigure("Answered", "parsed"),
-        ItemFigure("Accuracy", "correct"),
-        ItemFigure("Precision", "tp", "yes"),
-        ItemFigure("Recall", "tp", "positive"),
-        ItemFigure("YES ratio", "yes"),
-    )
 
     def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
         """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""

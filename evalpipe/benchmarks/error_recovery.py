@@ -131,6 +131,16 @@ class ErrorRecoveryOptions:
     )
 
 
+def _loss(metrics: dict) -> float | None:
+    """Performance loss 1 − IR/CR from a run's rates (None when CR is 0)."""
+    cr, ir = metrics["CR_correct_rate"], metrics["IR_correct_rate"]
+    return 1 - ir / cr if cr else None
+
+
+def _cr_minus_ir(metrics: dict) -> float:
+    return metrics["CR_correct_rate"] - metrics["IR_correct_rate"]
+
+
 class ErrorRecovery(Benchmark):
     name = "error_recovery"
     default_data = PROJECT / "data" / "error_recovery" / "sample.jsonl"
@@ -140,12 +150,17 @@ class ErrorRecovery(Benchmark):
         "Correct rates over all selected problems (a missing variation counts as wrong); exact match with "
         "str(target) as the reference. Performance loss = 1 − IR/CR."
     )
-    # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata
-    item_figures = (
-        *(ItemFigure(var, var) for var in VARIATIONS),
-        ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0)),  # (CR − IR)/CR = 1 − IR/CR
-        ItemFigure("CR − IR", "cr_minus_ir", proportion=False, bounds=(-1.0, 1.0)),
-        *(ItemFigure(f"{{}} {var}", var, by="task", table=PER_TASK) for var in VARIATIONS),
+    # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata. A run's loss
+    # and CR − IR are made from its rates, as score.json has always had them (to the last digit)
+    figures = (
+        *(ItemFigure(var, var, key=f"{var}_correct_rate") for var in VARIATIONS),
+        ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0), key="performance_loss", run=_loss),
+        ItemFigure("CR − IR", "cr_minus_ir", proportion=False, bounds=(-1.0, 1.0), run=_cr_minus_ir),
+        # OpenAI Evals' keys: task_<task-with-hyphens>_<variation>_correct_rate
+        *(
+            ItemFigure(f"{{}} {var}", var, by="task", table=PER_TASK, key=f"task_{{-}}_{var}_correct_rate")
+            for var in VARIATIONS
+        ),
     )
     options: ErrorRecoveryOptions
 
@@ -204,6 +219,7 @@ class ErrorRecovery(Benchmark):
                     "usage": reply.usage,
                     "latency_s": reply.latency_s,
                     "finish_reason": reply.finish_reason,
+                    **(reply.served.fields() if reply.served is not None else {}),
                 },
             )
         return done
@@ -266,6 +282,10 @@ class ErrorRecovery(Benchmark):
             usage=usage,
             calls={k: _call_record(v) for k, v in calls.items()},
         )
+        for key in ("response_model", "system_fingerprint"):  # the calls' own, joined where they differ
+            values = sorted({str(c[key]) for c in calls.values() if c.get(key)})
+            if values:
+                out[key] = " + ".join(values)
         return out
 
     # ---- how a solution is graded
@@ -283,16 +303,11 @@ class ErrorRecovery(Benchmark):
 
     # ---- which metrics a run has
 
-    def metrics(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
-            scopes = (
-                "all",
-                f"task:{t.row['task']}",
-                f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}",
-            )
-            for scope in scopes:
+            for scope in ("all", f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}"):
                 cell = tally.setdefault((scope, var), [0, 0, 0, 0])
                 cell[2] += 1
                 if row is None:
@@ -305,49 +320,21 @@ class ErrorRecovery(Benchmark):
             cell = tally.get((scope, var), [0, 0, 0, 0])
             return cell[which] / cell[2] if cell[2] else 0.0
 
-        out: dict[str, Any] = {
-            "benchmark": self.name,
-            "denominator": "all selected problems of the variation; a missing row counts as wrong",
-        }
-        for var in VARIATIONS:
-            out[f"{var}_correct_rate"] = rate("all", var)
-        tasks_present = [task for task in TASKS if ("task:" + task, "NR") in tally]
-        for task in tasks_present:
-            for var in VARIATIONS:
-                out[f"task_{task.replace('_', '-')}_{var}_correct_rate"] = rate("task:" + task, var)
         counts = {
             var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
             for var in VARIATIONS
         }
-        out["counts"] = counts
-        out["stderr"] = {var: stats.binomial_stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS}
-        cr, ir = out["CR_correct_rate"], out["IR_correct_rate"]
-        out["performance_loss"] = 1 - ir / cr if cr else None
-        out["normalized_correct_rate (ours)"] = {var: rate("all", var, 1) for var in VARIATIONS}
         afters = sorted({int(scope.split(":")[1]) for scope, _ in tally if scope.startswith("after:")})
-        out["by_steps_after_mistake"] = {
-            str(k): {"problems": tally[(f"after:{k}", "NR")][2], **{var: rate(f"after:{k}", var) for var in VARIATIONS}}
-            for k in afters
-        }
-        return out
-
-    def headline(self, metrics: dict) -> dict[str, float | None]:
         return {
-            "NR": metrics["NR_correct_rate"],
-            "CR": metrics["CR_correct_rate"],
-            "IR": metrics["IR_correct_rate"],
-            LOSS: metrics["performance_loss"],
-            "CR − IR": metrics["CR_correct_rate"] - metrics["IR_correct_rate"],
+            "denominator": "all selected problems of the variation; a missing row counts as wrong",
+            "counts": counts,
+            "stderr": {var: stats.binomial_stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS},
+            "normalized_correct_rate (ours)": {var: rate("all", var, 1) for var in VARIATIONS},
+            "by_steps_after_mistake": {
+                str(k): {"problems": tally[(f"after:{k}", "NR")][2], **{v: rate(f"after:{k}", v) for v in VARIATIONS}}
+                for k in afters
+            },
         }
-
-    def extra_tables(self, metrics: dict) -> dict[str, dict[str, float | None]]:
-        per_task = {
-            f"{task} {var}": metrics[key]
-            for task in TASKS
-            for var in VARIATIONS
-            if (key := f"task_{task.replace('_', '-')}_{var}_correct_rate") in metrics
-        }
-        return {PER_TASK: per_task} if per_task else {}
 
     def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
         """One item per problem: its NR, CR and IR correctness (None: not graded in this run), and CR − IR."""
@@ -413,4 +400,5 @@ class ErrorRecovery(Benchmark):
 
 
 def _call_record(call: dict) -> dict:
-    return {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+    record = {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+    return record | {k: call[k] for k in ("response_model", "system_fingerprint") if call.get(k)}

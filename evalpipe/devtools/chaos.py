@@ -13,7 +13,6 @@ and line, leaving an existing output byte for byte unchanged.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -30,7 +29,8 @@ import orjson
 from .. import jsonl
 from ..benchmarks import REGISTRY, Benchmark, get, row_id
 from ..paths import PROJECT
-from .testserver import FakeOpenAI, Reply, Request
+from ..results.figures import headline
+from .testserver import FakeOpenAI, Reply, Request, example_replies
 
 KEY = "sk-chaos-" + "7f3a9c" * 4
 FAULTS = (
@@ -51,17 +51,9 @@ BENCHES = tuple(REGISTRY)
 ANSWER_DELAY = 0.05  # seconds per request: long enough that a random kill lands mid-run
 
 
-def _digest(request: Request) -> int:
-    return int(hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:8], 16)
-
-
 def oracle_for(bench: Benchmark):
     """A handler that gives deterministic, well-formed answers to every request the benchmark makes."""
-
-    def answer(request: Request) -> Reply:
-        return Reply(content=bench.example_reply(request.last_content, _digest(request)), delay=ANSWER_DELAY)
-
-    return answer
+    return example_replies(bench, ANSWER_DELAY)
 
 
 def faulty(handler, rate: float, rng: random.Random, counts: Counter):
@@ -205,9 +197,9 @@ class Chaos:
                 raise AssertionError(f"{bench} {name}: ids differ: {sorted(set(want) ^ set(got))[:5]}")
         a = json.loads((clean / run / "score.json").read_text())
         b = json.loads((chaotic / run / "score.json").read_text())
-        headline = get(bench).headline
-        if headline(a) != headline(b) or a["coverage"]["missing"] or b["coverage"]["missing"]:
-            raise AssertionError(f"{bench}: scores differ: {headline(a)} vs {headline(b)}")
+        declared = get(bench).figures
+        if headline(declared, a) != headline(declared, b) or a["coverage"]["missing"] or b["coverage"]["missing"]:
+            raise AssertionError(f"{bench}: scores differ: {headline(declared, a)} vs {headline(declared, b)}")
         return {"rows": len(want), "lost": lost, "infer_duplicates": dup}
 
     def leaked(self) -> list[str]:

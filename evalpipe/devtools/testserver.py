@@ -52,7 +52,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from ..benchmarks import Benchmark
 
 
 @dataclass
@@ -90,6 +94,8 @@ class Reply:
     usage: dict | None = None
     reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
     cached_tokens: int | None = None  # sent as usage.prompt_tokens_details.cached_tokens (PrefixCache sets it)
+    served_model: str | None = None  # the reply's `model` (default: the request's, as most servers echo it)
+    system_fingerprint: str | None = None  # sent when set, as OpenAI does
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -99,8 +105,22 @@ class Reply:
 
 def deterministic(request: Request) -> Reply:
     """The default handler: an answer derived from the prompt, the same every time."""
-    digest = hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:12]
-    return Reply(content=f"answer-{digest}")
+    return Reply(content=f"answer-{digest(request):012x}")
+
+
+def digest(request: Request) -> int:
+    """A number derived from the request's messages, the same every time they are the same."""
+    return int(hashlib.sha256(json.dumps(request.messages, sort_keys=True).encode()).hexdigest()[:12], 16)
+
+
+def example_replies(bench: "Benchmark", delay: float = 0.0) -> Callable[[Request], Reply]:
+    """A handler that answers each request as the benchmark's `example_reply` says a well-formed reply looks
+    (an ANSWER line, a judge's JSON), varied by the request and the same for the same request."""
+
+    def answer(request: Request) -> Reply:
+        return Reply(content=bench.example_reply(request.last_content, digest(request)), delay=delay)
+
+    return answer
 
 
 _REASONS = {
@@ -135,7 +155,8 @@ def completion_body(request: Request, reply: Reply) -> bytes:
             "id": f"chatcmpl-{request.number}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": (request.body or {}).get("model", "test"),
+            "model": reply.served_model or (request.body or {}).get("model", "test"),
+            **({"system_fingerprint": reply.system_fingerprint} if reply.system_fingerprint else {}),
             "choices": [
                 {
                     "index": 0,
@@ -1044,6 +1065,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument(
+        "--bench",
+        help="answer as this benchmark's example_reply says a well-formed reply looks (default: free text, which "
+        "a rule-graded benchmark reads as unparsed)",
+    )
+    parser.add_argument(
         "--server-kind",
         choices=sorted(SERVER_KINDS),
         default="enforcing",
@@ -1051,11 +1077,18 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    def handler(request: Request) -> Reply:
+    def delayed(request: Request) -> Reply:
         reply = deterministic(request)
         reply.delay = args.delay
         return reply
 
+    handler: Callable[[Request], Reply] = delayed
+    if args.bench is not None:
+        from .. import benchmarks
+
+        if args.bench not in benchmarks.REGISTRY:
+            parser.error(f"--bench {args.bench}: one of {', '.join(benchmarks.REGISTRY)}")
+        handler = example_replies(benchmarks.get(args.bench), args.delay)
     server = FakeOpenAI(with_server_kind(args.server_kind, handler), port=args.port).start()
     print(f"OPENAI_BASE_URL={server.base_url}", flush=True)
     try:

@@ -15,7 +15,7 @@ and projection costs one pass over the items to count them.
 import math
 import random
 from collections import Counter
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -34,9 +34,11 @@ MDE_RUNS = (1, 3, 5, 10)  # runs per item the minimum detectable difference is p
 
 @dataclass(frozen=True)
 class ItemFigure:
-    """One aggregate figure as a ratio of item means, mean(num) / mean(den) (den None: a plain mean).
+    """One figure a benchmark reports, declared once (figures.py makes the run's value and reads it back):
+    a ratio of item-column sums, Σnum / Σden (den None: over all items), 0.0 when that is 0/0.
 
-    With `by`, one figure per value of that group column, named `name.format(value)`."""
+    aggregate's item-level estimate is the same ratio of item means. With `by`, one figure per value
+    of that group column, named `name.format(value)`."""
 
     name: str
     num: str
@@ -45,6 +47,12 @@ class ItemFigure:
     table: str = ""  # "" for the headline table, else the title of an extra table
     proportion: bool = True  # per run, num ∈ {0, 1} and num ≤ den ∈ {0, 1}: Wilson applies
     bounds: tuple[float | None, float | None] = (0.0, 1.0)  # the values it can take (None: unbounded)
+    # where score.json keeps the run's value: keys joined by "/", "{}" the group value ("{-}": with "_" written
+    # "-"); None: not kept, the leaderboard computes it with `run`
+    key: str | None = None
+    # the run's value from score.json's other figures, where the reference computes it so and not as the ratio of
+    # sums (F1 from precision and recall: the same number to the last digit)
+    run: Callable[[dict], float | None] | None = None
 
 
 def display_interval(items: dict) -> tuple[float, float] | None:

@@ -16,6 +16,7 @@ from .items import MDE_RUNS, display_interval
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
 SMALL, SMALL_TEX = "‡", "\\textsuperscript{\\ddag}"  # beside an item-level figure from few items or a rate of 0 or 1
+MIXED, MIXED_TEX = "§", "\\S"  # beside a model whose runs more than one served model answered or judged
 
 ITEMS_NOTE = (
     "Items: each task's score averaged over the runs that graded it, then the mean over tasks, with its "
@@ -76,6 +77,44 @@ def _p(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}"
 
 
+def provenance_notes(models: list[dict]) -> list[str]:
+    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings."""
+    notes = []
+    mixed = [m for m in models if m.get("mixed_served_models")]
+    if mixed:
+        parts = []
+        for m in mixed:
+            said = [
+                f"{who} {', '.join(f'{name} ({n})' for name, n in m['served'][who].items())}"
+                for who in ("model", "judge")
+                if len(m["served"].get(who, {})) > 1
+            ]
+            parts.append(f"{m['model']}: {'; '.join(said)}")
+        notes.append(
+            f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
+            "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
+        )
+    lines = []
+    for m in models:
+        settings = m.get("settings") or {}
+        said = [
+            f"{who}: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in values.items() if k != "model")
+                or "none sent (the endpoint's defaults)"
+            )
+            for who, values in settings.items()
+        ]
+        judge = (settings.get("judge") or {}).get("model")
+        if said:
+            lines.append(f"{m['model']}" + (f" (judge {judge})" if judge else "") + ": " + "; ".join(said))
+    if lines:
+        notes.append(
+            "Generation settings (from the manifests; a setting not listed was not sent): " + ". ".join(lines) + "."
+        )
+    return notes
+
+
 def items_cell(items: dict | None, tex: bool = False) -> str:
     """`mean (SE) [low, high]` in percent, with the small-sample mark."""
     if not items or items.get("mean") is None:
@@ -122,102 +161,35 @@ def _headline_items(model: dict) -> dict | None:
     return (first or {}).get("items")
 
 
+@dataclass(frozen=True)
+class _Style:
+    """How the run-to-run figures are shown: which std, its words in Markdown and LaTeX, and whether the t-interval."""
+
+    key: str
+    words: str
+    tex: str
+    runs_ci: bool
+
+    @classmethod
+    def of(cls, std_kind: str, runs_ci: bool) -> "_Style":
+        if std_kind == "sample":
+            return cls("std_sample", "sample std (ddof 1)", "sample std ($n-1$)", runs_ci)
+        return cls("std_population", "population std (ddof 0)", "population std ($n$)", runs_ci)
+
+
 def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, runs_ci: bool, flag_note: str) -> Tables:
     """Every table of a benchmark's aggregate, in Markdown, CSV (one row per model) and LaTeX."""
-    std_key = f"std_{std_kind}"
-    std_words = "sample std (ddof 1)" if std_kind == "sample" else "population std (ddof 0)"
-    std_tex = "sample std ($n-1$)" if std_kind == "sample" else "population std ($n$)"
-    md: list[str] = []
-    tex: list[str] = []
+    style = _Style.of(std_kind, runs_ci)
     flagged = {m["model"] for m in models if m["flagged"]}
     main_names = _names(models, lambda m: m["figures"])
     first = main_names[0] if main_names else None
-
-    # the leaderboard: the headline figure, over items and over runs
+    md: list[str] = []
+    tex: list[str] = []
     if first is not None:
-        headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
-        headers += [f"{first}: runs, mean ± std", f"MDE ({first})", "Cost/run (USD)"]
-        rows, tex_rows = [], []
-        for m in models:
-            figure = m["figures"].get(first)
-            items = (figure or {}).get("items") or {}
-            mark = f" {FLAG}" if m["model"] in flagged else ""
-            cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
-            counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
-            rows.append(
-                [m["model"], len(m["runs"]), *counts, items_cell(items) + mark]
-                + [runs_cell(figure, std_key, False), _p(items.get("mde")), cost]
-            )
-            tex_rows.append(
-                [m["model"], len(m["runs"]), *counts, items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
-                + [runs_cell(figure, std_key, False, tex=True), _p(items.get("mde")), cost]
-            )
-        notes = [ITEMS_NOTE if _has_items(models, lambda m: m["figures"]) else NO_ITEMS_NOTE]
-        notes.append(RUNS_NOTE.format(std=std_words))
-        if flagged and flag_note:
-            notes.append(flag_note)
-        md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
-        md.append("\n\n".join(notes) + "\n")
-        tex.append(
-            tables.latex_table(headers, tex_rows, caption=tables.latex_escape(f"{bench.name}: leaderboard, in percent"))
-        )
-
+        _leaderboard(bench, models, first, style, flag_note if flagged else "", md, tex)
     titles = [MAIN] + list(dict.fromkeys(t for m in models for t in m["extra_tables"] if t))
     for title in titles:
-
-        def figures_of(m: dict, title: str = title) -> dict:
-            return table_figures(title, m)
-
-        names = _names(models, figures_of)
-        if not names:
-            continue
-        heading = bench.name if title == MAIN else f"{bench.name}: {title}"
-        if _has_items(models, figures_of):
-            rows = [
-                [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items")) for n in names)] for m in models
-            ]
-            rows.append(["method", *(_method(models, figures_of, n) for n in names)])
-            md.append(
-                f"## {heading}: item-level estimates, in percent\n\n" + tables.markdown_table(["Model", *names], rows)
-            )
-            if any(
-                ((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names
-            ):
-                md.append(SMALL_NOTE + "\n")
-            tex_rows = [
-                [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items"), tex=True) for n in names)]
-                for m in models
-            ]
-            caption = f"{heading}: item-level mean (SE) [95% CI], in percent"
-            tex.append(tables.latex_table(["Model", *names], tex_rows, caption=tables.latex_escape(caption)))
-        if any(f.get("mean") is not None for m in models for f in figures_of(m).values()):
-            rows = [
-                [m["model"], len(m["runs"]), *(runs_cell(figures_of(m).get(n), std_key, runs_ci) for n in names)]
-                for m in models
-            ]
-            tex_rows = [
-                [
-                    m["model"],
-                    len(m["runs"]),
-                    *(runs_cell(figures_of(m).get(n), std_key, runs_ci, tex=True) for n in names),
-                ]
-                for m in models
-            ]
-            if title == MAIN:  # the benchmark's mark beside the headline figure (flag_note says why)
-                for m, row, tex_row in zip(models, rows, tex_rows):
-                    if m["model"] in flagged:
-                        row[2] += f" {FLAG}"
-                        tex_row[2] += FLAG_TEX
-            md.append(
-                f"## {heading}: run-to-run, mean ± {std_words} over runs, in percent\n\n"
-                + tables.markdown_table(["Model", "Runs", *names], rows)
-                + (f"\n{RUNS_CI_NOTE}\n" if runs_ci else "")
-            )
-            caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {std_tex} over runs, in percent"
-            if title == MAIN and flagged and flag_note:
-                caption += ". " + tables.latex_escape(flag_note).replace(FLAG, FLAG_TEX)
-            tex.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
-
+        _figure_tables(bench, models, title, style, flagged, flag_note, md, tex)
     power = _power_table(models, first)
     if power:
         md.append(f"## {bench.name}: power ({first}), in points\n\n" + power + f"\n{POWER_NOTE}\n")
@@ -232,6 +204,95 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
         md.append(agreed)
     md.append(f"{bench.aggregate_note}\n")
     return Tables("\n".join(md), _csv(models, titles, std_kind), "\n".join(tex), _comparisons_csv(comparisons))
+
+
+def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note: str, md: list, tex: list) -> None:
+    """The leaderboard: the headline figure over items and over runs, the MDE and the cost, with its notes."""
+    headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
+    headers += [f"{first}: runs, mean ± std", f"MDE ({first})", "Cost/run (USD)"]
+    rows, tex_rows = [], []
+    for m in models:
+        figure = m["figures"].get(first)
+        items = (figure or {}).get("items") or {}
+        mark = f" {FLAG}" if m["flagged"] else ""
+        mixed = m.get("mixed_served_models", False)
+        cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
+        counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
+        rows.append(
+            [m["model"] + (f" {MIXED}" if mixed else ""), len(m["runs"]), *counts, items_cell(items) + mark]
+            + [runs_cell(figure, style.key, False), _p(items.get("mde")), cost]
+        )
+        tex_rows.append(
+            [m["model"] + (MIXED_TEX if mixed else ""), len(m["runs"]), *counts]
+            + [items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
+            + [runs_cell(figure, style.key, False, tex=True), _p(items.get("mde")), cost]
+        )
+    notes = [ITEMS_NOTE if _has_items(models, lambda m: m["figures"]) else NO_ITEMS_NOTE]
+    notes.append(RUNS_NOTE.format(std=style.words))
+    if flag_note:
+        notes.append(flag_note)
+    notes += provenance_notes(models)
+    md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
+    md.append("\n\n".join(notes) + "\n")
+    tex.append(
+        tables.latex_table(headers, tex_rows, caption=tables.latex_escape(f"{bench.name}: leaderboard, in percent"))
+    )
+
+
+def _figure_tables(
+    bench, models: list[dict], title: str, style: _Style, flagged: set, flag_note: str, md: list, tex: list
+) -> None:
+    """One table's figures (the headline's, or an extra table's): item-level estimates, then run to run."""
+
+    def figures_of(m: dict) -> dict:
+        return table_figures(title, m)
+
+    names = _names(models, figures_of)
+    if not names:
+        return
+    heading = bench.name if title == MAIN else f"{bench.name}: {title}"
+    if _has_items(models, figures_of):
+        rows = [[m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items")) for n in names)] for m in models]
+        rows.append(["method", *(_method(models, figures_of, n) for n in names)])
+        md.append(
+            f"## {heading}: item-level estimates, in percent\n\n" + tables.markdown_table(["Model", *names], rows)
+        )
+        if any(((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names):
+            md.append(SMALL_NOTE + "\n")
+        tex_rows = [
+            [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items"), tex=True) for n in names)]
+            for m in models
+        ]
+        caption = f"{heading}: item-level mean (SE) [95% CI], in percent"
+        tex.append(tables.latex_table(["Model", *names], tex_rows, caption=tables.latex_escape(caption)))
+    if not any(f.get("mean") is not None for m in models for f in figures_of(m).values()):
+        return
+    rows = [
+        [m["model"], len(m["runs"]), *(runs_cell(figures_of(m).get(n), style.key, style.runs_ci) for n in names)]
+        for m in models
+    ]
+    tex_rows = [
+        [
+            m["model"],
+            len(m["runs"]),
+            *(runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex=True) for n in names),
+        ]
+        for m in models
+    ]
+    if title == MAIN:  # the benchmark's mark beside the headline figure (flag_note says why)
+        for m, row, tex_row in zip(models, rows, tex_rows):
+            if m["model"] in flagged:
+                row[2] += f" {FLAG}"
+                tex_row[2] += FLAG_TEX
+    md.append(
+        f"## {heading}: run-to-run, mean ± {style.words} over runs, in percent\n\n"
+        + tables.markdown_table(["Model", "Runs", *names], rows)
+        + (f"\n{RUNS_CI_NOTE}\n" if style.runs_ci else "")
+    )
+    caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {style.tex} over runs, in percent"
+    if title == MAIN and flagged and flag_note:
+        caption += ". " + tables.latex_escape(flag_note).replace(FLAG, FLAG_TEX)
+    tex.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
 
 
 def _count(value: int | None) -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 
 from .. import cli, jsonl, manifest, paths
-from ..benchmarks import Benchmark
+from ..benchmarks import Benchmark, ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, items, plots, render, stats
+from ..results import agreement, figures, items, plots, render, stats
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 
@@ -56,13 +56,52 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 
 def _fingerprints(run_dir: Path) -> dict:
-    """The infer and judge fingerprints a run's manifests recorded."""
+    """The infer and judge fingerprints a run's manifests recorded, and the judge's learned response_format."""
     out = {}
     for stage in ("infer", "judge"):
         recorded = manifest.read_run(run_dir / f"{stage}.jsonl")
         if recorded and recorded.get("fingerprint") is not None:
             out[stage] = recorded["fingerprint"]
+            learned = (recorded.get("learned") or {}).get("judge_format") or {}
+            modes = sorted({v["mode"] for v in learned.values() if isinstance(v, dict) and v.get("mode")})
+            if stage == "judge" and modes:
+                out["judge_response_format"] = modes
     return out
+
+
+SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort")
+
+
+def settings(fingerprints: dict[int, dict]) -> dict:
+    """The generation settings of the model and of the judge, from the first run's manifests (runs that differ get
+    a warning of their own)."""
+    first = fingerprints[min(fingerprints)] if fingerprints else {}
+    out = {}
+    for stage, who in (("infer", "model"), ("judge", "judge")):
+        fp = first.get(stage)
+        if fp:
+            out[who] = {k: fp.get(k) for k in SETTINGS if fp.get(k) is not None}
+    if "judge" in out:
+        judge = first["judge"]
+        out["judge"] = {"model": judge.get("judge_model"), **out["judge"]}
+        if judge.get("judge_format"):
+            out["judge"]["response_format"] = judge["judge_format"]
+            if first.get("judge_response_format"):
+                out["judge"]["response_format"] += f" ({', '.join(first['judge_response_format'])})"
+    return out
+
+
+def served(runs: list[dict]) -> tuple[dict, bool]:
+    """The served models and fingerprints of a model's runs (score.json's `served`, summed), and whether its
+    runs were answered or judged by more than one model."""
+    total: dict[str, dict[str, int]] = {}
+    for metrics in runs:
+        for who, counts in (metrics.get("served") or {}).items():
+            bucket = total.setdefault(who, {})
+            for name, n in counts.items():
+                bucket[name] = bucket.get(name, 0) + n
+    total = {who: dict(sorted(counts.items())) for who, counts in sorted(total.items())}
+    return total, any(len(total.get(who, {})) > 1 for who in ("model", "judge"))
 
 
 def collect(
@@ -78,51 +117,17 @@ def collect(
     for model_dir in model_dirs:
         if models and model_dir.name not in models:
             continue
-        per_run, fingerprints, per_run_items = {}, {}, {}
-        for run_dir in model_dir.iterdir():
-            match = _RUN_DIR.match(run_dir.name)
-            if not match or not (run_dir / "score.json").exists():
-                continue
-            k = int(match.group(1))
-            if runs is not None and k > runs:
-                continue
-            try:
-                per_run[k] = orjson.loads((run_dir / "score.json").read_bytes())
-            except orjson.JSONDecodeError as exc:
-                raise BadInput(f"not valid JSON ({exc})", run_dir / "score.json") from None
-            fingerprints[k] = _fingerprints(run_dir)
-            items_file = paths.items_path(run_dir / "score.json")
-            if items_file.exists():
-                per_run_items[k] = items.read(items_file)
-        if not per_run:
+        entry = _read_model(model_dir, runs)
+        if entry is None:
             continue
-        name = model_dir.name
-        without = sorted(set(per_run) - set(per_run_items))
+        found.append(entry)
+        warnings += _run_warnings(entry, runs)
+        without = sorted(set(entry["runs"]) - set(entry.pop("runs_with_items")))
         if without:
             notes.append(
-                f"{name}: run(s) {without} have no items.json (scored by an older version): their tasks are left out "
-                "of the item-level figures; run score again"
+                f"{entry['model']}: run(s) {without} have no items.json (scored by an older version): their tasks are "
+                "left out of the item-level figures; run score again"
             )
-        if runs is not None and len(per_run) < runs:
-            absent = sorted(set(range(1, runs + 1)) - set(per_run))
-            warnings.append(f"{name}: no score.json for run(s) {absent}")
-        for k, metrics in sorted(per_run.items()):
-            cov = metrics.get("coverage", {})
-            if cov.get("missing"):
-                warnings.append(f"{name} run-{k}: {cov['missing']} of {cov['expected']} tasks missing (counted as 0)")
-        expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
-        if len(set(expected.values())) > 1:
-            warnings.append(
-                f"{name}: runs cover different task sets (expected tasks per run: {dict(sorted(expected.items()))})"
-            )
-        warnings += _fingerprint_warnings(name, fingerprints)
-        model_items = None
-        if per_run_items:
-            clusters = {cluster for cluster, _ in per_run_items.values()}
-            model_items = items.ModelItems([columns for _, columns in per_run_items.values()], clusters.pop())
-        found.append(
-            {"model": name, "runs": dict(sorted(per_run.items())), "fingerprints": fingerprints, "items": model_items}
-        )
     judges = {orjson.dumps(_judge_config(e)).decode() for e in found if _judge_config(e)}
     if len(judges) > 1:
         warnings.append(
@@ -130,6 +135,56 @@ def collect(
             "their figures are not comparable"
         )
     return found, warnings, notes
+
+
+def _read_model(model_dir: Path, runs: int | None) -> dict | None:
+    """A model's runs 1..runs (all without `runs`) that have a score.json: metrics, fingerprints, items."""
+    per_run, fingerprints, per_run_items = {}, {}, {}
+    for run_dir in model_dir.iterdir():
+        match = _RUN_DIR.match(run_dir.name)
+        if not match or not (run_dir / "score.json").exists():
+            continue
+        k = int(match.group(1))
+        if runs is not None and k > runs:
+            continue
+        try:
+            per_run[k] = orjson.loads((run_dir / "score.json").read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise BadInput(f"not valid JSON ({exc})", run_dir / "score.json") from None
+        fingerprints[k] = _fingerprints(run_dir)
+        items_file = paths.items_path(run_dir / "score.json")
+        if items_file.exists():
+            per_run_items[k] = items.read(items_file)
+    if not per_run:
+        return None
+    model_items = None
+    if per_run_items:
+        clusters = {cluster for cluster, _ in per_run_items.values()}
+        model_items = items.ModelItems([columns for _, columns in per_run_items.values()], clusters.pop())
+    return {
+        "model": model_dir.name,
+        "runs": dict(sorted(per_run.items())),
+        "fingerprints": fingerprints,
+        "items": model_items,
+        "runs_with_items": list(per_run_items),
+    }
+
+
+def _run_warnings(entry: dict, runs: int | None) -> list[str]:
+    """Runs of one model that do not line up: absent, missing tasks, other task sets, other configurations."""
+    name, per_run = entry["model"], entry["runs"]
+    warnings = []
+    if runs is not None and len(per_run) < runs:
+        absent = sorted(set(range(1, runs + 1)) - set(per_run))
+        warnings.append(f"{name}: no score.json for run(s) {absent}")
+    for k, metrics in per_run.items():
+        cov = metrics.get("coverage", {})
+        if cov.get("missing"):
+            warnings.append(f"{name} run-{k}: {cov['missing']} of {cov['expected']} tasks missing (counted as 0)")
+    expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
+    if len(set(expected.values())) > 1:
+        warnings.append(f"{name}: runs cover different task sets (expected tasks per run: {expected})")
+    return warnings + _fingerprint_warnings(name, entry["fingerprints"])
 
 
 def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str]:
@@ -179,7 +234,7 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
 
 def _item_estimates(bench: Benchmark, model: dict, model_items: items.ModelItems, boot: items.Bootstrap | None) -> None:
     """Attach each item-level figure's `items` object to the model's figure of that name."""
-    for figure in bench.item_figures:
+    for figure in bench.figures:
         target = model["figures"] if not figure.table else model["extra_tables"].setdefault(figure.table, {})
         for name, label in model_items.subsets(figure):
             target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
@@ -189,25 +244,34 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
     models = []
     for entry in found:
         runs = list(entry["runs"].values())
+        headlines = []
         extra: dict[str, list] = {}
         for metrics in runs:
-            for title, values in bench.extra_tables(metrics).items():
+            shown = figures.tables(bench.figures, metrics)
+            headlines.append(shown.pop(figures.HEADLINE))
+            if isinstance(bench, ErrorAnalysis):
+                shown |= bench.error_analysis_tables(metrics)
+            for title, values in shown.items():
                 extra.setdefault(title, []).append(values)
         costs = [m.get("cost", {}).get("cost_usd") for m in runs]
+        served_models, mixed = served(runs)
         model = {
             "model": entry["model"],
             "runs": list(entry["runs"]),
-            "figures": _figures([bench.headline(m) for m in runs]),
+            "figures": _figures(headlines),
             "flagged": bench.flagged(runs),
             "extra_tables": {title: _figures(values) for title, values in extra.items()},
             "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
             "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
             "fingerprints": {f"run-{k}": fp for k, fp in entry["fingerprints"].items()},
+            "settings": settings(entry["fingerprints"]),
+            "served": served_models,
+            "mixed_served_models": mixed,
         }
         if entry["items"] is not None:
             _item_estimates(bench, model, entry["items"], boot)
         models.append(model)
-    # headline() lists the overall figure first: sort by it, best first
+    # the first headline figure is the overall one: sort by it, best first
     models.sort(key=lambda m: -(_sort_value(next(iter(m["figures"].values()), {})) or 0.0))
     return models
 
@@ -238,7 +302,7 @@ def compare_models(
             mine, theirs = by_name[first["model"]], by_name[second["model"]]
             if mine is None or theirs is None:
                 continue
-            for figure in bench.item_figures:
+            for figure in bench.figures:
                 for name, _ in mine.subsets(figure):
                     result = items.compare(mine, theirs, figure, name, boot)
                     if result is not None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import batch, batch_backend, cost, dryrun, lock, manifest, runner
-from ..errors import EXIT_OK
+from .. import batch, batch_backend, cost, dryrun, lock, manifest, runner, spending
+from ..errors import EXIT_OK, BadInput
 from ..llm import Endpoint
 
 # The work on one task: work(task, client) -> its row.
@@ -77,6 +77,11 @@ def run(job: Job, args) -> int:
     """Run the job's pending tasks through the engine the flags choose; return the exit code."""
     if args.dry_run:
         return _dry_run(job, args)
+    cap = None
+    if job.endpoint is not None:  # a rule judge spends nothing
+        cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, job.label)
+        if cap is not None and (args.backend == "batch" or args.export_batch or args.import_batch):
+            raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
     with lock.exclusive(job.output):
         written = job.written()
         in_batches = batch_backend.open_batches(job.output)
@@ -94,7 +99,7 @@ def run(job: Job, args) -> int:
         with job.session(True) as work:
             if args.backend == "batch":
                 return _advance(job, args, work, record, counts)
-            summary = _calls(job, args, pending, work, written)
+            summary = _calls(job, args, pending, work, written, cap)
         record.finish(**counts, written=summary.written, failed=summary.failed, **job.run_counts(summary))
     return job.settle(runner.finish(job.label, summary, job.output))
 
@@ -112,6 +117,7 @@ def _dry_run(job: Job, args) -> int:
             args.max_tokens,
             cost.load_prices(args.prices),
             first_call_only=job.first_call_only,
+            max_cost=args.max_cost,
         )
     return EXIT_OK
 
@@ -144,7 +150,9 @@ def _advance(job: Job, args, work: Work, record: manifest.Record, counts: dict) 
     return code
 
 
-def _calls(job: Job, args, pending: PendingTasks, work: Work, written: Written) -> runner.RunSummary:
+def _calls(
+    job: Job, args, pending: PendingTasks, work: Work, written: Written, cap: spending.SpendingCap | None
+) -> runner.RunSummary:
     """--import-batch: the rows the batch files complete; else the calls, online."""
     if args.import_batch:
         current = (job.current_rows() if job.current_rows else written) if job.rows_pending else None
@@ -152,5 +160,7 @@ def _calls(job: Job, args, pending: PendingTasks, work: Work, written: Written) 
             job.label, pending, work, job.endpoint, args.import_batch, job.output, args, current=current
         )
     return asyncio.run(
-        runner.run_with_client(job.label, job.endpoint, pending, job.output, args, work, group_of=job.prefix_group)
+        runner.run_with_client(
+            job.label, job.endpoint, pending, job.output, args, work, group_of=job.prefix_group, cap=cap
+        )
     )

@@ -14,7 +14,8 @@ from .. import cli, cost, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, items
+from ..results import agreement, figures, items
+from ..results.items import ItemColumns
 from ..rows import Coverage, ShardCoverage
 from . import score_input
 
@@ -130,17 +131,34 @@ class _Judged(JudgedRows):
         self.extra_rows = extra_rows
 
 
-def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping) -> dict:
-    """One run's metrics: the benchmark's own figures, then coverage and judge statuses."""
+def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
+    """One run's metrics: the benchmark's details and figures (from `columns`, the run's item columns, made here
+    when not given), then coverage and judge statuses."""
     # the benchmark reads the tasks (a TaskList) and rows as the sequence and mapping they are (base.py)
-    metrics = bench.metrics(cast(list, tasks), cast(dict, judged))
+    details = bench.details(cast(list, tasks), cast(dict, judged))
+    if columns is None:
+        columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
     counted = _distinct(judge_rows(tasks, judged))
     metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged, counted)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
         counts = field_counts(counted, key)
         if counts:
             metrics[key] = counts
+    served = {name: field_counts(counted, key) for name, key in SERVED.items()}
+    if any(served.values()):
+        metrics["served"] = {name: counts for name, counts in served.items() if counts}
     return metrics
+
+
+# score.json's `served`: which models the endpoints said answered and judged the rows (a name re-pointed to another
+# snapshot shows as two), from the rows' keys
+SERVED = {
+    "model": "response_model",
+    "model_fingerprint": "system_fingerprint",
+    "judge": "judge_response_model",
+    "judge_fingerprint": "judge_system_fingerprint",
+}
 
 
 def field_counts(counted: list[tuple], key: str) -> dict[str, int]:
@@ -160,7 +178,7 @@ def main(argv: list[str]) -> int:
     judge_path = _judge_path(bench, args)
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    fields = (*bench.score_fields, "judge_status")
+    fields = (*bench.score_fields, "judge_status", *SERVED.values())
     data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
     if data is None:
         tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
@@ -173,7 +191,9 @@ def main(argv: list[str]) -> int:
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
-    metrics = summarize(bench, tasks, judged)
+    # per-item values: the figures of score.json and aggregate's item-level error bars (items.json) come from them
+    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    metrics = summarize(bench, tasks, judged, columns)
     cut = shard_coverage(bench, tasks, judged, judge_path)
     if cut is not None:
         metrics["coverage"]["shards"] = cut
@@ -196,9 +216,7 @@ def main(argv: list[str]) -> int:
         second = agreement.for_run(bench, judge_path)
         if second is not None:
             metrics["agreement"] = second
-    # per-item values for aggregate's item-level error bars, written before score.json, so that a score.json is
-    # never older than its items
-    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    # items.json before score.json, so that a score.json is never older than its items
     jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.item_cluster, columns))
     del columns
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")

@@ -35,6 +35,97 @@ def _context_chars(value: str) -> int | None:
     return chars
 
 
+class _Index:
+    """The page's sample index, a column per field (strings numbered once), and each sample's details."""
+
+    def __init__(self):
+        self.strings: dict[str, int] = {}
+        self.models: list[str] = []
+        self.error_types: list[str] = []
+        self.columns: dict[str, list] = {k: [] for k in ("b", "m", "r", "i", "f1", "f2", "g", "p", "s", "e", "v")}
+        self.details: list[dict] = []
+
+    def sid(self, value: str) -> int:
+        found = self.strings.get(value)
+        if found is None:
+            found = self.strings[value] = len(self.strings)
+        return found
+
+    def add_run(self, b: int, run, task_order: dict[str, int]) -> dict:
+        """A run's samples, in the benchmark's task order; returns the run's row of the benchmark's run table."""
+        if run.model not in self.models:
+            self.models.append(run.model)
+        m = self.models.index(run.model)
+        statuses: dict[str, int] = {}
+        passed = 0
+        for sample in sorted(run.samples, key=lambda s: task_order[s["id"]]):
+            mask = 0
+            for t in sample["errors"]:
+                if t not in self.error_types:
+                    self.error_types.append(t)
+                mask |= 1 << min(self.error_types.index(t), 30)
+            statuses[sample["status"]] = statuses.get(sample["status"], 0) + 1
+            passed += sample["pass"] == 1
+            sid = self.sid
+            for col, value in (
+                ("b", b),
+                ("m", m),
+                ("r", run.k),
+                ("i", sid(sample["id"])),
+                ("f1", sid(sample["f1"])),
+                ("f2", sid(sample["f2"])),
+                ("g", sid(sample["group"])),
+                ("p", sample["pass"]),
+                ("s", sid(sample["status"])),
+                ("e", mask),
+                ("v", sample["preview"]),
+            ):
+                self.columns[col].append(value)
+            self.details.append(sample["detail"])
+        cost = (run.score or {}).get("cost")
+        cost = cost if isinstance(cost, dict) else {}
+        return {
+            "model": run.model,
+            "run": run.k,
+            "samples": len(run.samples),
+            "infer_rows": run.infer_rows,
+            "judge_rows": run.judge_rows,
+            "analysis_rows": run.analysis_rows,
+            "expected": run.expected,
+            "passed": passed,
+            "statuses": dict(sorted(statuses.items())),
+            "cost_usd": cost.get("cost_usd"),
+            "scored": run.score is not None,
+        }
+
+    def blocks(self) -> list[tuple[str, str]]:
+        """The index, then the details a chunk at a time."""
+        out = [("ix", page.packed({"strings": list(self.strings), **self.columns}))]
+        return out + [
+            (f"s{n}", page.packed(self.details[start : start + page.CHUNK]))
+            for n, start in enumerate(range(0, len(self.details), page.CHUNK))
+        ]
+
+
+def _text_blocks(texts: collect.Texts) -> tuple[list[tuple[str, str]], list[int]]:
+    """The long texts, packed in chunks of about page.TEXT_CHUNK_CHARS, and the first text of each chunk."""
+    blocks: list[tuple[str, str]] = []
+    starts: list[int] = []
+    chunk: list[str] = []
+    size = 0
+    for i, text in enumerate(texts.items):
+        if chunk and size + len(text) > page.TEXT_CHUNK_CHARS:
+            blocks.append((f"x{len(starts) - 1}", page.packed(chunk)))
+            chunk, size = [], 0
+        if not chunk:
+            starts.append(i)
+        chunk.append(text)
+        size += len(text)
+    if chunk:
+        blocks.append((f"x{len(starts) - 1}", page.packed(chunk)))
+    return blocks, starts
+
+
 def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) -> tuple[str, dict]:
     """The page's text, and a summary of what it holds (counts, what was cut, problems found)."""
     outputs_dir = Path(outputs_dir)
@@ -45,97 +136,22 @@ def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) 
             f"or up to {discover.MAX_DEPTH} folder levels below it (run make infer first)"
         )
     texts = collect.Texts(context_chars)
-    strings: dict[str, int] = {}
-
-    def sid(value: str) -> int:
-        found = strings.get(value)
-        if found is None:
-            found = strings[value] = len(strings)
-        return found
-
-    models: list[str] = []
-    error_types: list[str] = []
-    columns: dict[str, list] = {k: [] for k in ("b", "m", "r", "i", "f1", "f2", "g", "p", "s", "e", "v")}
-    details: list[dict] = []
+    index = _Index()
     benches: list[dict] = []
     for root, names in roots:
         where = root.relative_to(outputs_dir).as_posix()
         for name in names:
             summary, runs = collect.read_bench(root, name, texts)
-            b = len(benches)
-            key = name if where == "." else f"{where}/{name}"
             task_order: dict[str, int] = {}
             for run in runs:
                 for sample in run.samples:
                     task_order.setdefault(sample["id"], len(task_order))
-            run_rows = []
-            for run in runs:
-                if run.model not in models:
-                    models.append(run.model)
-                m = models.index(run.model)
-                statuses: dict[str, int] = {}
-                passed = 0
-                for sample in sorted(run.samples, key=lambda s: task_order[s["id"]]):
-                    mask = 0
-                    for t in sample["errors"]:
-                        if t not in error_types:
-                            error_types.append(t)
-                        mask |= 1 << min(error_types.index(t), 30)
-                    statuses[sample["status"]] = statuses.get(sample["status"], 0) + 1
-                    passed += sample["pass"] == 1
-                    for col, value in (
-                        ("b", b),
-                        ("m", m),
-                        ("r", run.k),
-                        ("i", sid(sample["id"])),
-                        ("f1", sid(sample["f1"])),
-                        ("f2", sid(sample["f2"])),
-                        ("g", sid(sample["group"])),
-                        ("p", sample["pass"]),
-                        ("s", sid(sample["status"])),
-                        ("e", mask),
-                        ("v", sample["preview"]),
-                    ):
-                        columns[col].append(value)
-                    details.append(sample["detail"])
-                cost = (run.score or {}).get("cost")
-                cost = cost if isinstance(cost, dict) else {}
-                run_rows.append(
-                    {
-                        "model": run.model,
-                        "run": run.k,
-                        "samples": len(run.samples),
-                        "infer_rows": run.infer_rows,
-                        "judge_rows": run.judge_rows,
-                        "analysis_rows": run.analysis_rows,
-                        "expected": run.expected,
-                        "passed": passed,
-                        "statuses": dict(sorted(statuses.items())),
-                        "cost_usd": cost.get("cost_usd"),
-                        "scored": run.score is not None,
-                    }
-                )
+            run_rows = [index.add_run(len(benches), run, task_order) for run in runs]
+            key = name if where == "." else f"{where}/{name}"
             benches.append({"key": key, "root": where, **summary, "runs": run_rows})
-    blocks = [("ix", page.packed({"strings": list(strings), **columns}))]
-    blocks += [
-        (f"s{n}", page.packed(details[start : start + page.CHUNK]))
-        for n, start in enumerate(range(0, len(details), page.CHUNK))
-    ]
-    text_starts: list[int] = []
-    chunk: list[str] = []
-    size = 0
-    for i, text in enumerate(texts.items):
-        if chunk and size + len(text) > page.TEXT_CHUNK_CHARS:
-            blocks.append((f"x{len(text_starts) - 1}", page.packed(chunk)))
-            chunk, size = [], 0
-        if not chunk:
-            text_starts.append(i)
-        chunk.append(text)
-        size += len(text)
-    if chunk:
-        blocks.append((f"x{len(text_starts) - 1}", page.packed(chunk)))
+    text_blocks, text_starts = _text_blocks(texts)
     cut = texts.cut_summary()
-    problems = [p for bench in benches for p in bench["problems"]]
+    details = index.details
     meta = {
         "generator": f"evalpipe {__version__}",
         "source": outputs_dir.resolve().name or str(outputs_dir),
@@ -144,18 +160,18 @@ def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) 
         "sample_chunks": (len(details) + page.CHUNK - 1) // page.CHUNK,
         "text_starts": text_starts,
         "text_chars": texts.full_chars,
-        "models": models,
-        "error_types": error_types,
+        "models": index.models,
+        "error_types": index.error_types,
         "cut": cut,
         "benches": benches,
     }
-    html = page.render(meta, blocks)
+    html = page.render(meta, index.blocks() + text_blocks)
     info = {
         "benchmarks": len(benches),
-        "models": len(models),
+        "models": len(index.models),
         "samples": len(details),
         "cut": cut,
-        "problems": problems,
+        "problems": [p for bench in benches for p in bench["problems"]],
         "bytes": len(html.encode()),
     }
     return html, info

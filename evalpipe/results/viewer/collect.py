@@ -20,6 +20,7 @@ import orjson
 
 from ... import benchmarks, paths, shards
 from ...results import discover, stats
+from ...results.figures import headline
 
 RUN_DIR = re.compile(r"run-(\d+)$")
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
@@ -521,14 +522,14 @@ def find_roots(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
 def _figures_from_scores(bench: str, runs: list[Run]) -> list[dict]:
     """Without aggregate.json: each model's headline figures, mean ± sample std over its runs' score.json."""
     try:
-        headline = benchmarks.get(bench).headline
+        declared = benchmarks.get(bench).figures
     except Exception:  # an unknown benchmark cannot say its figures
         return []
     per_model: dict[str, list[dict]] = {}
     for run in runs:
         if run.score is not None:
             try:
-                per_model.setdefault(run.model, []).append(headline(run.score))
+                per_model.setdefault(run.model, []).append(headline(declared, run.score))
             except (KeyError, TypeError, AttributeError):
                 continue
     models = []
