@@ -304,7 +304,8 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
         "--shard",
         metavar="K/N",
         help="do only shard K of N (K from 0) into <stem>.shard-K-of-N.jsonl beside the run's file; without it, "
-        "a Slurm array task's SLURM_ARRAY_TASK_ID/COUNT, or JOB_COMPLETION_INDEX with --shards N",
+        "a Slurm array task's SLURM_ARRAY_TASK_ID/COUNT, or JOB_COMPLETION_INDEX with --shards N; `all`: the whole "
+        "run, whatever the environment says",
     )
     g.add_argument(
         "--shards",

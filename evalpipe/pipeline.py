@@ -42,7 +42,7 @@ SETTINGS = {
     "MAX_SAMPLES": "only the first N tasks",
     "OUTPUTS": "output root (default outputs)",
     "LABEL": "a named variant of the model's configuration: its own folder <model>@<label> and leaderboard row",
-    "SHARD": "infer, judge, error-analysis: only shard K/N of each run, K from 0 (docs/scale.md)",
+    "SHARD": "infer, judge, error-analysis: only shard K/N of each run, K from 0; all: the whole run (docs/scale.md)",
     "SHARDS": "the number of shards N, with K from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX",
     "ARGS": "more flags for infer.py",
     "JUDGE_ARGS": "more flags for judge.py (judge and error-analysis)",

@@ -62,7 +62,10 @@ def parse(spec: str) -> Shard:
 def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.environ) -> Shard | None:
     """The shard of this invocation: --shard K/N; else a Slurm array task (SLURM_ARRAY_TASK_ID of a contiguous
     array: K counted from its first index, N its task count); else a Kubernetes Indexed Job's
-    JOB_COMPLETION_INDEX with the count from --shards N. None: the whole run."""
+    JOB_COMPLETION_INDEX with the count from --shards N. None: the whole run (also `--shard all`, for a job array
+    over something else, such as one model per task)."""
+    if flag == "all":
+        return None
     if flag is not None:
         shard = parse(flag)
         if count is not None and count != shard.n:

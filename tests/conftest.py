@@ -53,7 +53,10 @@ def server():
 
 @pytest.fixture
 def env(server):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_"))}
+    # (and no scheduler's shard: the suite run inside a Slurm array task or an Indexed Job's pod runs whole runs)
+    e = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_", "SLURM_ARRAY_", "JOB_COMPLETION"))
+    }
     e.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY=API_KEY, PYTHONUNBUFFERED="1")
     return e
 

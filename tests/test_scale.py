@@ -317,6 +317,7 @@ def test_resume_across_cuts_and_a_second_count_refused(endpoint, stages, tmp_pat
         (None, None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_MAX": "7"}, (1, 4)),
         (None, 4, {"JOB_COMPLETION_INDEX": "0"}, shards.Shard(0, 4)),
         ("1/4", None, {"JOB_COMPLETION_INDEX": "3"}, shards.Shard(1, 4)),  # the flag wins
+        ("all", None, {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}, None),  # an array over models
     ],
 )
 def test_the_shard_from_flags_or_the_scheduler(flag, count, env, shard):
