@@ -9,7 +9,7 @@ Every reader of a run's file reads it through `parts`: the file itself where it 
 files in shard order. A task has its rows in one part (a task done in one part is not done again by
 another cut), so the last row per id over the parts is the task's row as in one file; where a task has
 rows in two parts (a stand-in row judged again), the shard's comes last and counts, which is why an uncut
-run leaves a task whose row is in a shard file to that shard (`foreign`).
+run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
 """
 
 import hashlib
@@ -55,7 +55,7 @@ def parse(spec: str) -> Shard:
     """`K/N` → Shard (BadInput naming the rule when it is not one)."""
     match = _SPEC.fullmatch(spec.strip())
     if not match or not int(match.group(1)) < int(match.group(2)):
-        raise BadInput(f"--shard {spec!r}: expected K/N with 0 <= K < N (shards are counted from 0)")
+        raise BadInput(f"--shard {spec!r}: expected K/N with 0 <= K < N (shards are counted from 0), or all")
     return Shard(int(match.group(1)), int(match.group(2)))
 
 
