@@ -17,7 +17,7 @@ SLURM_STAMP := $(VENV)/.slurm-installed
 quote = '$(subst ','\'',$(1))'
 
 PIPELINE_STAGES := infer judge error-analysis score aggregate publish
-PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL ARGS JUDGE_ARGS REPO PUBLISH_ARGS
+PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPLES OUTPUTS LABEL SHARD SHARDS ARGS JUDGE_ARGS REPO PUBLISH_ARGS
 # The stages named on make's command line run as one pipeline (so that an incomplete infer still
 # lets judge and score go on), started by the first of them; the others have nothing left to do.
 PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))

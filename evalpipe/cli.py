@@ -297,6 +297,24 @@ def _run_args(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def add_shard_args(parser: argparse.ArgumentParser) -> None:
+    """infer's and judge's --shard K/N and --shards N (docs/scale.md; shards.chosen reads them)."""
+    g = parser.add_argument_group("shards (docs/scale.md)")
+    g.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="do only shard K of N (K from 0) into <stem>.shard-K-of-N.jsonl beside the run's file; without it, "
+        "a Slurm array task's SLURM_ARRAY_TASK_ID/COUNT, or JOB_COMPLETION_INDEX with --shards N; `all`: the whole "
+        "run, whatever the environment says",
+    )
+    g.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="the number of shards, for a Kubernetes Indexed Job (its JOB_COMPLETION_INDEX is K)",
+    )
+
+
 def add_prefix_schedule_arg(parser: argparse.ArgumentParser) -> None:
     """infer's --prefix-schedule (how tasks that share a prefix are ordered; benchmarks.Benchmark.prefix_group)."""
     parser.add_argument(

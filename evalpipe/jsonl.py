@@ -6,6 +6,9 @@ before appending, so the file stays valid JSONL. A write that fails part-way (a 
 cut back at once, so a row is never left torn in the middle of a file.
 
 Writes that fail for want of space or permission raise OutputUnwritable (errors.py).
+
+A run's file may be cut into shard files (shards.py): `run_rows`, `run_row_chunks`, `latest_rows`, `ids_in` and
+`iter_ids` read it whole, over its parts; `iter_rows` and `iter_row_chunks` read one file.
 """
 
 import hashlib
@@ -19,6 +22,7 @@ from typing import Any, cast
 
 import orjson
 
+from . import shards
 from .errors import BadInput, OutputUnwritable, as_unwritable, writing
 
 BOM = b"\xef\xbb\xbf"
@@ -91,17 +95,26 @@ def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> I
             before += len(lines)
 
 
+def run_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """`iter_rows` of one of our output files (torn last lines skipped) over all its parts: the file and its
+    shard files (no part: no rows)."""
+    return chain.from_iterable(iter_rows(part, torn_tail_ok=True) for part in shards.parts(Path(path)))
+
+
+def run_row_chunks(path: str | os.PathLike) -> Iterator[tuple[int, list[dict]]]:
+    """`iter_row_chunks` of one of our output files over all its parts (see `run_rows`)."""
+    return chain.from_iterable(iter_row_chunks(part, torn_tail_ok=True) for part in shards.parts(Path(path)))
+
+
 def latest_rows(
     path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
 ) -> dict[Any, Any]:
-    """The last row per id in one of our output files (missing file: no rows).
+    """The last row per id in one of our output files, over its parts (missing file: no rows).
 
     `keep` maps each row to what is kept of it, so a large file need not be held whole.
     """
-    if not os.path.exists(path):
-        return {}
     rows: dict[Any, Any] = {}
-    for _, row in iter_rows(path, torn_tail_ok=True):
+    for _, row in run_rows(path):
         rows[key(row)] = row if keep is None else keep(row)
     return rows
 
@@ -110,17 +123,21 @@ _FAST_ID = b'{"idx":"'
 
 
 def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
-    """The ids that have a complete row in one of our output files (missing file: none).
+    """The ids that have a complete row in one of our output files, over its parts (missing file: none).
 
     Our rows start with {"idx":"<id>", so for them the id is sliced from the line without
     parsing it; other lines (upstream rows, escaped ids, a last line without newline) are
     parsed, and a torn last line does not count. Holds ids only, never rows.
     """
-    return set(iter_ids(path, key)) if os.path.exists(path) else set()
+    return set(iter_ids(path, key))
 
 
 def iter_ids(path: str | os.PathLike, key: Callable[[dict], Any]) -> Iterator[Any]:
-    """The id of every complete row of one of our output files, in file order (see `ids_in`)."""
+    """The id of every complete row of one of our output files, over its parts, in order (see `ids_in`)."""
+    return chain.from_iterable(_ids(part, key) for part in shards.parts(Path(path)))
+
+
+def _ids(path: Path, key: Callable[[dict], Any]) -> Iterator[Any]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if raw.startswith(_FAST_ID) and raw.endswith(b"}\n"):

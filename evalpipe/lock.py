@@ -6,13 +6,16 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import jsonl
+from . import jsonl, shards
 from .errors import Locked, writing
 
 
 @contextmanager
 def exclusive(output: str | os.PathLike):
     """Hold `<output>.lock` for the duration; raise Locked at once if another run holds it.
+
+    A shard's output (shards.py) also holds its run file's lock shared: shards of a run write side by side,
+    but never beside an uncut run on the same run file, which would do their tasks too.
 
     Holding it, first add to the output the rows an earlier run could not write (jsonl.rescue_path),
     so that what follows sees them as done.
@@ -21,17 +24,19 @@ def exclusive(output: str | os.PathLike):
     different files of the same name.
     """
     lock_path = Path(f"{output}.lock")
+    whole = shards.whole(Path(output))
     with writing(lock_path):
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    run_fd = None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise Locked(
-                f"{output} is being written by another run (pid {holder}); this run exits without touching it"
-            ) from None
+        if whole == Path(output):
+            _take(fd, fcntl.LOCK_EX, output, "another run" + (" or its shards" if shards.count(whole) else ""))
+        else:
+            _take(fd, fcntl.LOCK_EX, output, "another run")
+            with writing(lock_path):
+                run_fd = os.open(f"{whole}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            _take(run_fd, fcntl.LOCK_SH, output, f"an uncut run on {whole.name}")
         with writing(lock_path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -45,3 +50,14 @@ def exclusive(output: str | os.PathLike):
         yield
     finally:
         os.close(fd)
+        if run_fd is not None:
+            os.close(run_fd)
+
+
+def _take(fd: int, kind: int, output: str | os.PathLike, by: str) -> None:
+    """flock `fd` at once, or raise Locked naming the holder's pid (what the lock file says)."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        raise Locked(f"{output} is being written by {by} (pid {holder}); this run exits without touching it") from None

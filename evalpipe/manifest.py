@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from . import __version__, jsonl
+from . import __version__, jsonl, shards
 from .errors import BadInput
 from .paths import PROJECT
 
@@ -70,6 +70,15 @@ def learned(output: Path, key: str) -> dict:
     """What earlier runs on this output learned under `key` (see Record.finish); {} when nothing."""
     value = ((read(output) or {}).get("learned") or {}).get(key)
     return value if isinstance(value, dict) else {}
+
+
+def read_run(output: Path) -> dict | None:
+    """The manifest of a run's file however it was cut: its own, else its first shard's (None: neither)."""
+    for part in [output, *shards.shard_files(output).values()]:
+        recorded = read(part)
+        if recorded is not None:
+            return recorded
+    return None
 
 
 def read(output: Path) -> dict | None:
@@ -162,6 +171,8 @@ OPERATIONAL = {
     "batch_max_bytes",
     "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text
     "fewshot_data",  # the demos picked from it are in prompt_sha256
+    "shard",  # which part of the run this process writes, not what its rows are
+    "shards",
 }
 
 
@@ -184,11 +195,13 @@ def differences(old: dict, new: dict) -> list[str]:
 
 
 def refuse_if_changed(output: Path, new: dict) -> None:
-    """Refuse to add rows made under another configuration to an output that has rows."""
-    old = (read(output) or {}).get("fingerprint")
-    if old is None or not differences(old, new):
-        return
-    raise BadInput(
-        f"{output} holds rows made under another configuration ({'; '.join(differences(old, new))}); "
-        "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
-    )
+    """Refuse to add rows made under another configuration to an output that has rows, or to a run whose other
+    parts (the whole file, its shard files) were made under another."""
+    for part in dict.fromkeys([output, shards.whole(output), *shards.shard_files(output).values()]):
+        old = (read(part) or {}).get("fingerprint")
+        if old is None or not differences(old, new):
+            continue
+        raise BadInput(
+            f"{part} holds rows made under another configuration ({'; '.join(differences(old, new))}); "
+            "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
+        )

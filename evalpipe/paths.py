@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from . import shards
+
 DEFAULT_ROOT = Path("outputs")
 PROJECT = Path(__file__).resolve().parent.parent  # where data/ with the bundled samples lives
 
@@ -53,9 +55,10 @@ def judge_file_name(label: str | None = None) -> str:
 
 
 def labelled_judge_files(folder: Path) -> dict[str, Path]:
-    """The labelled judge files in a run folder, by label (judge-<label>.jsonl; not their analyses)."""
+    """The labelled judge files in a run folder, by label (judge-<label>.jsonl, also where only its shard files
+    are there; not their analyses)."""
     found = {}
-    for path in sorted(folder.glob("judge-*.jsonl")):
+    for path in sorted({shards.whole(path) for path in folder.glob("judge-*.jsonl")}):
         match = _LABELLED_JUDGE.fullmatch(path.name)
         if match:
             found[match.group(1)] = path

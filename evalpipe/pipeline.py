@@ -42,13 +42,15 @@ SETTINGS = {
     "MAX_SAMPLES": "only the first N tasks",
     "OUTPUTS": "output root (default outputs)",
     "LABEL": "a named variant of the model's configuration: its own folder <model>@<label> and leaderboard row",
+    "SHARD": "infer, judge, error-analysis: only shard K/N of each run, K from 0; all: the whole run (docs/scale.md)",
+    "SHARDS": "the number of shards N, with K from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX",
     "ARGS": "more flags for infer.py",
     "JUDGE_ARGS": "more flags for judge.py (judge and error-analysis)",
     "MAX_COST": "spend at most this many USD in this invocation, over all its stages (--max-cost; exit 6 when reached)",
     "REPO": "publish: the Hugging Face Hub dataset repo, owner/name (token: HF_TOKEN)",
     "PUBLISH_ARGS": "more flags for publish (--with-prompts, --private)",
 }
-_WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES")
+_WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES", "SHARDS")
 
 
 class UsageError(Exception):
@@ -146,6 +148,8 @@ def command(plan: Plan, stage: str) -> list[str]:
     if stage == "aggregate":
         return cmd + _flag(plan, "RUNS", "--runs")
     cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flag(plan, "LABEL", "--label")]
+    if stage != "score":
+        cmd += [*_flag(plan, "SHARD", "--shard"), *_flag(plan, "SHARDS", "--shards")]
     if stage == "infer":
         return cmd + [
             *_flag(plan, "DATA", "--input"),

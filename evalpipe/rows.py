@@ -5,7 +5,7 @@ and written with orjson as before. `total=False` keys may be absent. Rows keep u
 CL-bench's keys first (SPEC.md §1.2); each benchmark adds keys of its own after them.
 """
 
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 
 class Usage(TypedDict, total=False):
@@ -70,6 +70,15 @@ class Coverage(TypedDict):
     missing_ids: list  # the first 20 of those
     extra_rows_ignored: int  # judge rows of tasks not selected
     to_rejudge: int  # provisional rows (the judge API failed) that the next judge run redoes
+    shards: NotRequired["ShardCoverage"]  # a run cut into shards: which are unfinished
+
+
+class ShardCoverage(TypedDict):
+    """score.json's `coverage.shards`, for a run cut into shards (shards.py)."""
+
+    count: int  # N
+    unfinished: list[int]  # shards with selected tasks that have no final judge row yet
+    without_file: dict[str, list[int]]  # per stage file (infer, judge): the shards that wrote none
 
 
 class ApiCall(NamedTuple):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from evalpipe.devtools.slurmcluster import SlurmCluster, SlurmUnavailable
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,10 @@ def server():
 
 @pytest.fixture
 def env(server):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_"))}
+    # (and no scheduler's shard: the suite run inside a Slurm array task or an Indexed Job's pod runs whole runs)
+    e = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "JUDGE_", "SLURM_ARRAY_", "JOB_COMPLETION"))
+    }
     e.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY=API_KEY, PYTHONUNBUFFERED="1")
     return e
 
@@ -143,3 +147,19 @@ def plain_http_port():
         yield listener.getsockname()[1]
     finally:
         listener.close()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The throwaway single-node Slurm cluster (evalpipe/devtools/slurmcluster.py), one per test module that asks
+    for it (not per session: its daemons, children of this process, would stay for every later test, and count
+    in test_slim_and_bench's memory of this process's tree); the test skips, saying why, where it cannot start."""
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+    except SlurmUnavailable as e:
+        pytest.skip(f"no Slurm cluster: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()

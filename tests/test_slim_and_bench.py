@@ -75,6 +75,7 @@ def test_the_benchmark_script_runs_in_tiny_mode():
         "aggregate.py",
         "viewer CoinFlip",
         "viewer CL-bench-shaped",
+        "shards: 4 processes",
     ):
         assert part in proc.stdout, part
 

@@ -241,6 +241,12 @@ class Benchmark:
         The key may be sent to the endpoint as a cache key: nothing secret. Default: no groups."""
         return None
 
+    def shard_key(self, task: Task) -> object:
+        """What decides a task's shard (shards.py): its prefix group, so that a group stays in one shard and its
+        prefix is computed once, else its id. `task.row` may be the task's inference or judge row."""
+        group = self.prefix_group(task)
+        return task.id if group is None else group
+
     def is_provisional(self, row: dict) -> bool:
         """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.
 

@@ -387,9 +387,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         except SlurmError:
             return None
 
-    def submit(self, script: Path, *sbatch_args: str, cwd: Path | None = None) -> str:
-        """sbatch the script (for example with "--array=0-3"); the job id."""
-        args = ["sbatch", "--parsable", *sbatch_args, str(script)]
+    def submit(self, script: Path, *sbatch_args: str, cwd: Path | None = None, script_args: tuple = ()) -> str:
+        """sbatch the script (for example with "--array=0-3"), passing it `script_args`; the job id."""
+        args = ["sbatch", "--parsable", *sbatch_args, str(script), *script_args]
         if cwd is not None:
             args.insert(2, f"--chdir={cwd}")
         return self.run(args).strip().split(";", 1)[0]

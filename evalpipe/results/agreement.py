@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from .. import benchmarks, cli, jsonl, manifest, paths
+from .. import benchmarks, cli, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.clbench import rubric_lines
 from ..errors import EXIT_OK, BadInput
@@ -113,7 +113,7 @@ def _statuses(row: dict) -> list[int] | None:
 
 def load(bench: Benchmark, path: Path, prefix: Any = None) -> tuple[Rows, int]:
     """A judge file's final rows by id (`(prefix, id)` when pooling runs), and how many were provisional."""
-    if not path.exists():
+    if not shards.exists(path):
         raise BadInput("no such judge file", path)
 
     def keep(row: dict) -> dict | None:
@@ -133,7 +133,7 @@ def load(bench: Benchmark, path: Path, prefix: Any = None) -> tuple[Rows, int]:
 
 def judge_model(path: Path) -> str | None:
     """The judge model the file's manifest records (None: no manifest)."""
-    return (manifest.read(path) or {}).get("judge_model")
+    return (manifest.read_run(path) or {}).get("judge_model")
 
 
 # ---------------------------------------------------------------- the report
@@ -238,7 +238,7 @@ def pooled(bench: Benchmark, run_dirs: list[Path]) -> dict | None:
     used = []
     for run_dir in run_dirs:
         labelled = paths.labelled_judge_files(run_dir)
-        if not labelled or not (run_dir / "judge.jsonl").exists():
+        if not labelled or not shards.exists(run_dir / "judge.jsonl"):
             continue
         used.append(run_dir.name)
         for path in [run_dir / "judge.jsonl", *labelled.values()]:

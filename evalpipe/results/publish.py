@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl, paths
+from .. import jsonl, paths, shards
 from ..errors import EXIT_BAD_INPUT, EXIT_ENDPOINT_REFUSED, EXIT_OK, EXIT_UNREACHABLE, BadInput
 from ..redact import redact
 from . import discover
@@ -67,7 +67,7 @@ def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
     for model_dir in discover.subfolders(bench_dir):
         numbered = []
         for run_dir in model_dir.glob("run-*"):
-            if run_dir.name[4:].isdigit() and (run_dir / paths.judge_file_name()).is_file():
+            if run_dir.name[4:].isdigit() and shards.exists(run_dir / paths.judge_file_name()):
                 numbered.append((int(run_dir.name[4:]), run_dir))
         for k, run_dir in sorted(numbered):
             yield model_dir.name, k, run_dir
@@ -76,7 +76,7 @@ def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
 def samples(bench: str, bench_dir: Path, with_prompts: bool) -> Iterator[bytes]:
     for model, k, run_dir in runs(bench_dir):
         latest: dict = {}
-        for _, row in jsonl.iter_rows(run_dir / paths.judge_file_name(), torn_tail_ok=True):
+        for _, row in jsonl.run_rows(run_dir / paths.judge_file_name()):
             latest[row.get("idx")] = row  # the last row of a task is the one that counts, as in score
         for row in latest.values():
             yield jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n"

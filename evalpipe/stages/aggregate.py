@@ -59,7 +59,7 @@ def _fingerprints(run_dir: Path) -> dict:
     """The infer and judge fingerprints a run's manifests recorded, and the judge's learned response_format."""
     out = {}
     for stage in ("infer", "judge"):
-        recorded = manifest.read(run_dir / f"{stage}.jsonl")
+        recorded = manifest.read_run(run_dir / f"{stage}.jsonl")
         if recorded and recorded.get("fingerprint") is not None:
             out[stage] = recorded["fingerprint"]
             learned = (recorded.get("learned") or {}).get("judge_format") or {}

@@ -95,7 +95,7 @@ def run(job: Job, args) -> int:
         counts = _counts(job, pending)
         if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
-            return EXIT_OK
+            return job.settle(EXIT_OK)
         with job.session(True) as work:
             if args.backend == "batch":
                 return _advance(job, args, work, record, counts)

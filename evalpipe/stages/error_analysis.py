@@ -5,7 +5,7 @@ model does the classifying, with judge.py's flags and endpoint. Resumable like e
 failed solution is pending until it has an analysis row its benchmark leaves as it is.
 """
 
-from .. import paths
+from .. import paths, shards
 from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import BadInput
@@ -17,10 +17,11 @@ def main(bench: Benchmark, args) -> int:
     assert isinstance(bench, ErrorAnalysis)  # judge.py offers --error-analysis only then
     in_path = judge.input_path(bench, args, paths.judge_file_name(args.judge_label))
     output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
-    if not in_path.exists():
+    if not shards.exists(in_path):
         raise BadInput("no such judge file (run judge first)", in_path)
     judge.refuse_bedrock(args.judge_model)
-    failed = judge.InputRows(in_path, keep=bench.needs_error_analysis)
+    shard = shards.chosen(args.shard, args.shards)
+    failed = judge.InputRows(in_path, keep=judge.shard_filter(bench, shard, bench.needs_error_analysis))
     endpoint = judge.judge_endpoint(args)
     job = judge.rows_job(
         bench,
@@ -34,5 +35,6 @@ def main(bench: Benchmark, args) -> int:
         prompts=bench.error_analysis_prompts(),
         is_done=bench.is_analyzed,
         work=bench.analyze_error,
+        shard=shard,
     )
     return engine.run(job, args)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import cli, cost, jsonl, manifest, paths
+from .. import cli, cost, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, Task, row_id
 from ..checkpoint import StepCache
 from ..datasets import hub
@@ -43,6 +43,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     )
     cli.add_endpoint_args(parser)
     cli.add_prefix_schedule_arg(parser)
+    cli.add_shard_args(parser)
     # the reference's generation settings for this benchmark (e.g. coin_flip: temperature 0), unless given
     parser.set_defaults(**bench.generation_defaults)
 
@@ -51,24 +52,30 @@ def main(argv: list[str]) -> int:
     """infer.py: load and select the tasks, then let the engine run those without a row."""
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
-    tasks = Selected(bench, Path(data), args.max_samples)  # prefix first, then resume, as upstream
+    shard = shards.chosen(args.shard, args.shards)
+    tasks = Selected(bench, Path(data), args.max_samples, shard)  # prefix first, then resume, as upstream
     data_sha = manifest.sha256_file(Path(data))
     gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
+    if shard is not None:
+        shards.refuse_other_count(output, shard)
+        output = shard.path(output)
     endpoint = cli.endpoint_from_args(args, args.model)
     return engine.run(_job(bench, args, tasks, Path(data), data_sha, output, endpoint), args)
 
 
 class Selected:
-    """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones,
-    so that infer holds the done ids, never the tasks. A benchmark that reads its dataset whole, or selects
-    other than a prefix, is held as it loads."""
+    """The selected tasks (of a shard: those it takes): counted (and every row checked) once, then read again
+    lazily for the pending ones, so that infer holds the done ids, never the tasks. A benchmark that reads its
+    dataset whole, or selects other than a prefix, is held as it loads."""
 
-    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None):
-        self.bench, self.data, self.max_samples = bench, data, max_samples
+    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None, shard: shards.Shard | None = None):
+        self.bench, self.data, self.max_samples, self.shard = bench, data, max_samples, shard
         lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and type(bench).select is Benchmark.select
         self.held = None if lazy else list(bench.selected(data, max_samples))
+        if self.held is not None and shard is not None:
+            self.held = [task for task in self.held if shard.takes(bench.shard_key(task))]
         self.count = len(self.held) if self.held is not None else sum(1 for _ in self._read())
 
     def __len__(self) -> int:
@@ -76,7 +83,13 @@ class Selected:
         return self.count
 
     def _read(self) -> Iterator[Task]:
-        return iter(self.held) if self.held is not None else self.bench.selected(self.data, self.max_samples)
+        if self.held is not None:
+            return iter(self.held)
+        tasks = self.bench.selected(self.data, self.max_samples)
+        if self.shard is None:
+            return tasks
+        shard_key, takes = self.bench.shard_key, self.shard.takes
+        return (task for task in tasks if takes(shard_key(task)))
 
     def pending(self, done: set) -> engine.Pending:
         """The selected tasks without a row in `done`, in dataset order."""
@@ -106,9 +119,10 @@ def _job(
 
     def announce(pending: engine.Pending) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
+        cut = f" · shard {tasks.shard}" if tasks.shard is not None else ""
         print(
-            f"infer: {bench.name} · {args.model} · {len(tasks)} selected, {len(tasks) - len(pending)} already done, "
-            f"{len(pending)} to run → {output}",
+            f"infer: {bench.name} · {args.model}{cut} · {len(tasks)} selected, "
+            f"{len(tasks) - len(pending)} already done, {len(pending)} to run → {output}",
             file=sys.stderr,
         )
 
@@ -117,7 +131,7 @@ def _job(
         output=output,
         endpoint=endpoint,
         fingerprint=fingerprint,
-        manifest=_record(bench, args, data, data_sha, endpoint, fingerprint),
+        manifest=_record(bench, args, tasks, data, data_sha, endpoint, fingerprint),
         total=("selected", len(tasks)),
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=tasks.pending,
@@ -160,7 +174,9 @@ class _PromptTokens:
         return code
 
 
-def _record(bench: Benchmark, args, data: Path, data_sha: str, endpoint: Endpoint, fingerprint: dict) -> dict:
+def _record(
+    bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, endpoint: Endpoint, fingerprint: dict
+) -> dict:
     """What infer's manifest records: the benchmark, the dataset, the model and its parameters."""
     return {
         "stage": "infer",
@@ -173,6 +189,7 @@ def _record(bench: Benchmark, args, data: Path, data_sha: str, endpoint: Endpoin
         "endpoint": endpoint.host,
         "params": {**endpoint.params, **endpoint.extra_body},
         "slim": args.slim,
+        "shard": None if tasks.shard is None else str(tasks.shard),
         "fingerprint": fingerprint,
     }
 

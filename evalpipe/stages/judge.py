@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
-from .. import cli, jsonl, manifest, paths
+from .. import cli, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis
 from ..datasets import hub
@@ -74,6 +74,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
             help="classify each failed solution's error types with the judge model (reads the judge rows)",
         )
     cli.add_endpoint_args(parser, upstream_max_retries=3)
+    cli.add_shard_args(parser)
 
 
 def main(argv: list[str]) -> int:
@@ -86,8 +87,9 @@ def main(argv: list[str]) -> int:
         return error_analysis.main(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
     output = args.output or labelled(_default_output(in_path), args.judge_label)
-    if not in_path.exists():
+    if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
+    shard = shards.chosen(args.shard, args.shards)
     if not bench.judge_uses_llm and args.backend == "batch":
         print(
             f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
@@ -96,7 +98,7 @@ def main(argv: list[str]) -> int:
         args.backend = "online"
     if bench.judge_uses_llm:
         refuse_bedrock(args.judge_model)
-    rows = InputRows(in_path)
+    rows = InputRows(in_path, keep=shard_filter(bench, shard))
     endpoint = judge_endpoint(args) if bench.judge_uses_llm else None
     job = rows_job(
         bench,
@@ -105,6 +107,7 @@ def main(argv: list[str]) -> int:
         output,
         rows,
         endpoint,
+        shard=shard,
         label="judge",
         stage="judge",
         prompts=bench.judge_prompts(),
@@ -151,6 +154,19 @@ def _default_output(in_path: Path) -> Path:
     return Path("outputs") / f"{in_path.stem}_graded.jsonl"
 
 
+def shard_filter(
+    bench: Benchmark, shard: shards.Shard | None, keep: Callable[[dict], bool] | None = None
+) -> Callable[[dict], bool] | None:
+    """`keep`, and of those the rows of the shard's tasks (None: every row)."""
+    if shard is None:
+        return keep
+
+    def kept(row: dict) -> bool:
+        return (keep is None or keep(row)) and shard.takes(bench.shard_key(Task(row_id(row), row, 0)))
+
+    return kept
+
+
 def refuse_bedrock(judge_model: str) -> None:
     """Refuse a model name that only AWS Bedrock serves: this pipeline speaks the OpenAI-compatible protocol."""
     if "." in judge_model and (":" in judge_model or judge_model.startswith(_BEDROCK_PREFIXES)):
@@ -161,17 +177,17 @@ def refuse_bedrock(judge_model: str) -> None:
 
 
 class InputRows:
-    """A stage's input file (the inference rows; the judge rows for error analysis), as its latest row per id
-    that `keep` accepts, in the order the ids first occur: counted in one pass, then read again lazily for the
-    pending ones. Holds the latest row of an id that has several rows (rare), never the rows; its ids only
-    while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
+    """A stage's input file (the inference rows; the judge rows for error analysis; over its parts: shards.py), as
+    its latest row per id that `keep` accepts, in the order the ids first occur: counted in one pass, then read
+    again lazily for the pending ones. Holds the latest row of an id that has several rows (rare), never the rows;
+    its ids only while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
 
     def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
-        self.path = path
+        self.path, self.keep = path, keep
         ids: set = set()
         self.repeated: dict = {}  # id → its latest row, for ids with several rows
         self.left_out: set = set()  # ids whose latest row `keep` does not accept
-        for _, row in jsonl.iter_rows(path, torn_tail_ok=True):
+        for _, row in jsonl.run_rows(path):
             key = row_id(row)
             if key in ids:
                 self.repeated[key] = row
@@ -195,33 +211,46 @@ class InputRows:
 
     def pending(self, done: set) -> engine.Pending:
         """The rows whose id is not in `done`, as tasks, in the order their ids first occur."""
+        if self.keep is not None:  # counted as they are given: rows added meanwhile are judged by `keep` too
+            return engine.Pending(sum(1 for _ in self._tasks(done)), lambda: self._tasks(done))
         repeated, left_out = self.repeated, self.left_out
         once = (key for key in jsonl.iter_ids(self.path, row_id) if key not in repeated)
         count = sum(1 for key in itertools.chain(once, repeated) if key not in done and key not in left_out)
         return engine.Pending(count, lambda: self._tasks(done))
 
     def _tasks(self, done: set) -> Iterator[Task]:
-        repeated, left_out, given = self.repeated, self.left_out, set()
-        for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):
+        # `keep` again: rows added since the count (another shard's answers, written meanwhile) are not given
+        repeated, left_out, keep, given = self.repeated, self.left_out, self.keep, set()
+        for _, row in jsonl.run_rows(self.path):
             key = row_id(row)
             if key in repeated:
                 if key in given:
                     continue
                 given.add(key)
                 row = repeated[key]
-            if key not in done and key not in left_out:
+            if key not in done and key not in left_out and (keep is None or keep(row)):
                 yield Task(id=key, row=row, line=0)
 
 
-def _done_ids(output: Path, is_done: Callable[[dict], bool]) -> "_Done":
-    """The ids whose latest row in the output `is_done` (holds ids, not rows)."""
+def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Done":
+    """The ids whose latest row in the output, over its parts, `is_done` (holds ids, not rows). A run that is not
+    cut (`cut` false) leaves a row to redo in a shard file to its shard: the shard files are read after the
+    whole file, so a row it wrote there would not count (shards.py); those ids are done for it, and `elsewhere`."""
     done = _Done()
-    for _, row in jsonl.iter_rows(output, torn_tail_ok=True) if output.exists() else ():
-        done.any_rows = True
-        if is_done(row):
-            done.add(row_id(row))
-        else:
-            done.discard(row_id(row))
+    whole = shards.whole(output)
+    for part in shards.parts(output):
+        others = not cut and part != whole
+        for _, row in jsonl.iter_rows(part, torn_tail_ok=True):
+            done.any_rows = True
+            key = row_id(row)
+            if is_done(row) or others:
+                done.add(key)
+            else:
+                done.discard(key)
+            if others and not is_done(row):
+                done.elsewhere.add(key)
+            else:
+                done.elsewhere.discard(key)
     return done
 
 
@@ -229,6 +258,10 @@ class _Done(set):
     """Ids of rows that are done; true when the output has rows at all (done or not: paid for either way)."""
 
     any_rows = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elsewhere: set = set()  # to redo, by their shard
 
     def __bool__(self) -> bool:
         """Whether the output has rows."""
@@ -253,20 +286,31 @@ def rows_job(
     prompts: list[str],
     is_done: Callable[[dict], bool],
     work: Callable[..., Awaitable[dict]],
+    shard: shards.Shard | None = None,
 ) -> engine.Job:
     """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
-    the output's latest row for its id `is_done`; `work(row, client)` makes it."""
+    the output's latest row for its id `is_done`; `work(row, client)` makes it. A shard's job (`rows` holds
+    the shard's rows) writes the shard's file of `output`."""
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
+    if shard is not None:
+        shards.refuse_other_count(output, shard)
+        output = shard.path(output)
+    stand_ins = _StandIns(label, bench, work)
+
+    def written() -> _Done:
+        done = _done_ids(output, is_done, cut=shard is not None)
+        stand_ins.elsewhere = done.elsewhere
+        return done
 
     def announce(pending: engine.Pending) -> None:
         """Say how many of the input rows are done and how many this run does."""
+        cut = f" · shard {shard}" if shard is not None else ""
         print(
-            f"{label}: {bench.name} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
+            f"{label}: {bench.name}{cut} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
             f"{len(pending)} to do → {output}",
             file=sys.stderr,
         )
 
-    stand_ins = _StandIns(label, bench, work)
     formats = getattr(bench, "judge_formats", None)  # judge_format.Formats of an LLM judge asking for JSON
     run_counts = stand_ins.counts
     if formats is not None and endpoint is not None:
@@ -282,7 +326,7 @@ def rows_job(
         fingerprint=fingerprint,
         manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
         total=("rows", len(rows)),
-        written=lambda: _done_ids(output, is_done),
+        written=written,
         pending_given=rows.pending,
         announce=announce,
         session=stand_ins.session,
@@ -327,6 +371,7 @@ class _StandIns:
         """Watch `work` for `label`, asking `bench` which rows are stand-ins."""
         self.label, self.bench, self.work = label, bench, work
         self.ids: set = set()  # of this run (every earlier one was pending again)
+        self.elsewhere: set = set()  # rows to redo that an uncut run leaves to their shards (_done_ids)
 
     @contextmanager
     def session(self, paying: bool):
@@ -352,6 +397,12 @@ class _StandIns:
                 f"{self.label}: {len(self.ids)} rows will be done again on the next run (judge API failed)",
                 file=sys.stderr,
             )
-        if code == EXIT_OK and self.ids:
+        if self.elsewhere:
+            print(
+                f"{self.label}: {len(self.elsewhere)} rows to do again are in shard files: rerun their shards "
+                "(--shard K/N) to do them",
+                file=sys.stderr,
+            )
+        if code == EXIT_OK and (self.ids or self.elsewhere):
             return EXIT_INCOMPLETE
         return code

@@ -10,13 +10,13 @@ from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, paths
+from .. import cli, cost, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, figures, items
 from ..results.items import ItemColumns
-from ..rows import Coverage
+from ..rows import Coverage, ShardCoverage
 from . import score_input
 
 
@@ -53,7 +53,7 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
     """The dataset and prefix the run was selected from (None: unknown), how to describe them, and the dataset's
     sha256 as infer recorded it (None: --data given, or no record)."""
     data, max_samples = args.data, args.max_samples
-    recorded = manifest.read(judge_path.with_name("infer.jsonl"))
+    recorded = manifest.read_run(judge_path.with_name("infer.jsonl"))
     if data is None and recorded is not None:
         data = Path(recorded["dataset"])
         if max_samples is None:
@@ -194,9 +194,12 @@ def main(argv: list[str]) -> int:
     # per-item values: the figures of score.json and aggregate's item-level error bars (items.json) come from them
     columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
     metrics = summarize(bench, tasks, judged, columns)
+    cut = shard_coverage(bench, tasks, judged, judge_path)
+    if cut is not None:
+        metrics["coverage"]["shards"] = cut
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
-        if analysis_path.exists():
+        if shards.exists(analysis_path):
             analyses = jsonl.latest_rows(analysis_path, row_id)
             metrics[bench.error_analysis_name] = bench.error_analysis_metrics(
                 cast(list, tasks), cast(dict, judged), analyses
@@ -227,14 +230,41 @@ def main(argv: list[str]) -> int:
 
 def _require(judge_path: Path) -> None:
     """Stop with a clear line when there is no judge file, saying which stage to run."""
-    if not judge_path.exists():
-        answered = judge_path.with_name("infer.jsonl").exists()
+    if not shards.exists(judge_path):
+        answered = shards.exists(judge_path.with_name("infer.jsonl"))
         needed = "run judge first" if answered else "no answers either: run infer, then judge"
         raise BadInput(f"no such judge file ({needed})", judge_path)
 
 
+def shard_coverage(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
+    """For a run cut into shards (its judge file's count, else its inference file's): which shards have tasks
+    without a final judge row, and which wrote no file (None: the run is not cut)."""
+    infer_path = judge_path.with_name("infer.jsonl")
+    n = shards.count(judge_path) or shards.count(infer_path)
+    if n is None:
+        return None
+    short = (
+        bench.shard_key(task)
+        for task, row in zip(tasks, judge_rows(tasks, judged))
+        if row is None or bench.is_provisional(row)
+    )
+    return {
+        "count": n,
+        "unfinished": shards.of_keys(short, n),
+        "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
+    }
+
+
 def _exit_code(covered: Coverage) -> int:
     """0 when every selected task has a final grade; else 3, saying what to rerun."""
+    cut = covered.get("shards")
+    if cut is not None and cut["unfinished"]:
+        print(
+            f"score: shard(s) {', '.join(map(str, cut['unfinished']))} of {cut['count']} are missing or unfinished "
+            f"(shards without a file: infer {cut['without_file']['infer']}, judge {cut['without_file']['judge']}); "
+            f"rerun them (--shard K/{cut['count']})",
+            file=sys.stderr,
+        )
     if covered["missing"]:
         print(
             f"score: {covered['missing']} selected tasks have no judge row yet (counted as 0); rerun infer/judge",

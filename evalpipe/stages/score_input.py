@@ -65,7 +65,7 @@ def _judge_rows(path: Path, fields: tuple[str, ...]) -> tuple[list, list, cost.L
 def _blocks(path: Path) -> Iterator[tuple[int, list, list[dict]]]:
     """The judge rows a block at a time: which row of the file the first is (0, 1, ...), their ids, the rows."""
     ordinal = 0
-    for _, block in jsonl.iter_row_chunks(path, torn_tail_ok=True):
+    for _, block in jsonl.run_row_chunks(path):
         try:
             ids = list(map(_IDX, block))
         except KeyError:

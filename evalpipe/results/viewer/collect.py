@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ... import benchmarks, paths
+from ... import benchmarks, paths, shards
 from ...results import discover, stats
 from ...results.figures import headline
 
@@ -98,6 +98,13 @@ def scan(path: Path, note: FileNote, skip: set | None = None, skipped: set | Non
                 continue
             note.lines += 1
             yield row
+
+
+def scan_run(path: Path, notes: list[FileNote], skip: set | None = None, skipped: set | None = None) -> Iterator[dict]:
+    """`scan` of a run's file over its parts (the file, then its shard files: shards.py), a note per part."""
+    for part in shards.parts(path):
+        notes.append(FileNote(part))
+        yield from scan(part, notes[-1], skip, skipped)
 
 
 def row_id(row: dict) -> str:
@@ -370,10 +377,21 @@ def _expected(folder: Path, score: dict | None) -> int | None:
     """The selected task count: score.json's coverage, else the infer manifest's."""
     if score and isinstance(score.get("coverage"), dict) and isinstance(score["coverage"].get("expected"), int):
         return score["coverage"]["expected"]
-    manifest = _read_json(folder / "infer.jsonl.manifest.json")
-    counts = manifest.get("counts") if isinstance(manifest, dict) else None
-    selected = counts.get("selected") if isinstance(counts, dict) else None
-    return selected if isinstance(selected, int) else None
+    infer = folder / "infer.jsonl"
+    cut = {k.k: p for k, p in shards.shard_files(infer).items()}
+    if infer.exists() or not cut:  # the whole file's record, else the sum of every shard's
+        cut = {0: infer}
+    if len(cut) < (shards.count(infer) or 1):
+        return None
+    total = 0
+    for part in cut.values():
+        manifest = _read_json(part.with_name(part.name + ".manifest.json"))
+        counts = manifest.get("counts") if isinstance(manifest, dict) else None
+        selected = counts.get("selected") if isinstance(counts, dict) else None
+        if not isinstance(selected, int):
+            return None
+        total += selected
+    return total
 
 
 def _read_json(path: Path) -> Any:
@@ -400,35 +418,34 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
     by_id: dict[str, dict] = {}
-    judge_note = FileNote(judge_path)
-    if judge_path.exists():
-        for row in scan(judge_path, judge_note):
+    notes: list[FileNote] = []
+    judged, answers = shards.exists(judge_path), shards.exists(infer_path)
+    if judged:
+        for row in scan_run(judge_path, notes):
             sample = sample_from(row, True, shape, texts)
-            judge_note.superseded += sample["id"] in by_id
+            notes[-1].superseded += sample["id"] in by_id
             by_id[sample["id"]] = sample
         run.judge_rows = len(by_id)
-    elif infer_path.exists():
+    elif answers:
         run.problems.append(f"{where}: no judge.jsonl yet (answers shown ungraded; run judge)")
     judged_ids = set(by_id)
-    infer_note = FileNote(infer_path)
-    if infer_path.exists():
+    if answers:
         # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
         answered: set[str] = set()
-        for row in scan(infer_path, infer_note, skip=judged_ids, skipped=answered):
+        for row in scan_run(infer_path, notes, skip=judged_ids, skipped=answered):
             task = row_id(row)
             answered.add(task)
             if task not in judged_ids:
                 by_id[task] = sample_from(row, False, shape, texts)
         run.infer_rows = len(answered)
         ungraded = len(by_id) - len(judged_ids)
-        if ungraded and judge_path.exists():
+        if ungraded and judged:
             run.problems.append(f"{where}: {ungraded} answer(s) have no judge row yet (run judge)")
-    elif judge_path.exists():
+    elif judged:
         run.problems.append(f"{where}: no infer.jsonl (judge rows shown alone)")
     analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
-    if analysis_path.exists():
-        analysis_note = FileNote(analysis_path)
-        for row in scan(analysis_path, analysis_note):
+    if shards.exists(analysis_path):
+        for row in scan_run(analysis_path, notes):
             analysed = by_id.get(row_id(row))
             run.analysis_rows += 1
             if analysed is None:
@@ -447,21 +464,24 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
                 )
                 if k in row
             }
-        run.problems += analysis_note.problems(f"{where}/{analysis_path.name}")
-    run.problems += infer_note.problems(f"{where}/infer.jsonl") + judge_note.problems(f"{where}/judge.jsonl")
-    for name in ("infer.jsonl", "judge.jsonl", analysis_path.name):
-        pid = _writer_alive(folder / f"{name}.lock")
-        if pid is not None:
-            run.problems.append(f"{where}/{name}: being written by a running stage (pid {pid}): this is a snapshot")
+    for note in notes:
+        run.problems += note.problems(f"{where}/{note.path.name}")
+    for path in (infer_path, judge_path, analysis_path):
+        for part in [path, *shards.shard_files(path).values()]:
+            pid = _writer_alive(folder / f"{part.name}.lock")
+            if pid is not None:
+                run.problems.append(
+                    f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot"
+                )
     score_path = folder / "score.json"
     if score_path.exists():
         run.score = _read_json(score_path)
         if not isinstance(run.score, dict):
             run.score = None
             run.problems.append(f"{where}/score.json: not valid JSON; ignored")
-        elif judge_path.exists() and judge_path.stat().st_mtime > score_path.stat().st_mtime + 1:
+        elif judged and max(p.stat().st_mtime for p in shards.parts(judge_path)) > score_path.stat().st_mtime + 1:
             run.problems.append(f"{where}: judge.jsonl changed after score.json was written (run score again)")
-    elif judge_path.exists():
+    elif judged:
         run.problems.append(f"{where}: no score.json yet (run score)")
     run.expected = _expected(folder, run.score)
     if run.expected is not None and len(by_id) < run.expected:
@@ -476,7 +496,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
 
 
 def _is_run_dir(p: Path) -> bool:
-    return bool(RUN_DIR.match(p.name)) and any((p / f).exists() for f in STAGE_FILES)
+    return bool(RUN_DIR.match(p.name)) and any(shards.exists(p / f) for f in STAGE_FILES)
 
 
 def benches_in(root: Path) -> list[str]:

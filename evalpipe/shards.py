@@ -1,0 +1,185 @@
+"""A run cut into shards, and a run's files however it was cut.
+
+`--shard K/N` (K from 0 to N-1, as Slurm's `--array=0-(N-1)` and Kubernetes' completion indexes count)
+takes the tasks whose key — the task id, or its prefix group where the benchmark has one — hashes to K,
+and writes `<stem>.shard-K-of-N<suffix>` beside the run's file (`infer.shard-2-of-8.jsonl`), with its own
+lock, manifest and side files, so that N processes on N machines can write to one shared folder.
+
+Every reader of a run's file reads it through `parts`: the file itself where it exists, then its shard
+files in shard order. A task has its rows in one part (a task done in one part is not done again by
+another cut), so the last row per id over the parts is the task's row as in one file; where a task has
+rows in two parts (a stand-in row judged again), the shard's comes last and counts, which is why an uncut
+run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
+"""
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BadInput
+
+_SPEC = re.compile(r"(\d+)/(\d+)")
+_NAME = re.compile(r"(?P<stem>.+)\.shard-(?P<k>\d+)-of-(?P<n>\d+)(?P<suffix>\.[^.]+)")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard `k` of `n` (0 <= k < n)."""
+
+    k: int
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}"
+
+    def takes(self, key: object) -> bool:
+        """Whether a task with this key (its id, or its prefix group) is this shard's."""
+        return index(key, self.n) == self.k
+
+    def path(self, whole: Path) -> Path:
+        """This shard's file of the run file `whole`: infer.jsonl → infer.shard-K-of-N.jsonl."""
+        return whole.with_name(f"{whole.stem}.shard-{self.k}-of-{self.n}{whole.suffix}")
+
+
+def index(key: object, n: int) -> int:
+    """The shard (0..n-1) of a task key: a hash that is the same in every process, on every machine."""
+    text = key if isinstance(key, str) else repr(key)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % n
+
+
+def parse(spec: str) -> Shard:
+    """`K/N` → Shard (BadInput naming the rule when it is not one)."""
+    match = _SPEC.fullmatch(spec.strip())
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise BadInput(f"--shard {spec!r}: expected K/N with 0 <= K < N (shards are counted from 0), or all")
+    return Shard(int(match.group(1)), int(match.group(2)))
+
+
+def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.environ) -> Shard | None:
+    """The shard of this invocation: --shard K/N; else a Slurm array task (SLURM_ARRAY_TASK_ID of a contiguous
+    array: K counted from its first index, N its task count); else a Kubernetes Indexed Job's
+    JOB_COMPLETION_INDEX with the count from --shards N. None: the whole run (also `--shard all`, for a job array
+    over something else, such as one model per task)."""
+    if flag == "all":
+        return None
+    if flag is not None:
+        shard = parse(flag)
+        if count is not None and count != shard.n:
+            raise BadInput(f"--shard {flag} and --shards {count} disagree on the count")
+        return shard
+    if count is not None and count < 1:
+        raise BadInput(f"--shards {count}: expected 1 or more")
+    if env.get("SLURM_ARRAY_TASK_ID"):
+        return _slurm(env, count)
+    if env.get("JOB_COMPLETION_INDEX"):
+        if count is None:
+            raise BadInput(
+                "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job): give the number of shards once, "
+                "--shards N (SHARDS=N), or --shard K/N"
+            )
+        return _checked(env["JOB_COMPLETION_INDEX"], count, "JOB_COMPLETION_INDEX")
+    if count is not None:
+        raise BadInput(
+            "--shards N needs JOB_COMPLETION_INDEX or SLURM_ARRAY_TASK_ID to say which shard; or --shard K/N"
+        )
+    return None
+
+
+def _slurm(env: Mapping[str, str], count: int | None) -> Shard:
+    try:
+        task = int(env["SLURM_ARRAY_TASK_ID"])
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        last = int(env["SLURM_ARRAY_TASK_MAX"]) if env.get("SLURM_ARRAY_TASK_MAX") else None
+        tasks = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else None
+    except ValueError:
+        raise BadInput("SLURM_ARRAY_TASK_ID/MIN/MAX/COUNT: expected whole numbers") from None
+    span = None if last is None else last - first + 1
+    n = tasks or span or count
+    if n is None:
+        raise BadInput("SLURM_ARRAY_TASK_ID is set without SLURM_ARRAY_TASK_COUNT or MAX: give --shard K/N")
+    if span is not None and span != n or count is not None and count != n:
+        raise BadInput(
+            f"the Slurm array is not one contiguous range of {n} tasks (indexes {first}..{last}, "
+            f"{tasks} tasks{'' if count is None else f', --shards {count}'}): use --array=0-{n - 1}, or --shard K/N"
+        )
+    return _checked(str(task - first), n, "SLURM_ARRAY_TASK_ID")
+
+
+def _checked(k: str, n: int, source: str) -> Shard:
+    if not k.isdigit() or not int(k) < n:
+        raise BadInput(f"{source}: shard {k} of {n}: expected 0 to {n - 1}")
+    return Shard(int(k), n)
+
+
+def whole(path: Path) -> Path:
+    """The run file a shard file is part of (a file that is no shard file: itself)."""
+    match = _NAME.fullmatch(path.name)
+    return path.with_name(match["stem"] + match["suffix"]) if match else path
+
+
+def shard_files(path: Path) -> dict[Shard, Path]:
+    """The shard files of the run file `path` (`path` may be one of them), in shard order."""
+    path = whole(path)
+    found = {}
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return {}
+    prefix = f"{path.stem}.shard-"
+    for name in names:
+        if name.startswith(prefix):
+            match = _NAME.fullmatch(name)
+            if match and match["stem"] == path.stem and match["suffix"] == path.suffix:
+                found[Shard(int(match["k"]), int(match["n"]))] = path.with_name(name)
+    counts = {shard.n for shard in found}
+    if len(counts) > 1:
+        raise BadInput(
+            f"shard files of {' and of '.join(map(str, sorted(counts)))} shards beside each other: one run is cut "
+            "one way (move the others to another run)",
+            path,
+        )
+    return dict(sorted(found.items(), key=lambda item: item[0].k))
+
+
+def count(path: Path) -> int | None:
+    """How many shards the run file is cut into (None: it is not)."""
+    found = shard_files(path)
+    return next(iter(found)).n if found else None
+
+
+def parts(path: Path) -> list[Path]:
+    """The files that hold the run file `path`, in the order they are read: itself where it exists, then its
+    shard files (BadInput where shards of two counts are present)."""
+    path = whole(path)
+    return ([path] if path.exists() else []) + list(shard_files(path).values())
+
+
+def exists(path: Path) -> bool:
+    """Whether any part of the run file exists."""
+    return bool(parts(path))
+
+
+def refuse_other_count(output: Path, shard: Shard | None) -> None:
+    """Refuse to write shard K/N where the run has shard files of another count (exit 2)."""
+    present = count(output)
+    if shard is not None and present is not None and present != shard.n:
+        raise BadInput(
+            f"this run is cut into {present} shards, not {shard.n}: rerun its shards with --shard K/{present} "
+            "(or start a new run with --run N)",
+            whole(output),
+        )
+
+
+def missing(path: Path, expected: int) -> list[int]:
+    """The shards of `expected` that have no file of the run file `path`."""
+    present = {shard.k for shard in shard_files(path)}
+    return [k for k in range(expected) if k not in present]
+
+
+def of_keys(keys: Iterable[object], n: int) -> list[int]:
+    """The shards these task keys fall to, sorted, each once."""
+    return sorted({index(key, n) for key in keys})
