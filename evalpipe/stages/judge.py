@@ -311,14 +311,6 @@ def rows_job(
             file=sys.stderr,
         )
 
-    formats = getattr(bench, "judge_formats", None)  # judge_format.Formats of an LLM judge asking for JSON
-    run_counts = stand_ins.counts
-    if formats is not None and endpoint is not None:
-        formats.seed(manifest.learned(output, "judge_format"))
-
-        def run_counts(summary) -> dict:
-            return {**stand_ins.counts(summary), "learned": {"judge_format": formats.state()}}
-
     return engine.Job(
         label=label,
         output=output,
@@ -333,9 +325,23 @@ def rows_job(
         first_call_only=True,
         rows_pending=True,
         current_rows=lambda: jsonl.latest_rows(output, row_id),
-        run_counts=run_counts,
+        run_counts=_run_counts(bench, endpoint, output, stand_ins),
         settle=stand_ins.settle,
     )
+
+
+def _run_counts(bench: Benchmark, endpoint: Endpoint | None, output: Path, stand_ins: "_StandIns"):
+    """What the manifest adds of a run: the stand-ins, and what an LLM judge asking for JSON learned of the
+    endpoint's response_format (seeded here with what earlier runs learned)."""
+    formats = getattr(bench, "judge_formats", None)  # judge_format.Formats
+    if formats is None or endpoint is None:
+        return stand_ins.counts
+    formats.seed(manifest.learned(output, "judge_format"))
+
+    def run_counts(summary) -> dict:
+        return {**stand_ins.counts(summary), "learned": {"judge_format": formats.state()}}
+
+    return run_counts
 
 
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
