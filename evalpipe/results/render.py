@@ -187,7 +187,8 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
             ]
             rows.append(["method", *(_method(models, figures_of, n) for n in names)])
             md.append(
-                f"## {heading}: item-level estimates, in percent\n\n" + tables.markdown_table(["Model", *names], rows)
+                f"## {tables.md_escape(heading)}: item-level estimates, in percent\n\n"
+                + tables.markdown_table(["Model", *names], rows)
             )
             if any(
                 ((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names
@@ -218,7 +219,7 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
                         row[2] += f" {FLAG}"
                         tex_row[2] += FLAG_TEX
             md.append(
-                f"## {heading}: run-to-run, mean ± {std_words} over runs, in percent\n\n"
+                f"## {tables.md_escape(heading)}: run-to-run, mean ± {std_words} over runs, in percent\n\n"
                 + tables.markdown_table(["Model", "Runs", *names], rows)
                 + (f"\n{RUNS_CI_NOTE}\n" if runs_ci else "")
             )
