@@ -18,6 +18,12 @@ admitted between them, or 2 seconds): it was empty when both attempts arrived, s
 in between (the attempts we sent then, less those answered 429) over the time between is its rate.
 We pace at a little less, probe upwards (2% a second), and measure again at the next 429s; the AIMD
 cuts stop while that pacing is on.
+
+Not every 429 is a rate limit: an overloaded provider answers a few requests 429 (with Retry-After)
+while it admits the rest. A 429 acts on every attempt (the cut, the pause, the measuring) only when
+the replies say a limit is reached: the x-ratelimit-remaining-* of the 429 is empty, or 429s are
+frequent (LIMIT_SHARE of the last OUTCOMES attempts, at least LIMIT_REJECTS of them). Otherwise only
+the request answered 429 waits, as its Retry-After says, and the others go on at full speed.
 """
 
 import asyncio
@@ -39,6 +45,11 @@ MEASURE_SPAN_S = 2.0
 LEARNED_MARGIN = 0.98  # a measured rate is paced at this much of itself (measuring is accurate to a request or two)
 PROBE_PER_S = 0.02  # the learned rate grows this much a second without a 429, to find out if it has grown
 SENT_MEMORY_S = 60.0  # how long the times of sent attempts are kept to measure from
+# A 429 is a limit's when this share of the last OUTCOMES attempts were answered 429 (and at least LIMIT_REJECTS):
+# a sustained limit answers far more (a burst past it, most), an overloaded provider's sporadic 429s far fewer
+OUTCOMES = 200
+LIMIT_SHARE = 0.05
+LIMIT_REJECTS = 4
 
 
 def parse_duration(text: str) -> float | None:
@@ -164,6 +175,8 @@ class AdaptiveLimit:
         self._first_answer_at = float("inf")
         self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
         self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
+        self._outcomes: deque[bool] = deque(maxlen=OUTCOMES)  # the last attempts' answers: True, 429
+        self._recent_rejects = 0  # the 429s among them
         self._last_cut = float("-inf")
         self._paused_until = 0.0
         self._changed = asyncio.Condition()
@@ -247,6 +260,21 @@ class AdaptiveLimit:
             self.learned.grow(1 + PROBE_PER_S * (now - self._probed_at), now)
         self._probed_at = now
 
+    def _answered(self, rejected: bool) -> None:
+        if len(self._outcomes) == self._outcomes.maxlen:
+            self._recent_rejects -= self._outcomes[0]
+        self._outcomes.append(rejected)
+        self._recent_rejects += rejected
+
+    def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
+        """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
+        frequent. A few 429s among many answers, with nothing saying a limit is empty, are an overloaded
+        server's: only their own requests wait."""
+        if any(remaining < 1 for _, remaining, _ in announced.values()):
+            return True
+        seen = len(self._outcomes)
+        return self._recent_rejects >= LIMIT_REJECTS and self._recent_rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
+
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
         # `limit` slots finish about limit/latency requests a second: this adds growth_per_s a second
@@ -297,15 +325,16 @@ class Attempt:
     async def __aexit__(self, *exc) -> None:
         await self.limit.__aexit__()
 
-    def _announced(self, headers: Mapping[str, str]) -> bool:
+    def _announced(self, headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
         now = time.monotonic()
         self.limit._first_answer_at = min(self.limit._first_answer_at, now)
         announced = announced_limits(headers)
         for kind, (limit, remaining, reset_s) in announced.items():
             self.limit.budgets[kind].announced(limit, remaining, reset_s, self.marks[kind], self.sent_at, now)
-        return bool(announced)
+        return announced
 
     def succeeded(self, headers: Mapping[str, str], prompt_tokens: int | None) -> None:
+        self.limit._answered(False)
         if not self._announced(headers):
             self.limit._probe(time.monotonic())
         if prompt_tokens:
@@ -313,6 +342,10 @@ class Attempt:
         self.limit.succeeded(time.monotonic() - self.sent_at)
 
     def rate_limited(self, headers: Mapping[str, str], retry_after: float | None) -> None:
-        if not self._announced(headers) and "learned" in self.marks:
+        self.limit._answered(True)
+        announced = self._announced(headers)
+        if not self.limit.limit_reached(announced):
+            return  # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on
+        if not announced and "learned" in self.marks:
             self.limit._found_empty(self.sent_at)
         self.limit.rate_limited(retry_after)

@@ -16,8 +16,9 @@ import pytest
 
 from evalpipe import cost, llm
 from evalpipe.devtools.plainserver import Behaviour, PlainServer
-from evalpipe.devtools.testserver import FakeOpenAI, Reply, deterministic
+from evalpipe.devtools.testserver import FakeOpenAI, Faults, Reply, deterministic
 from evalpipe.errors import CallFailed, EndpointUnreachable
+from evalpipe.limiter import AdaptiveLimit
 from evalpipe.llm import ChatClient, Endpoint
 from evalpipe.results import tables
 
@@ -238,3 +239,17 @@ def test_aggregate_and_report_escape_category_names_from_the_dataset(stage, serv
         capture_output=True,
     )
     assert "<img" not in (tmp_path / "outputs" / "report.md").read_text()
+
+
+def test_sporadic_overload_429s_neither_shrink_nor_pause_the_others():
+    """1 in 50 replies is an overloaded provider's 429 with Retry-After: only that request waits, on both servers."""
+    for make in (
+        lambda: FakeOpenAI(Faults(deterministic, overloaded=0.02, retry_after=1.0)),
+        lambda: PlainServer(Behaviour(overloaded=0.02)),
+    ):
+        limit = AdaptiveLimit(64)
+        with make() as server:
+            results = complete(server.base_url, limit, calls=600, max_retries=6)
+        assert all(isinstance(r, llm.Completion) for r in results), [r for r in results if isinstance(r, Exception)]
+        assert sum(r.attempts > 1 for r in results) >= 3  # the faults were there
+        assert limit.cuts == 0 and limit.limit == 64
