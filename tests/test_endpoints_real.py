@@ -16,7 +16,7 @@ import pytest
 
 from evalpipe import cost, llm
 from evalpipe.devtools.plainserver import Behaviour, PlainServer
-from evalpipe.devtools.testserver import FakeOpenAI, Faults, Reply, deterministic
+from evalpipe.devtools.testserver import FakeOpenAI, Faults, RateLimit, Reply, deterministic
 from evalpipe.errors import CallFailed, EndpointUnreachable
 from evalpipe.limiter import AdaptiveLimit
 from evalpipe.llm import ChatClient, Endpoint
@@ -253,3 +253,17 @@ def test_sporadic_overload_429s_neither_shrink_nor_pause_the_others():
         assert all(isinstance(r, llm.Completion) for r in results), [r for r in results if isinstance(r, Exception)]
         assert sum(r.attempts > 1 for r in results) >= 3  # the faults were there
         assert limit.cuts == 0 and limit.limit == 64
+
+
+def test_a_token_bucket_announced_per_minute_is_paced_with_few_429s_on_both_servers():
+    """A bucket of 40 refilling at 100/s whose limit-requests says 6000 (the per-minute limit): past the first 64
+    sent before any reply (24 of them 429), at most 15 of 300 answered 429."""
+    test_limit = RateLimit(deterministic, rpm=6000, burst_s=0.4, per_minute_limit=True)
+    with FakeOpenAI(test_limit) as server:
+        results = complete(server.base_url, AdaptiveLimit(64), calls=300, max_retries=6)
+    assert all(isinstance(r, llm.Completion) for r in results)
+    assert test_limit.rejected <= 24 + 15, test_limit.rejected
+    with PlainServer(Behaviour(bucket=40, rpm=6000)) as plain:
+        results = complete(plain.base_url, AdaptiveLimit(64), calls=300, max_retries=6)
+    assert all(isinstance(r, llm.Completion) for r in results)
+    assert plain.counters.limited <= 24 + 15, plain.counters.limited
