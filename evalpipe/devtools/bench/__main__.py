@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .report import Figure, table
 
-PARTS = ("throughput", "ratelimit", "faults", "scale", "viewer", "errorbars", "prefix")
+PARTS = ("throughput", "ratelimit", "faults", "peers", "scale", "viewer", "errorbars", "prefix")
 
 
 def main(argv: list[str]) -> int:
