@@ -18,7 +18,16 @@ def main(url: str, data: str, n: int, log_dir: str) -> None:
     rows = [json.loads(line) for line in Path(data).read_text().splitlines()[:n]]
     samples = [Sample(input=row["question"], target=row["answer"].upper(), id=i) for i, row in enumerate(rows)]
     task = Task(dataset=samples, solver=generate(), scorer=pattern(r"ANSWER:\s*(YES|NO)"))
-    [log] = eval(task, model="openai/bench", model_base_url=url, max_connections=256, log_dir=log_dir, display="none")
+    # inspect's provider for any OpenAI-compatible server: chat completions at url (its `openai` provider would
+    # use OpenAI's Responses API)
+    [log] = eval(
+        task,
+        model="openai-api/loopback/bench",
+        model_base_url=url,
+        max_connections=256,
+        log_dir=log_dir,
+        display="none",
+    )
     if log.status != "success" or len(log.samples or []) != n:
         sys.exit(f"inspect_ai: {log.status}, {len(log.samples or [])} of {n} samples")
 

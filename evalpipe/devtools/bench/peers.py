@@ -49,7 +49,7 @@ def ours(url: str, work: Path, n: int) -> float:
 
 def theirs(url: str, work: Path, n: int) -> float:
     """Seconds of one inspect_ai process over the same n tasks, from its start to its exit."""
-    env = {**os.environ, "OPENAI_API_KEY": "bench", "INSPECT_LOG_DIR": str(work)}
+    env = {**os.environ, "LOOPBACK_API_KEY": "bench", "LOOPBACK_BASE_URL": url, "INSPECT_LOG_DIR": str(work)}
     started = time.monotonic()
     subprocess.run(
         [str(PEERS_PYTHON), str(Path(__file__).with_name("inspect_coin_flip.py")), url, str(DATA), str(n), str(work)],
