@@ -117,6 +117,7 @@ class ServerBudget:
         ] * 5  # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
         self.window_end: float | None = None  # fixed windows: when the current one ends (None: a refilling bucket)
         self._latest_end = float("-inf")  # the latest window end a reply has told
+        self._window_over = float("-inf")  # the end of the last window refilled
         self._last_point: tuple[float, float] | None = None  # the last reply's (reset, remaining)
         self._votes = 0.0  # decayed: +1 for each pair of replies that look like windows, -1 like a bucket
 
@@ -134,6 +135,7 @@ class ServerBudget:
         if self.window_end is not None:
             if now >= self.window_end:  # a new window: whole again, less what the attempts waiting to go take
                 self.level = self.limit - self.unsent
+                self._window_over = self.window_end  # replies counted in it are stale now
                 self.window_end = float("inf")  # the next reply says when the new one ends
         else:
             self.level = min(self.limit, self.level + self.rate * (now - self.at))
@@ -196,11 +198,18 @@ class ServerBudget:
             # fixed windows: this one ends `reset_s` after the server counted the attempt (after it was sent)
             self.limit, self.rate = limit, 0.0
             end = sent_at + reset_s
-            if end < self._latest_end - 0.01:
+            if end < self._latest_end - 0.01 or end <= self._window_over + 0.01:
                 return  # a late reply from a window already over
+            windows_before = self.window_end is not None
             self._latest_end = max(self._latest_end, end)
             self.window_end = self._latest_end
-            self.level = remaining - (self.spent - mark)
+            if windows_before:
+                # our own count is exact within a window; the server's `remaining` can only tell us of less (other
+                # clients), never more: what it counted of the attempts sent after this one is unknown
+                self._refill(now)
+                self.level = min(self.level, remaining - self.unsent)
+            else:
+                self.level = remaining - (self.spent - mark)
             self.at = now
             return
         self.window_end = None
@@ -343,10 +352,10 @@ class AdaptiveLimit:
 
     def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
         """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
-        frequent. A few 429s among many answers, with nothing saying a limit is empty, are an overloaded
-        server's: only their own requests wait."""
-        if any(remaining < 1 for _, remaining, _ in announced.values()):
-            return True
+        frequent, or a limit was found before (its rate is being measured). A few 429s among many answers, with
+        nothing saying a limit is empty, are an overloaded server's: only their own requests wait."""
+        if any(remaining < 1 for _, remaining, _ in announced.values()) or self.learned.known:
+            return True  # said empty, or a limit's rate already measured between 429s (each 429 corrects it)
         seen = len(self._outcomes)
         return self._recent_rejects >= LIMIT_REJECTS and self._recent_rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
 
@@ -422,7 +431,10 @@ class Attempt:
         self.limit._answered(True)
         announced = self._announced(headers)
         if not self.limit.limit_reached(announced):
-            return  # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on
+            # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on (it is
+            # still not among what the server admitted, for when a rate is measured between 429s)
+            self.limit._rejected.append(self.sent_at)
+            return
         if not announced and "learned" in self.marks:
             self.limit._found_empty(self.sent_at)
         self.limit.rate_limited(retry_after)
