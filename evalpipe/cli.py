@@ -158,7 +158,12 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         "(default: $OPENAI_BASE_URL; for judge.py $JUDGE_BASE_URL first; else OpenAI)",
     )
     g.add_argument("--api-key", help="API key (default: from the environment; never written anywhere)")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds for each attempt as a whole: connect, send, wait, body (default 600)",
+    )
     g.add_argument(
         "--max-retries",
         type=int,
