@@ -28,7 +28,7 @@ UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIAB
 pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
-.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench slurm-check clean-venv
+.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench slurm-check peers clean-venv
 
 install: $(STAMP)
 
@@ -141,6 +141,17 @@ error-recovery-data: $(STAMP)
 CHAOS_KILLS ?= 20
 chaos: $(STAMP)
 	$(PYTHON) -m evalpipe.devtools.chaos --kills $(CHAOS_KILLS)
+
+# The peers make bench compares with (inspect_ai), in a venv of their own (.venv-peers), never in .venv:
+# the `peers` part of make bench skips, saying so, until this has run.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): requirements-peers.txt
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-peers.txt
+	touch $(PEERS_STAMP)
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
 # figure beside its reference, the ratio and the target (about 7 minutes; BENCH_ARGS=--tiny for a

@@ -169,7 +169,12 @@ def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | Non
         "(default: $OPENAI_BASE_URL; for judge.py $JUDGE_BASE_URL first; else OpenAI)",
     )
     g.add_argument("--api-key", help="API key (default: from the environment; never written anywhere)")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds for each attempt as a whole: connect, send, wait, body (default 600)",
+    )
     g.add_argument(
         "--max-retries",
         type=int,
@@ -393,11 +398,27 @@ def _env(name: str) -> str | None:
 def _base_url(args: argparse.Namespace, prefixes: list[str]) -> tuple[str | None, str]:
     """The endpoint URL (None: OpenAI's) and where it came from."""
     if args.base_url:
-        return args.base_url, "--base-url"
+        return _without_credentials(args.base_url, "--base-url", prefixes[0]), "--base-url"
     for prefix in prefixes:
         if url := _env(f"{prefix}_BASE_URL"):
-            return url, f"{prefix}_BASE_URL"
+            return _without_credentials(url, f"{prefix}_BASE_URL", prefix), f"{prefix}_BASE_URL"
     return None, "the default (OpenAI)"
+
+
+def _without_credentials(url: str, source: str, prefix: str) -> str:
+    """`url`, refused (BadInput, before any request) when it carries user:password@: the SDK would send them
+    nowhere (every call would fail), and the key goes in the Authorization header. The message never shows them."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        credentials = parts.username is not None or parts.password is not None
+    except ValueError:
+        raise BadInput(f"{source} is not a valid URL") from None
+    if credentials:
+        raise BadInput(
+            f"{source} has credentials in it ({parts.scheme}://USER:KEY@{redact.url(url).split('://', 1)[-1]}): "
+            f"give the URL without them and the key in {prefix}_API_KEY or --api-key (sent in the Authorization header)"
+        )
+    return url
 
 
 def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source: str) -> str | None:

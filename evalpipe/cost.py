@@ -111,6 +111,23 @@ class _StageTally:
     latencies: array = field(default_factory=lambda: array("d"))  # a million calls: 8 MB, not a list of floats
     usages: dict = field(default_factory=dict)  # (model, via batch) -> the calls' token counts, summed as added
     batch_calls: int = 0
+    invalid_usage: int = 0  # calls whose usage numbers are not token counts: left out of tokens and cost
+
+
+MAX_TOKEN_COUNT = 10**12  # as llm.MAX_TOKEN_COUNT (not imported: score and aggregate never load llm)
+
+
+def _counts_valid(usage: dict, calls: int) -> bool:
+    """Whether a call's usage (or the summed usage of `calls` calls) holds token counts only: not marked
+    invalid when the reply came (llm.usage_dict), and every number whole, from 0 to MAX_TOKEN_COUNT a call.
+    Rows written before that check may hold anything."""
+    if "invalid" in usage:
+        return False
+    for key in TOKEN_KEYS:
+        value = usage.get(key)
+        if value is not None and not (type(value) is int and 0 <= value <= MAX_TOKEN_COUNT * max(1, calls)):
+            return False
+    return True
 
 
 class Ledger:
@@ -136,13 +153,17 @@ class Ledger:
         if batch:
             tally.batch_calls += calls
         if usage:
-            sums = tally.usages.get((model, batch))
-            if sums is None:
-                sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
-            for key in TOKEN_KEYS:
-                value = usage.get(key)
-                if value:
-                    sums[key] += value
+            if not _counts_valid(usage, calls):
+                tally.invalid_usage += calls
+                usage = None
+            else:
+                sums = tally.usages.get((model, batch))
+                if sums is None:
+                    sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
+                for key in TOKEN_KEYS:
+                    value = usage.get(key)
+                    if value:
+                        sums[key] += value
         if latency_s is not None:
             tally.latencies.append(latency_s)
 
@@ -177,6 +198,7 @@ class Ledger:
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
                 "models": models,
                 "cost_usd": round(cost, 6) if priced else None,
+                **({"invalid_usage_calls": tally.invalid_usage} if tally.invalid_usage else {}),
             }
             total += cost
         out["cost_usd"] = None if unpriced else round(total, 6)
@@ -196,6 +218,14 @@ def format_summary(summary: dict) -> str:
         lines.append(
             f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}{cached}  completion "
             f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  {timing}  {cost}"
+        )
+    invalid = {
+        stage: s["invalid_usage_calls"] for stage, s in summary["stages"].items() if s.get("invalid_usage_calls")
+    }
+    if invalid:
+        lines.append(
+            "  warning: usage numbers that are not token counts (fractions, negatives, over 10^12) left out of tokens "
+            "and cost: " + ", ".join(f"{stage} {count:,} calls" for stage, count in invalid.items())
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")

@@ -13,11 +13,26 @@ over a learned characters-per-token, plus max_tokens, which OpenAI counts too) a
 copy is short. Each reply's headers set the copy again: what the server had left when it admitted
 that attempt, plus what has refilled since, minus what we spent after it.
 
+Servers mean different things by these headers. OpenAI's limit is the bucket's size (a minute's
+allowance) and reset the time until it is full; some announce the per-minute limit over a much
+smaller bucket (50 requests refilling at 50 a second, limit-requests 3000); others count fixed
+windows (remaining counts down, reset is the time to the next window, when it is whole again). So
+the bucket is not taken from limit-*: each reply is a point (reset, remaining), and a bucket's
+points lie on remaining = size - rate * reset. A fit over the recent replies gives its size and
+rate once their resets differ enough (MIN_FIT_POINTS); points on a rising line are fixed windows
+(nothing refills before the window ends, then all of it); until then, OpenAI's meaning.
+
 A server that only answers 429 is paced too, once two of its 429s are far enough apart (10 requests
 admitted between them, or 2 seconds): it was empty when both attempts arrived, so what it admitted
 in between (the attempts we sent then, less those answered 429) over the time between is its rate.
 We pace at a little less, probe upwards (2% a second), and measure again at the next 429s; the AIMD
 cuts stop while that pacing is on.
+
+Not every 429 is a rate limit: an overloaded provider answers a few requests 429 (with Retry-After)
+while it admits the rest. A 429 acts on every attempt (the cut, the pause, the measuring) only when
+the replies say a limit is reached: the x-ratelimit-remaining-* of the 429 is empty, or 429s are
+frequent (LIMIT_SHARE of the last OUTCOMES attempts, at least LIMIT_REJECTS of them). Otherwise only
+the request answered 429 waits, as its Retry-After says, and the others go on at full speed.
 """
 
 import asyncio
@@ -39,6 +54,13 @@ MEASURE_SPAN_S = 2.0
 LEARNED_MARGIN = 0.98  # a measured rate is paced at this much of itself (measuring is accurate to a request or two)
 PROBE_PER_S = 0.02  # the learned rate grows this much a second without a 429, to find out if it has grown
 SENT_MEMORY_S = 60.0  # how long the times of sent attempts are kept to measure from
+MIN_FIT_POINTS = 5  # replies before their (reset, remaining) points tell a bucket's size and rate, or windows
+FIT_MEMORY = 0.97  # weight of the older points in that fit
+# A 429 is a limit's when this share of the last OUTCOMES attempts were answered 429 (and at least LIMIT_REJECTS):
+# a sustained limit answers far more (a burst past it, most), an overloaded provider's sporadic 429s far fewer
+OUTCOMES = 200
+LIMIT_SHARE = 0.05
+LIMIT_REJECTS = 4
 
 
 def parse_duration(text: str) -> float | None:
@@ -88,18 +110,35 @@ class ServerBudget:
         self.level = 0.0  # what the server has left now, by our account; below zero: owed to waiting attempts
         self.at = time.monotonic()
         self.spent = 0.0
+        self.unsent = 0.0  # taken by attempts still waiting to go
         self._deficit_sum = self._reset_sum = 0.0  # decayed sums of (limit - remaining) and of reset seconds
+        self._fit = [
+            0.0
+        ] * 5  # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
+        self.window_end: float | None = None  # fixed windows: when the current one ends (None: a refilling bucket)
+        self._latest_end = float("-inf")  # the latest window end a reply has told
+        self._window_over = float("-inf")  # the end of the last window refilled
+        self._last_point: tuple[float, float] | None = None  # the last reply's (reset, remaining)
+        self._votes = 0.0  # decayed: +1 for each pair of replies that look like windows, -1 like a bucket
 
     @property
     def known(self) -> bool:
-        return self.limit > 0 and self.rate > 0
+        return self.limit > 0 and (self.rate > 0 or self.window_end is not None)
 
     @property
     def reserve(self) -> float:
+        if self.window_end is not None:
+            return 0.0  # a window's count is exact: nothing refills unseen in between
         return min(self.rate * RESERVE_S, 0.1 * self.limit)
 
     def _refill(self, now: float) -> None:
-        self.level = min(self.limit, self.level + self.rate * (now - self.at))
+        if self.window_end is not None:
+            if now >= self.window_end:  # a new window: whole again, less what the attempts waiting to go take
+                self.level = self.limit - self.unsent
+                self._window_over = self.window_end  # replies counted in it are stale now
+                self.window_end = float("inf")  # the next reply says when the new one ends
+        else:
+            self.level = min(self.limit, self.level + self.rate * (now - self.at))
         self.at = now
 
     def take(self, cost: float, now: float) -> float:
@@ -108,7 +147,12 @@ class ServerBudget:
             self._refill(now)
             self.level -= min(cost, self.limit)  # more than the whole limit goes when the bucket is full, if ever
         self.spent += cost
+        self.unsent += cost
         return self.spent
+
+    def sent(self, cost: float) -> None:
+        """An attempt that took `cost` has gone (or given up waiting)."""
+        self.unsent -= cost
 
     def wait_s(self, mark: float, now: float) -> float:
         """Seconds until the attempt that took up to `mark` may start: until what is left, not counting
@@ -117,18 +161,69 @@ class ServerBudget:
             return 0.0
         self._refill(now)
         short = self.reserve - (self.level + self.spent - mark)
-        return short / self.rate if short > 0 else 0.0
+        if short <= 0:
+            return 0.0
+        if self.window_end is not None:
+            return max(self.window_end - now, 0.001) if self.window_end != float("inf") else 0.05
+        return short / self.rate
+
+    def _fitted(self, remaining: float, reset_s: float) -> tuple[float, float] | None:
+        """(size, rate) of a refilling bucket from the replies' points so far, (0, 0) for fixed windows, or
+        None while the points do not tell. In a bucket the reset is the time to refill what is missing, so
+        of two replies the one with less left has the longer reset; in windows both fall as time passes."""
+        if self._last_point is not None and remaining != self._last_point[1] and reset_s != self._last_point[0]:
+            opposite = (remaining - self._last_point[1]) * (reset_s - self._last_point[0]) < 0
+            self._votes = FIT_MEMORY * self._votes + (-1.0 if opposite else 1.0)
+        self._last_point = (reset_s, remaining)
+        fit = self._fit
+        for i, value in enumerate((1.0, reset_s, remaining, reset_s * reset_s, reset_s * remaining)):
+            fit[i] = FIT_MEMORY * fit[i] + value
+        weight, t, r, tt, tr = fit
+        if weight < MIN_FIT_POINTS * 0.9 or abs(self._votes) < 2:
+            return None
+        if self._votes > 0:
+            return 0.0, 0.0  # what is left falls with the time to reset: windows, not a bucket
+        spread = tt / weight - (t / weight) ** 2
+        if spread <= (0.02 * max(t / weight, 1e-3)) ** 2:
+            return None  # resets too alike to draw a line through
+        slope = (tr / weight - t * r / weight**2) / spread
+        if slope >= 0:
+            return None
+        return r / weight - slope * t / weight, -slope
 
     def announced(self, limit: float, remaining: float, reset_s: float, mark: float, sent_at: float, now: float):
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
-        self.limit = limit
-        if reset_s > 0 and remaining < limit:
-            self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
-            self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
-        # never seen short: OpenAI's limits are per minute
-        self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
+        fitted = self._fitted(remaining, reset_s)
+        if fitted == (0.0, 0.0):
+            # fixed windows: this one ends `reset_s` after the server counted the attempt (after it was sent)
+            self.limit, self.rate = limit, 0.0
+            end = sent_at + reset_s
+            if end < self._latest_end - 0.01 or end <= self._window_over + 0.01:
+                return  # a late reply from a window already over
+            windows_before = self.window_end is not None
+            self._latest_end = max(self._latest_end, end)
+            self.window_end = self._latest_end
+            if windows_before:
+                # our own count is exact within a window; the server's `remaining` can only tell us of less (other
+                # clients), never more: what it counted of the attempts sent after this one is unknown
+                self._refill(now)
+                self.level = min(self.level, remaining - self.unsent)
+            else:
+                self.level = remaining - (self.spent - mark)
+            self.at = now
+            return
+        self.window_end = None
+        if fitted is not None:
+            self.limit, self.rate = max(fitted[0], remaining, 1.0), fitted[1]
+        else:
+            self.limit = limit
+            if reset_s > 0 and remaining < limit:
+                self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
+                self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
+            # never seen short: OpenAI's limits are per minute
+            self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
         refilled = self.rate * max(0.0, now - sent_at)
-        self.level = min(limit, remaining + refilled) - (self.spent - mark)
+        self.level = min(self.limit, remaining + refilled) - (self.spent - mark)
         self.at = now
 
     def found_empty(self, rate: float, taken_after: float, sent_at: float, now: float) -> None:
@@ -164,6 +259,8 @@ class AdaptiveLimit:
         self._first_answer_at = float("inf")
         self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
         self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
+        self._outcomes: deque[bool] = deque(maxlen=OUTCOMES)  # the last attempts' answers: True, 429
+        self._recent_rejects = 0  # the 429s among them
         self._last_cut = float("-inf")
         self._paused_until = 0.0
         self._changed = asyncio.Condition()
@@ -247,6 +344,21 @@ class AdaptiveLimit:
             self.learned.grow(1 + PROBE_PER_S * (now - self._probed_at), now)
         self._probed_at = now
 
+    def _answered(self, rejected: bool) -> None:
+        if len(self._outcomes) == self._outcomes.maxlen:
+            self._recent_rejects -= self._outcomes[0]
+        self._outcomes.append(rejected)
+        self._recent_rejects += rejected
+
+    def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
+        """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
+        frequent, or a limit was found before (its rate is being measured). A few 429s among many answers, with
+        nothing saying a limit is empty, are an overloaded server's: only their own requests wait."""
+        if any(remaining < 1 for _, remaining, _ in announced.values()) or self.learned.known:
+            return True  # said empty, or a limit's rate already measured between 429s (each 429 corrects it)
+        seen = len(self._outcomes)
+        return self._recent_rejects >= LIMIT_REJECTS and self._recent_rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
+
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
         # `limit` slots finish about limit/latency requests a second: this adds growth_per_s a second
@@ -287,6 +399,8 @@ class Attempt:
                     now = time.monotonic()
             finally:
                 self.limit._waiting -= 1
+                for kind, budget in budgets.items():
+                    budget.sent(self.costs.get(kind, 1.0))
             self.sent_at = now
             self.limit._sending(now)
         except BaseException:
@@ -297,15 +411,16 @@ class Attempt:
     async def __aexit__(self, *exc) -> None:
         await self.limit.__aexit__()
 
-    def _announced(self, headers: Mapping[str, str]) -> bool:
+    def _announced(self, headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
         now = time.monotonic()
         self.limit._first_answer_at = min(self.limit._first_answer_at, now)
         announced = announced_limits(headers)
         for kind, (limit, remaining, reset_s) in announced.items():
             self.limit.budgets[kind].announced(limit, remaining, reset_s, self.marks[kind], self.sent_at, now)
-        return bool(announced)
+        return announced
 
     def succeeded(self, headers: Mapping[str, str], prompt_tokens: int | None) -> None:
+        self.limit._answered(False)
         if not self._announced(headers):
             self.limit._probe(time.monotonic())
         if prompt_tokens:
@@ -313,6 +428,13 @@ class Attempt:
         self.limit.succeeded(time.monotonic() - self.sent_at)
 
     def rate_limited(self, headers: Mapping[str, str], retry_after: float | None) -> None:
-        if not self._announced(headers) and "learned" in self.marks:
+        self.limit._answered(True)
+        announced = self._announced(headers)
+        if not self.limit.limit_reached(announced):
+            # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on (it is
+            # still not among what the server admitted, for when a rate is measured between 429s)
+            self.limit._rejected.append(self.sent_at)
+            return
+        if not announced and "learned" in self.marks:
             self.limit._found_empty(self.sent_at)
         self.limit.rate_limited(retry_after)

@@ -14,8 +14,16 @@ The SDK's own retries are turned off; this module decides what is retried:
                  EndpointUnreachable after a few quick tries: the whole run stops in seconds
 Retries are capped in count (max_retries; 429s do not count, the server asked us to wait) and
 in total time (max_retry_seconds).
+
+Each attempt has a deadline for the whole call (connect, send, wait, body): Endpoint.timeout, and
+DEADLINE_MARGIN_S for the SDK's own connect and read timeouts to say first what timed out, so a
+body that trickles in ends as a timed-out attempt (CallTimedOut, retried) rather than never. While
+the endpoint has not answered once, a call that has waited HUNG_AFTER_S has the client ask
+GET /models: no answer to that either within HUNG_AFTER_S means the endpoint accepts connections
+but answers nothing (EndpointUnreachable, the run stops); an answer means it is only slow.
 """
 
+import asyncio
 import email.utils
 import importlib.util
 import socket
@@ -75,6 +83,8 @@ CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing ans
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
 HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
 MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
+DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
+HUNG_AFTER_S = 10.0  # a first call unanswered this long has GET /models asked, which gets as long to answer
 
 
 class Rejected(CallFailed):
@@ -87,6 +97,10 @@ class Rejected(CallFailed):
 
 class MalformedReply(Exception):
     """The server answered 2xx with something that is not a chat completion."""
+
+
+class CallTimedOut(Exception):
+    """An attempt that had no complete reply (headers and body) within the endpoint's timeout."""
 
 
 @dataclass
@@ -218,7 +232,7 @@ def context_length_error(status: int | None, text: str) -> bool:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    if isinstance(exc, (openai.APIConnectionError, MalformedReply, ValueError)):
+    if isinstance(exc, (openai.APIConnectionError, MalformedReply, CallTimedOut, ValueError)):
         return True  # includes timeouts; ValueError: a body that is not JSON
     status = _status(exc)
     if status is None:
@@ -336,6 +350,8 @@ class ChatClient:
             multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
         )
         self.answered = False  # whether the endpoint has sent any HTTP response in this run
+        self._hung: asyncio.Future[EndpointUnreachable] | None = None  # set when it answers nothing at all
+        self._watchdog: asyncio.Task | None = None
 
     def _unreachable_so_far(self, exc: BaseException | None) -> bool:
         return not self.answered and exc is not None and connect_failure(exc) is not None
@@ -375,12 +391,63 @@ class ChatClient:
             except openai.RateLimitError as exc:
                 attempt.rate_limited(exc.response.headers, retry_after_seconds(exc))
                 raise
-            usage = getattr(response, "usage", None)
-            attempt.succeeded(headers, getattr(usage, "prompt_tokens", None))
+            prompt_tokens = getattr(getattr(response, "usage", None), "prompt_tokens", None)
+            attempt.succeeded(headers, prompt_tokens if valid_count(prompt_tokens) else None)
             return response
 
     async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
-        """The parsed chat completion and the reply's headers (the rate-limit ones pace the next attempts)."""
+        """The parsed chat completion and the reply's headers, within the deadline for the whole call;
+        raises EndpointUnreachable when the endpoint turns out to answer nothing at all."""
+        timeout = self.endpoint.timeout + DEADLINE_MARGIN_S
+        if self.answered:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._chat(messages, fields)
+            except TimeoutError:
+                raise self._timed_out() from None
+        if self._hung is None:
+            self._hung = asyncio.get_running_loop().create_future()
+            self._watchdog = asyncio.ensure_future(self._watch_for_hang(self._hung))
+        call = asyncio.ensure_future(self._chat(messages, fields))
+        try:
+            done, _ = await asyncio.wait((call, self._hung), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not call.done():
+                call.cancel()
+        if call in done:
+            return call.result()
+        if self._hung in done:
+            raise self._hung.result()
+        raise self._timed_out()
+
+    def _timed_out(self) -> CallTimedOut:
+        return CallTimedOut(f"no complete reply within {self.endpoint.timeout:g}s (--timeout bounds the whole call)")
+
+    async def _watch_for_hang(self, hung: asyncio.Future) -> None:
+        """Once the first calls have waited HUNG_AFTER_S without any answer, ask GET /models: no answer to that
+        either within HUNG_AFTER_S sets `hung` (every call waiting on it stops); an answer, or a call's, clears it."""
+        await asyncio.sleep(HUNG_AFTER_S)
+        if self.answered:
+            return
+        try:
+            await asyncio.wait_for(self._client.models.with_raw_response.list(timeout=HUNG_AFTER_S), HUNG_AFTER_S)
+        except openai.APIStatusError:
+            pass  # an HTTP answer, whatever it says: something is there, the chat calls are only slow
+        except (openai.APITimeoutError, TimeoutError):
+            if not self.answered and not hung.done():
+                hung.set_result(
+                    EndpointUnreachable(
+                        f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call "
+                        f"or to GET /models within {2 * HUNG_AFTER_S:g}s; is the server stuck, or is "
+                        f"{self.endpoint.base_url_source} pointing at something that is not an HTTP API?"
+                    )
+                )
+            return
+        except Exception:  # noqa: BLE001 - a refused or broken connection: the calls' own retries decide
+            return
+        self.answered = True
+
+    async def _chat(self, messages: list[dict], fields: dict | None) -> tuple[Any, Mapping[str, str]]:
         params, extra = self.endpoint.call_fields(fields)
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
@@ -435,6 +502,8 @@ class ChatClient:
                 with attempt:
                     attempts += 1
                     response = await self._call_once(messages, fields)
+        except EndpointRefused:
+            raise
         except Exception as exc:
             status = _status(exc)
             if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
@@ -448,7 +517,7 @@ class ChatClient:
                 raise EndpointRefused(
                     f"{self.endpoint.host} refused model {self.endpoint.model!r}: {describe(exc)}"
                 ) from None
-            if isinstance(exc, (openai.OpenAIError, MalformedReply, ValueError)):
+            if isinstance(exc, (openai.OpenAIError, MalformedReply, CallTimedOut, ValueError)):
                 tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
                 raise CallFailed(f"{describe(exc)} ({tries})") from None
             raise
@@ -474,6 +543,8 @@ class ChatClient:
         return None
 
     async def aclose(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         await self._client.close()
 
 
@@ -518,16 +589,39 @@ def _reasoning(message: Any) -> str:
     return ""
 
 
-def usage_dict(usage: Any) -> dict[str, int]:
+MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a server's bug, not a count
+_usage_warned = False
+
+
+def valid_count(value: Any) -> bool:
+    """Whether a usage number is a token count: a whole number from 0 to MAX_TOKEN_COUNT."""
+    return type(value) is int and 0 <= value <= MAX_TOKEN_COUNT
+
+
+def usage_dict(usage: Any) -> dict[str, Any]:
+    """The token counts of a reply. Numbers that are not counts (fractions, negatives, text, above
+    MAX_TOKEN_COUNT) leave the call's usage out of tokens and cost: {"invalid": {name: the value as text}},
+    with one warning per run."""
+    global _usage_warned
     if usage is None:
         return {}
-    out = {"prompt_tokens": usage.prompt_tokens or 0, "completion_tokens": usage.completion_tokens or 0}
-    details = getattr(usage, "completion_tokens_details", None)
-    reasoning = getattr(details, "reasoning_tokens", None) if details else None
-    if reasoning:
-        out["reasoning_tokens"] = reasoning
     prompt_details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(prompt_details, "cached_tokens", None) if prompt_details else None
-    if cached:
-        out["cached_tokens"] = cached
-    return out
+    details = getattr(usage, "completion_tokens_details", None)
+    found = {
+        "prompt_tokens": getattr(usage, "prompt_tokens", None) or 0,
+        "completion_tokens": getattr(usage, "completion_tokens", None) or 0,
+        "reasoning_tokens": getattr(details, "reasoning_tokens", None) if details else None,
+        "cached_tokens": getattr(prompt_details, "cached_tokens", None) if prompt_details else None,
+    }
+    invalid = {name: str(value)[:40] for name, value in found.items() if value is not None and not valid_count(value)}
+    if invalid:
+        if not _usage_warned:
+            _usage_warned = True
+            shown = ", ".join(f"{name}={value}" for name, value in invalid.items())
+            print(
+                f"warning: the endpoint sent usage numbers that are not token counts ({shown}): such calls are "
+                "left out of tokens and cost (their rows say usage.invalid)",
+                file=sys.stderr,
+            )
+        return {"invalid": invalid}
+    return {name: value for name, value in found.items() if value or name in ("prompt_tokens", "completion_tokens")}

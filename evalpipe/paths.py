@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 from . import shards
+from .errors import BadInput
 
 DEFAULT_ROOT = Path("outputs")
 PROJECT = Path(__file__).resolve().parent.parent  # where data/ with the bundled samples lives
@@ -15,9 +16,20 @@ def slug(model: str) -> str:
     return s or "model"
 
 
+MAX_DIR_NAME = 200  # bytes of a model's folder name: file systems take 255, the rest is kept for what is derived
+
+
 def model_dir_name(model: str, label: str | None = None) -> str:
-    """The folder (and leaderboard row) of a model, or of a labelled variant of it: `<model>@<label>`."""
-    return slug(model) + (f"@{slug(label)}" if label else "")
+    """The folder (and leaderboard row) of a model, or of a labelled variant of it: `<model>@<label>`.
+    Raises BadInput when that name is too long for a folder."""
+    name = slug(model) + (f"@{slug(label)}" if label else "")
+    if len(name.encode()) > MAX_DIR_NAME:
+        what = "--model and --label (MODEL, LABEL)" if label else "--model (MODEL)"
+        raise BadInput(
+            f"{what} give a folder name of {len(name.encode()):,} bytes ({name[:40]}...): too long for a file name "
+            f"(at most {MAX_DIR_NAME}); use a shorter name"
+        )
+    return name
 
 
 def run_dir(root: Path, bench: str, model: str, run: int, label: str | None = None) -> Path:

@@ -9,6 +9,8 @@ VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its ow
   75 (--backend batch: batches submitted, still waiting) lets the other runs go on, then stops
      before the next stage;
   any other failure stops at once with that stage's code (see docs/operations.md).
+The pipeline's exit code is the first stage's that did not finish: after a 3, a later stage that
+cannot go on (score with no judge file yet) stops the pipeline but leaves the code 3.
 make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
 """
 
@@ -291,6 +293,14 @@ def _run(plan: Plan) -> int:
             if rc == EXIT_INCOMPLETE:
                 worst = EXIT_INCOMPLETE
                 continue
+            if rc != EXIT_OK and worst != EXIT_OK:
+                # a later stage that cannot go on for want of what an incomplete one left (no judge file yet)
+                # does not replace the code of the stage that stopped first: that is what to act on
+                print(
+                    f"pipeline: {stage} stopped with exit code {rc} after an incomplete stage; later stages not run",
+                    file=sys.stderr,
+                )
+                break
             if rc == EXIT_WAITING:
                 print(
                     f"pipeline: {stage} submitted batches, still waiting (exit 75); run the same command again later",

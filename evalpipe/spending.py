@@ -5,9 +5,10 @@ fewest characters per token the replies have shown, and 2 until one has) at the 
 completion tokens it may answer (its token cap, else DEFAULT_WORST_COMPLETION) at the output price.
 A call whose reservation would take what was spent plus what is reserved past the cap is not sent:
 the stage stops starting calls, keeps every row it has, and exits 6. When a reply comes, its
-reservation gives way to what its usage costs (cached prompt tokens at their price); a failed attempt
-costs nothing. So what a run spends passes the cap by at most what the calls in flight cost beyond
-their worst case, which a reply within its token cap cannot.
+reservation gives way to what its usage costs (cached prompt tokens at their price; a reply without
+usage, or with numbers that are not token counts, costs its reservation); a failed attempt costs
+nothing. So what a run spends passes the cap by at most what the calls in flight cost beyond their
+worst case, which a reply within its token cap cannot.
 
 Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRICES, the bundled one).
 """
@@ -66,10 +67,11 @@ class SpendingCap:
         self.reserved_usd -= reservation
 
     def settle(self, reservation: float, usage: dict, prompt_chars: int) -> None:
-        """A reply: its cost replaces its reservation (the reservation, where its usage cannot be priced)."""
+        """A reply: its cost replaces its reservation. A reply whose usage says nothing, or nothing that is a token
+        count (usage.invalid), counts its reservation, the worst case: an endpoint cannot spend past the cap unseen."""
         self.reserved_usd -= reservation
-        spent = self.prices.cost(self.model, usage)
-        spent = reservation if spent is None else spent
+        priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
+        spent = reservation if priced is None else priced
         self.spent_usd += spent
         ledger = os.environ.get(LEDGER_ENV)
         if ledger and spent:

@@ -6,7 +6,13 @@ import asyncio
 import time
 
 from evalpipe.devtools.testserver import Reply, go_duration
-from evalpipe.limiter import LEARNED_MARGIN, AdaptiveLimit, ServerBudget, announced_limits, parse_duration
+from evalpipe.limiter import (
+    LEARNED_MARGIN,
+    AdaptiveLimit,
+    ServerBudget,
+    announced_limits,
+    parse_duration,
+)
 from evalpipe.llm import ChatClient, Endpoint, max_tokens_of, prompt_chars
 
 from .conftest import API_KEY
@@ -150,8 +156,11 @@ def test_regrowth_is_about_one_slot_per_second_whatever_the_request_rate():
     assert all(2.5 < g < 3.5 for g in grown.values()), grown
 
 
-def test_a_real_429_with_retry_after_cuts_and_pauses_the_client(server):
-    replies = iter([Reply.error(429, "slow down", headers={"Retry-After": "0.3"})])
+EMPTY = {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+
+
+def test_a_real_429_that_says_the_limit_is_empty_cuts_and_pauses_the_client(server):
+    replies = iter([Reply.error(429, "slow down", headers={"Retry-After": "0.3", **EMPTY})])
     server.handler = lambda request: next(replies, Reply(content="fine"))
     endpoint = Endpoint("m", base_url=server.base_url, api_key=API_KEY, max_retries=2, backoff_initial=0.01)
 
@@ -284,3 +293,42 @@ def test_429s_too_close_together_or_from_the_first_wave_measure_nothing():
     limit._found_empty(0.6)
     limit._found_empty(0.7)  # 2 admitted between: too few, and far too soon
     assert not limit.learned.known
+
+
+def test_429s_are_a_limits_when_frequent_or_said_empty_and_an_overloads_when_sporadic():
+    limit = AdaptiveLimit(64)
+    for _ in range(99):
+        limit._answered(False)
+    limit._answered(True)
+    assert not limit.limit_reached({})  # 1 in 100, nothing said: an overloaded server's
+    assert limit.limit_reached({"requests": (60.0, 0.0, 1.0)})  # the headers say the limit is empty
+    for _ in range(9):
+        limit._answered(True)
+    assert limit.limit_reached({})  # 10 in 109: frequent
+    assert not AdaptiveLimit(64).limit_reached({})  # nothing seen yet: a first 429 alone says nothing
+
+
+def test_a_bucket_smaller_than_its_announced_per_minute_limit_is_fitted_from_the_replies():
+    """limit-requests 3000 (per minute), remaining in a bucket of 50, reset: until it is full at 50/s."""
+    budget, now = ServerBudget(), 0.0
+    for remaining in [49, 40, 30, 20, 10, 0, 5, 25]:
+        budget.announced(3000, remaining, (50 - remaining) / 50, mark=budget.take(1, now), sent_at=now, now=now)
+        budget.sent(1)
+        now += 0.01
+    assert abs(budget.limit - 50) < 1 and abs(budget.rate - 50) < 1 and budget.window_end is None
+
+
+def test_fixed_windows_refill_only_when_the_window_ends():
+    """50 a window: remaining counts down as the reset does; nothing comes back before the window ends."""
+    budget, now = ServerBudget(), 0.0
+    for remaining in range(49, 39, -1):
+        budget.announced(50, remaining, 1.0 - now, mark=budget.take(1, now), sent_at=now, now=now)
+        budget.sent(1)
+        now += 0.01
+    assert budget.window_end is not None and abs(budget.window_end - 1.0) < 0.02
+    marks = [budget.take(1, now) for _ in range(45)]
+    assert budget.wait_s(marks[38], now) == 0  # 40 were left
+    assert budget.wait_s(marks[44], now) > 0.8  # the rest wait for the next window, not a refill rate
+    for _ in marks[:40]:
+        budget.sent(1)
+    assert budget.wait_s(marks[44], 1.01) == 0  # a new window: whole again

@@ -46,6 +46,8 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
+import random
 import re
 import threading
 import time
@@ -89,7 +91,8 @@ class Reply:
     content_type: str = "application/json"
     hang: bool = False  # accept the request and never answer
     reset: bool = False  # drop the connection without answering
-    trickle: float = 0.0  # seconds between body chunks of 16 bytes
+    trickle: float = 0.0  # seconds between body chunks of `trickle_bytes`
+    trickle_bytes: int = 16
     finish_reason: str = "stop"
     usage: dict | None = None
     reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
@@ -263,8 +266,9 @@ class RateLimit:
     when both buckets hold its cost, else answered 429 (with Retry-After and retry-after-ms saying
     when it would be admitted, if `retry_after`). With `headers`, every reply carries OpenAI's
     x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the bucket's size, what is left after this
-    request, and a Go duration until full again. The most it can admit in t seconds is
-    burst + rate * t (`allowed`).
+    request, and a Go duration until full again; with `per_minute_limit`, limit-* says the per-minute
+    limit instead of the bucket's size (a token bucket smaller than a minute's allowance, as some
+    providers and proxies announce it). The most it can admit in t seconds is burst + rate * t (`allowed`).
     """
 
     def __init__(
@@ -276,8 +280,10 @@ class RateLimit:
         burst_s: float = 60.0,
         headers: bool = True,
         retry_after: bool = True,
+        per_minute_limit: bool = False,
     ):
         self.handler, self.headers, self.retry_after = handler, headers, retry_after
+        self.per_minute_limit = per_minute_limit
         self.burst_s = burst_s
         self.limits = {kind: per_minute / 60 for kind, per_minute in (("requests", rpm), ("tokens", tpm)) if per_minute}
         self.levels = {kind: rate * burst_s for kind, rate in self.limits.items()}
@@ -328,10 +334,92 @@ class RateLimit:
         headers = {}
         for kind, rate in self.limits.items():
             size, level = rate * self.burst_s, max(0.0, self.levels[kind])
-            headers[f"x-ratelimit-limit-{kind}"] = str(round(size))
+            headers[f"x-ratelimit-limit-{kind}"] = str(round(rate * 60 if self.per_minute_limit else size))
             headers[f"x-ratelimit-remaining-{kind}"] = str(int(level))
             headers[f"x-ratelimit-reset-{kind}"] = go_duration((size - level) / rate)
         return headers
+
+
+class FixedWindow:
+    """`handler` behind a fixed-window limit: `per_window` requests in each `window_s` window (counted from the
+    first request), 429 with Retry-After when over; every reply says x-ratelimit-{limit,remaining,reset}-requests:
+    the window's allowance, what is left of it, and a Go duration until the next window."""
+
+    def __init__(self, handler: Callable[[Request], Reply], per_window: int, window_s: float):
+        self.handler, self.per_window, self.window_s = handler, per_window, window_s
+        self.started: float | None = None
+        self.window = -1
+        self.used = self.admitted = self.rejected = 0
+        self._lock = threading.Lock()
+
+    def allowed(self, seconds: float) -> float:
+        """The most requests it admits in `seconds` from the first."""
+        return self.per_window * (math.floor(seconds / self.window_s) + 1)
+
+    def __call__(self, request: Request) -> Reply:
+        with self._lock:
+            now = time.monotonic()
+            self.started = now if self.started is None else self.started
+            window = int((now - self.started) // self.window_s)
+            if window != self.window:
+                self.window, self.used = window, 0
+            admitted = self.used < self.per_window
+            self.used += admitted
+            self.admitted += admitted
+            self.rejected += not admitted
+            reset = self.started + (window + 1) * self.window_s - now
+            headers = {
+                "x-ratelimit-limit-requests": str(self.per_window),
+                "x-ratelimit-remaining-requests": str(self.per_window - self.used),
+                "x-ratelimit-reset-requests": go_duration(reset),
+            }
+        if admitted:
+            reply = self.handler(request)
+            return dataclasses.replace(reply, headers={**headers, **reply.headers})
+        headers.update({"retry-after-ms": str(int(reset * 1000) + 1), "Retry-After": str(max(1, math.ceil(reset)))})
+        return Reply.error(429, "Rate limit reached for requests", "rate_limit_exceeded", headers=headers)
+
+
+class Faults:
+    """`handler` behind an overloaded provider: of the chat replies, a share `overloaded` answered 429 with
+    Retry-After (an `overloaded_error`, no x-ratelimit-* headers), `errors` HTTP 500 and `resets` a dropped
+    connection, drawn from a seeded random generator."""
+
+    def __init__(
+        self,
+        handler: Callable[[Request], Reply],
+        overloaded: float = 0.0,
+        errors: float = 0.0,
+        resets: float = 0.0,
+        retry_after: float = 1.0,
+        seed: int = 0,
+    ):
+        self.handler = handler
+        self.overloaded, self.errors, self.resets, self.retry_after = overloaded, errors, resets, retry_after
+        self.random = random.Random(seed)
+        self.faults = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Request) -> Reply:
+        with self._lock:
+            draw = self.random.random()
+        if draw < self.overloaded:
+            kind = Reply(
+                status=429,
+                headers={"Retry-After": f"{self.retry_after:g}"},
+                body=json.dumps(
+                    {"error": {"message": "The server is overloaded, try again later.", "type": "overloaded_error"}}
+                ).encode(),
+            )
+        elif draw < self.overloaded + self.errors:
+            kind = Reply.error(500, "internal server error", "server_error")
+        elif draw < self.overloaded + self.errors + self.resets:
+            kind = Reply(reset=True)
+        else:
+            return self.handler(request)
+        with self._lock:
+            self.faults += 1
+        return kind
 
 
 # ---- Files and Batches: formats and bookkeeping
@@ -566,8 +654,10 @@ class FakeOpenAI:
         batch_expire_after: int | None = None,
         batch_fail_validation: bool = False,
         batch_report_unexecuted: bool = False,
+        silent: bool = False,
     ):
         self.handler = handler
+        self.silent = silent  # accept connections and requests, answer none, not even GET /v1/models
         self.host, self.port = host, port
         # How batches behave (see the module docstring); read when a batch is created.
         self.batch_polls_to_finish = batch_polls_to_finish  # retrieves until a batch is finished
@@ -696,6 +786,9 @@ class FakeOpenAI:
         return request
 
     async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        if self.silent:
+            await asyncio.sleep(3600)
+            return False
         if not request.path.startswith("/v1/"):  # the API lives under /v1, as on OpenAI and vLLM
             await self._send(writer, 404, {}, b'{"detail": "Not Found"}', "application/json", 0.0)
             return True
@@ -721,7 +814,9 @@ class FakeOpenAI:
             writer.transport.abort()
             return False
         body = reply.body if reply.body is not None else completion_body(request, reply)
-        await self._send(writer, reply.status, reply.headers, body, reply.content_type, reply.trickle)
+        await self._send(
+            writer, reply.status, reply.headers, body, reply.content_type, reply.trickle, reply.trickle_bytes
+        )
         return True
 
     @staticmethod
@@ -735,7 +830,9 @@ class FakeOpenAI:
                 return b"".join(chunks)
             chunks.append((await reader.readexactly(size + 2))[:-2])
 
-    async def _send(self, writer, status: int, headers: dict, body: bytes, content_type: str, trickle: float) -> None:
+    async def _send(
+        self, writer, status: int, headers: dict, body: bytes, content_type: str, trickle: float, chunk: int = 16
+    ) -> None:
         head = [
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}",
             f"Content-Type: {content_type}",
@@ -744,8 +841,8 @@ class FakeOpenAI:
         head += [f"{k}: {v}" for k, v in headers.items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         if trickle:
-            for i in range(0, len(body), 16):
-                writer.write(body[i : i + 16])
+            for i in range(0, len(body), chunk):
+                writer.write(body[i : i + chunk])
                 await writer.drain()
                 await asyncio.sleep(trickle)
         else:

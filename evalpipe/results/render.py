@@ -78,18 +78,20 @@ def _p(value: float | None, digits: int = 1) -> str:
 
 
 def provenance_notes(models: list[dict]) -> list[str]:
-    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings."""
+    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings.
+    Markdown: every name comes from a folder, a manifest or an endpoint, and is escaped."""
+    esc = tables.md_escape
     notes = []
     mixed = [m for m in models if m.get("mixed_served_models")]
     if mixed:
         parts = []
         for m in mixed:
             said = [
-                f"{who} {', '.join(f'{name} ({n})' for name, n in m['served'][who].items())}"
+                f"{who} {', '.join(f'{esc(name)} ({n})' for name, n in m['served'][who].items())}"
                 for who in ("model", "judge")
                 if len(m["served"].get(who, {})) > 1
             ]
-            parts.append(f"{m['model']}: {'; '.join(said)}")
+            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
         notes.append(
             f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
             "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
@@ -100,14 +102,14 @@ def provenance_notes(models: list[dict]) -> list[str]:
         said = [
             f"{who}: "
             + (
-                ", ".join(f"{k} {v}" for k, v in values.items() if k != "model")
+                ", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model")
                 or "none sent (the endpoint's defaults)"
             )
             for who, values in settings.items()
         ]
         judge = (settings.get("judge") or {}).get("model")
         if said:
-            lines.append(f"{m['model']}" + (f" (judge {judge})" if judge else "") + ": " + "; ".join(said))
+            lines.append(esc(m["model"]) + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
     if lines:
         notes.append(
             "Generation settings (from the manifests; a setting not listed was not sent): " + ". ".join(lines) + "."
@@ -255,7 +257,8 @@ def _figure_tables(
         rows = [[m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items")) for n in names)] for m in models]
         rows.append(["method", *(_method(models, figures_of, n) for n in names)])
         md.append(
-            f"## {heading}: item-level estimates, in percent\n\n" + tables.markdown_table(["Model", *names], rows)
+            f"## {tables.md_escape(heading)}: item-level estimates, in percent\n\n"
+            + tables.markdown_table(["Model", *names], rows)
         )
         if any(((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names):
             md.append(SMALL_NOTE + "\n")
@@ -285,7 +288,7 @@ def _figure_tables(
                 row[2] += f" {FLAG}"
                 tex_row[2] += FLAG_TEX
     md.append(
-        f"## {heading}: run-to-run, mean ± {style.words} over runs, in percent\n\n"
+        f"## {tables.md_escape(heading)}: run-to-run, mean ± {style.words} over runs, in percent\n\n"
         + tables.markdown_table(["Model", "Runs", *names], rows)
         + (f"\n{RUNS_CI_NOTE}\n" if style.runs_ci else "")
     )

@@ -1,24 +1,47 @@
-"""Tables out of figures: Markdown and CSV text."""
+"""Tables out of figures: Markdown and CSV text.
+
+Every cell may hold text from a dataset or a model (category names, model labels): Markdown cells are
+HTML-escaped (a `<img onerror=...>` is shown, never run, where Markdown is rendered to HTML), and CSV
+cells that a spreadsheet would read as a formula (=, +, -, @, tab, CR first) are prefixed with '.
+"""
 
 import csv
+import html
 import io
 from collections.abc import Sequence
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def md_escape(text: object) -> str:
+    """Text for Markdown: HTML-escaped, and | escaped so that it stays in its table cell."""
+    return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def cells(values):
-        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+        return "| " + " | ".join(md_escape(v) for v in values) + " |"
 
     lines = [cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
     lines += [cells(r) for r in rows]
     return "\n".join(lines) + "\n"
 
 
+def csv_cell(value: object) -> object:
+    """A CSV cell a spreadsheet will not run: text starting as a formula gets a leading ' (numbers stay numbers)."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        try:
+            float(value)
+        except ValueError:
+            return "'" + value
+    return value
+
+
 def csv_text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(headers)
-    writer.writerows(rows)
+    writer.writerow(map(csv_cell, headers))
+    writer.writerows(map(csv_cell, row) for row in rows)
     return buf.getvalue()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .report import Figure, table
 
-PARTS = ("throughput", "ratelimit", "scale", "viewer", "errorbars", "prefix", "shards")
+PARTS = ("throughput", "ratelimit", "faults", "peers", "scale", "viewer", "errorbars", "prefix", "shards")
 
 
 def main(argv: list[str]) -> int:

@@ -76,9 +76,12 @@ def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[in
     return proc.returncode, err, usage.ru_maxrss, samples
 
 
-def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()) -> dict:
-    """infer.py over `data` against `server`: rows written, failed, seconds, tasks/s, peak RSS, RSS samples."""
-    env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
+def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=(), base_url: str | None = None) -> dict:
+    """infer.py over `data` against `server` (or `base_url`): rows written, failed, seconds and tasks/s of its
+    run as it reports them, `wall_s` and `wall_rate` of the whole process (start, read, run, exit), peak RSS,
+    RSS samples."""
+    env = {**os.environ, "OPENAI_BASE_URL": base_url or server.base_url, "OPENAI_API_KEY": "bench"}
+    started = time.monotonic()
     code, err, rss, samples = run_child(
         [
             sys.executable,
@@ -98,9 +101,18 @@ def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()
         env,
         watch=out,
     )
+    wall_s = time.monotonic() - started
     m = re.search(r"wrote (\d+) rows, (\d+) failed, .* ([\d.]+)s \(([\d.]+) tasks/s\)", err)
     if code == 0 and not m and "0 to run" in err:  # nothing left to do
-        return {"rows": 0, "failed": 0, "seconds": 0.0, "rate": 0.0, "rss_kb": rss, "samples": samples}
+        return {
+            "rows": 0,
+            "failed": 0,
+            "seconds": 0.0,
+            "rate": 0.0,
+            "rss_kb": rss,
+            "samples": samples,
+            "wall_s": wall_s,
+        }
     if code not in (0, 3) or not m:
         raise RuntimeError(f"infer.py exited {code}: {err[-1500:]}")
     return {
@@ -110,4 +122,6 @@ def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()
         "rate": float(m.group(4)),
         "rss_kb": rss,
         "samples": samples,
+        "wall_s": wall_s,
+        "wall_rate": int(m.group(1)) / wall_s,
     }

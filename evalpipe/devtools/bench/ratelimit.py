@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..testserver import FakeOpenAI, RateLimit
+from ..plainserver import Behaviour, PlainServer
+from ..testserver import FakeOpenAI, FixedWindow, RateLimit
 from .common import dataset, fixed_latency, infer_rate
 from .report import Figure
 
@@ -29,6 +30,8 @@ class Case:
     retry_after: bool
     tasks: int
     tiny_tasks: int
+    shape: str = "bucket"  # bucket: testserver.RateLimit; window: testserver.FixedWindow; plain: plainserver's bucket
+    per_minute_limit: bool = False  # the bucket announces the per-minute limit as limit-requests, not its size
 
     @property
     def by_tokens(self) -> bool:
@@ -50,6 +53,10 @@ CASES = (
     Case("headers, tokens-limited", 6000, 540_000, 1.0, True, True, tasks=1600, tiny_tasks=60),
     Case("Retry-After only", 3000, None, 1.0, False, True, tasks=2000, tiny_tasks=60),
     Case("429 with nothing", 3000, None, 1.0, False, False, tasks=2000, tiny_tasks=60),
+    # a token bucket of 50 refilling at 50/s whose limit-requests says the per-minute limit (3000)
+    Case("headers, bucket of 50 announced per minute", 3000, None, 1.0, True, True, 2000, 60, per_minute_limit=True),
+    Case("headers, fixed windows of 50 a second", 3000, None, 1.0, True, True, 2000, 60, shape="window"),
+    Case("headers, bucket of 50 per minute, second server", 3000, None, 1.0, True, True, 2000, 60, shape="plain"),
 )
 
 
@@ -58,24 +65,42 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
     try:
         for number, case in enumerate(CASES):
             tiny_case = tiny and case.burst_s > 1  # a minute's burst would be the whole tiny run
-            limit = RateLimit(
-                fixed_latency(LATENCY_S),
-                rpm=case.rpm,
-                tpm=case.tpm,
-                burst_s=1.0 if tiny_case else case.burst_s,
-                headers=case.headers,
-                retry_after=case.retry_after,
-            )
-            server.handler = limit
             data = dataset(work / f"limited-{number}.jsonl", case.tiny_tasks if tiny else case.tasks)
             extra = ("--max-tokens", str(MAX_TOKENS)) if case.by_tokens else ()
-            ours = infer_rate(server, data, work / f"limited-{number}-out.jsonl", WORKERS, extra)
-            seconds = ours["seconds"]
-            if case.by_tokens:
-                unit, admitted, allowed = "tokens/s", limit.admitted_tokens, limit.allowed("tokens", seconds)
+            out = work / f"limited-{number}-out.jsonl"
+            if case.shape == "plain":
+                behaviour = Behaviour(latency=LATENCY_S, bucket=int(case.rpm / 60 * case.burst_s), rpm=case.rpm)
+                with PlainServer(behaviour) as plain:
+                    ours = infer_rate(server, data, out, WORKERS, extra, base_url=plain.base_url)
+                seconds = ours["seconds"]
+                admitted, rejected = plain.counters.ok, plain.counters.limited
+                unit, allowed = "req/s", case.rpm / 60 * (case.burst_s + seconds)
             else:
-                unit, admitted, allowed = "req/s", ours["rows"], limit.allowed("requests", seconds)
-            ratio = admitted / allowed
+                if case.shape == "window":
+                    limit: RateLimit | FixedWindow = FixedWindow(
+                        fixed_latency(LATENCY_S), int(case.rpm / 60), window_s=1.0
+                    )
+                else:
+                    limit = RateLimit(
+                        fixed_latency(LATENCY_S),
+                        rpm=case.rpm,
+                        tpm=case.tpm,
+                        burst_s=1.0 if tiny_case else case.burst_s,
+                        headers=case.headers,
+                        retry_after=case.retry_after,
+                        per_minute_limit=case.per_minute_limit,
+                    )
+                server.handler = limit
+                ours = infer_rate(server, data, out, WORKERS, extra)
+                seconds = ours["seconds"]
+                rejected = limit.rejected
+                if isinstance(limit, FixedWindow):
+                    unit, admitted, allowed = "req/s", ours["rows"], limit.allowed(seconds)
+                elif case.by_tokens:
+                    unit, admitted, allowed = "tokens/s", limit.admitted_tokens, limit.allowed("tokens", seconds)
+                else:
+                    unit, admitted, allowed = "req/s", ours["rows"], limit.allowed("requests", seconds)
+            ratio = min(admitted, allowed) / allowed if case.shape == "window" else admitted / allowed
             yield Figure(
                 f"rate-limited ({case.name}): goodput",
                 f"{admitted / seconds:,.1f} {unit}",
@@ -84,11 +109,11 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
                 reference=f"{allowed / seconds:,.1f} {unit} allowed",
                 ratio=ratio,
             )
-            attempts = limit.admitted + limit.rejected
-            share = limit.rejected / max(1, attempts)
+            attempts = ours["rows"] + rejected
+            share = rejected / max(1, attempts)
             yield Figure(
                 f"rate-limited ({case.name}): requests answered 429",
-                f"{100 * share:.1f}% ({limit.rejected} of {attempts})",
+                f"{100 * share:.1f}% ({rejected} of {attempts})",
                 f"<= {100 * case.rejected_target:.0f}%",
                 share <= case.rejected_target,
             )
