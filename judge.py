@@ -3,7 +3,7 @@
 
 import sys
 
-from evalpipe.cli import run_stage
+from evalpipe.errors import run_stage
 from evalpipe.stages.judge import main
 
 if __name__ == "__main__":

@@ -5,8 +5,6 @@ import dataclasses
 import json
 import os
 import signal
-import sys
-import traceback
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -14,31 +12,8 @@ from pathlib import Path
 
 from . import benchmarks, redact
 from .datasets import hub
-from .errors import EXIT_INTERRUPTED, UNWRITABLE_ERRNOS, BadInput, OutputUnwritable, StageError
+from .errors import BadInput
 from .paths import DEFAULT_ROOT
-
-
-def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
-    """Run a stage's main and map every way it can end to one exit code and one line."""
-    os.umask(os.umask(0) | 0o002)  # the user's umask, but never a world-writable output
-    try:
-        return main(sys.argv[1:] if argv is None else argv)
-    except StageError as exc:
-        return _error_line(name, exc)
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None:
-            # a write no library code wrapped (e.g. a plot): the same line as the wrapped ones
-            return _error_line(name, OutputUnwritable(exc.filename, exc))
-        print(redact.redact(traceback.format_exc()), file=sys.stderr, end="")
-        return 1
-
-
-def _error_line(stage: str, exc: StageError) -> int:
-    print(f"{stage}: error: {redact.redact(str(exc))}", file=sys.stderr)
-    return exc.exit_code
 
 
 def sigterm_as_interrupt() -> None:

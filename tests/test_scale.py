@@ -396,7 +396,7 @@ def test_a_stand_in_in_a_shard_file_is_redone_by_its_shard_not_by_an_uncut_run(e
 def test_judge_gives_only_the_rows_it_counted(tmp_path):
     """Another shard's answers written after judge counted its rows are not judged by this shard."""
     from evalpipe.benchmarks import get
-    from evalpipe.stages.judge import InputRows, shard_filter
+    from evalpipe.stages.graded import InputRows, shard_filter
 
     bench, shard = get("clbench"), shards.Shard(0, 2)
     rows = [{"idx": f"t{i}", "metadata": {"context_id": f"c{i}"}} for i in range(40)]

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from evalpipe import cli
 from evalpipe.devtools.fakeruns import HOSTILE
+from evalpipe.errors import run_stage
 from evalpipe.results import leaderboard, viewer
 from evalpipe.results.viewer import collect, page
 
@@ -248,11 +248,11 @@ def test_a_lock_file_left_by_a_finished_run_is_not_a_writer(outputs, tmp_path):
 
 def test_the_command_line_writes_the_report_and_says_what_it_holds(outputs, tmp_path, capsys):
     out = tmp_path / "r.html"
-    assert cli.run_stage("viewer", viewer.main, [str(outputs), "--output", str(out), "--context-chars", "all"]) == 0
+    assert run_stage("viewer", viewer.main, [str(outputs), "--output", str(out), "--context-chars", "all"]) == 0
     err = capsys.readouterr().err
     assert f"viewer: wrote {out}" in err and "188 samples" in err and "cut" not in err
     assert out.read_text().startswith("<!DOCTYPE html>")
-    assert cli.run_stage("viewer", viewer.main, [str(tmp_path / "empty")]) == 2
+    assert run_stage("viewer", viewer.main, [str(tmp_path / "empty")]) == 2
     assert "no <bench>/<model>/run-<K>/ folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         viewer.main([str(outputs), "--context-chars", "12"])
@@ -261,7 +261,7 @@ def test_the_command_line_writes_the_report_and_says_what_it_holds(outputs, tmp_
 def test_make_report_writes_report_html_beside_report_md(outputs, tmp_path):
     root = tmp_path / "outputs"
     shutil.copytree(outputs, root / "nested")
-    assert cli.run_stage("report", leaderboard.main, ["--outputs-dir", str(root)]) in (0, 3)
+    assert run_stage("report", leaderboard.main, ["--outputs-dir", str(root)]) in (0, 3)
     assert (root / "report.md").exists()
     data = unpack((root / "report.html").read_text())
     assert [b["key"] for b in data["meta"]["benches"]] == [

@@ -13,10 +13,10 @@ import struct
 import zlib
 from pathlib import Path
 
-from evalpipe import cli
 from evalpipe.benchmarks.error_recovery import FINAL_ANSWER_PROMPT
 from evalpipe.devtools.fakeruns import HOSTILE
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.errors import run_stage
 from evalpipe.stages import aggregate, infer, judge, score
 
 from .conftest import API_KEY, SAMPLE, rubric_count
@@ -89,7 +89,7 @@ def tiny_png() -> bytes:
 
 def _stage(name: str, main, argv: list[str]) -> int:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
-        code = cli.run_stage(name, main, argv)
+        code = run_stage(name, main, argv)
     assert code in (0, 3), f"{name} {argv} exited {code}: {err.getvalue()[-2000:]}"
     return code
 

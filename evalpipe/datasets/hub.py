@@ -486,6 +486,6 @@ def _shown(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    from ..cli import run_stage
+    from ..errors import run_stage
 
     sys.exit(run_stage("hub", main))

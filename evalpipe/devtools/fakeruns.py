@@ -12,9 +12,9 @@ from pathlib import Path
 
 import orjson
 
-from .. import cli
 from ..benchmarks import clbench
 from ..benchmarks.coin_flip import CoinFlip
+from ..errors import run_stage
 from ..paths import PROJECT
 from ..stages import aggregate, score
 
@@ -53,7 +53,7 @@ def _prose(rng: random.Random, chars: int) -> str:
 
 def _quiet(stage: str, main, argv: list[str]) -> int:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return cli.run_stage(stage, main, argv)
+        return run_stage(stage, main, argv)
 
 
 def summarise(root: Path, bench: str, data: Path, plots: bool = False) -> None:

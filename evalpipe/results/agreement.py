@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
-from .. import benchmarks, cli, jsonl, manifest, paths, shards
+from .. import benchmarks, jsonl, manifest, paths, shards
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.clbench import rubric_lines
-from ..errors import EXIT_OK, BadInput
+from ..errors import EXIT_OK, BadInput, run_stage
 
 NOTE = (
     "Judge agreement: the first judge file against each other one, on the tasks both graded finally "
@@ -334,4 +334,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run_stage("agreement", main))
+    sys.exit(run_stage("agreement", main))

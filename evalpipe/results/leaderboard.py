@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from .. import benchmarks, cli, jsonl
-from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from .. import benchmarks, jsonl
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
 from ..paths import DEFAULT_ROOT
 from ..stages import aggregate
 from . import discover, viewer
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     for root, present in results:
         for name in present:
             print(f"report: {root / name}", file=sys.stderr)
-            rc = cli.run_stage(
+            rc = run_stage(
                 "aggregate", aggregate.main, ["--bench", name, "--outputs-dir", str(root), "--std", args.std]
             )
             if rc not in (EXIT_OK, EXIT_INCOMPLETE):
@@ -77,4 +77,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run_stage("report", main))
+    sys.exit(run_stage("report", main))

@@ -9,21 +9,21 @@ from .. import paths, shards
 from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import BadInput
-from . import engine, judge
+from . import engine, graded
 
 
 def main(bench: Benchmark, args) -> int:
     """Entered from judge.main with the parsed flags: let the engine classify every failed solution not yet analyzed."""
     assert isinstance(bench, ErrorAnalysis)  # judge.py offers --error-analysis only then
-    in_path = judge.input_path(bench, args, paths.judge_file_name(args.judge_label))
+    in_path = graded.input_path(bench, args, paths.judge_file_name(args.judge_label))
     output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
     if not shards.exists(in_path):
         raise BadInput("no such judge file (run judge first)", in_path)
-    judge.refuse_bedrock(args.judge_model)
+    graded.refuse_bedrock(args.judge_model)
     shard = shards.chosen(args.shard, args.shards)
-    failed = judge.InputRows(in_path, keep=judge.shard_filter(bench, shard, bench.needs_error_analysis))
-    endpoint = judge.judge_endpoint(args)
-    job = judge.rows_job(
+    failed = graded.InputRows(in_path, keep=graded.shard_filter(bench, shard, bench.needs_error_analysis))
+    endpoint = graded.judge_endpoint(args)
+    job = graded.rows_job(
         bench,
         args,
         in_path,

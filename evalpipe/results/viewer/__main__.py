@@ -1,7 +1,7 @@
 import sys
 
-from ... import cli
+from ...errors import run_stage
 from . import main
 
 if __name__ == "__main__":
-    sys.exit(cli.run_stage("viewer", main))
+    sys.exit(run_stage("viewer", main))

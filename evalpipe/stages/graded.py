@@ -1,0 +1,304 @@
+"""What judge and error analysis share: a stage that writes a row per input row, graded by a model or a rule.
+
+A row is pending until the output's latest row for its id is done; the engine (engine.py) runs the job.
+judge.py grades inference rows; error_analysis.py classifies failed judge rows, with judge.py's flags.
+"""
+
+import gc
+import itertools
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+
+from .. import cli, jsonl, manifest, paths, shards
+from ..benchmarks import Benchmark, Task, row_id
+from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
+from ..llm import Endpoint
+from . import engine
+
+# Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
+_BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
+# Judge flags that change which rows are (re)judged, not what a judge row says.
+_NOT_IN_FINGERPRINT = (
+    "model",
+    "aws_region",
+    "judge_prompt",
+    "parse_attempts",
+    "rejudge_parse_errors",
+    "rejudge_truncated",
+    "judge_max_tokens",  # a budget: raised to judge truncated rows again, it does not change the others
+    "parse",
+    "error_analysis",
+    "judge_label",  # names the output file only
+)
+
+
+def input_path(bench: Benchmark, args, first_file: str) -> Path:
+    """--input, else `first_file` in the run's folder of --model (BadInput without either)."""
+    if args.input is not None:
+        return args.input
+    if not args.model:
+        raise BadInput("give --input, or --model (and --run) to use the default output layout")
+    return paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label) / first_file
+
+
+def shard_filter(
+    bench: Benchmark, shard: shards.Shard | None, keep: Callable[[dict], bool] | None = None
+) -> Callable[[dict], bool] | None:
+    """`keep`, and of those the rows of the shard's tasks (None: every row)."""
+    if shard is None:
+        return keep
+
+    def kept(row: dict) -> bool:
+        return (keep is None or keep(row)) and shard.takes(bench.shard_key(Task(row_id(row), row, 0)))
+
+    return kept
+
+
+def refuse_bedrock(judge_model: str) -> None:
+    """Refuse a model name that only AWS Bedrock serves: this pipeline speaks the OpenAI-compatible protocol."""
+    if "." in judge_model and (":" in judge_model or judge_model.startswith(_BEDROCK_PREFIXES)):
+        raise BadInput(
+            f"{judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
+            "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
+        )
+
+
+class InputRows:
+    """A stage's input file (the inference rows; the judge rows for error analysis; over its parts: shards.py), as
+    its latest row per id that `keep` accepts, in the order the ids first occur: counted in one pass, then read
+    again lazily for the pending ones. Holds the latest row of an id that has several rows (rare), never the rows;
+    its ids only while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
+
+    def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
+        self.path, self.keep = path, keep
+        ids: set = set()
+        self.repeated: dict = {}  # id → its latest row, for ids with several rows
+        self.left_out: set = set()  # ids whose latest row `keep` does not accept
+        for _, row in jsonl.run_rows(path):
+            key = row_id(row)
+            if key in ids:
+                self.repeated[key] = row
+            else:
+                ids.add(key)
+                if keep is not None and not keep(row):
+                    self.left_out.add(key)
+        self.count = len(ids)
+        del ids
+        if keep is not None:
+            for key, row in self.repeated.items():
+                if keep(row):
+                    self.left_out.discard(key)
+                else:
+                    self.left_out.add(key)
+        gc.freeze()  # what is read lives to the end: keep the collector from rescanning it
+
+    def __len__(self) -> int:
+        """How many ids the stage covers."""
+        return self.count - len(self.left_out)
+
+    def pending(self, done: set) -> engine.Pending:
+        """The rows whose id is not in `done`, as tasks, in the order their ids first occur."""
+        if self.keep is not None:  # counted as they are given: rows added meanwhile are judged by `keep` too
+            return engine.Pending(sum(1 for _ in self._tasks(done)), lambda: self._tasks(done))
+        repeated, left_out = self.repeated, self.left_out
+        once = (key for key in jsonl.iter_ids(self.path, row_id) if key not in repeated)
+        count = sum(1 for key in itertools.chain(once, repeated) if key not in done and key not in left_out)
+        return engine.Pending(count, lambda: self._tasks(done))
+
+    def _tasks(self, done: set) -> Iterator[Task]:
+        # `keep` again: rows added since the count (another shard's answers, written meanwhile) are not given
+        repeated, left_out, keep, given = self.repeated, self.left_out, self.keep, set()
+        for _, row in jsonl.run_rows(self.path):
+            key = row_id(row)
+            if key in repeated:
+                if key in given:
+                    continue
+                given.add(key)
+                row = repeated[key]
+            if key not in done and key not in left_out and (keep is None or keep(row)):
+                yield Task(id=key, row=row, line=0)
+
+
+def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Done":
+    """The ids whose latest row in the output, over its parts, `is_done` (holds ids, not rows). A run that is not
+    cut (`cut` false) leaves a row to redo in a shard file to its shard: the shard files are read after the
+    whole file, so a row it wrote there would not count (shards.py); those ids are done for it, and `elsewhere`."""
+    done = _Done()
+    whole = shards.whole(output)
+    for part in shards.parts(output):
+        others = not cut and part != whole
+        for _, row in jsonl.iter_rows(part, torn_tail_ok=True):
+            done.any_rows = True
+            key = row_id(row)
+            if is_done(row) or others:
+                done.add(key)
+            else:
+                done.discard(key)
+            if others and not is_done(row):
+                done.elsewhere.add(key)
+            else:
+                done.elsewhere.discard(key)
+    return done
+
+
+class _Done(set):
+    """Ids of rows that are done; true when the output has rows at all (done or not: paid for either way)."""
+
+    any_rows = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elsewhere: set = set()  # to redo, by their shard
+
+    def __bool__(self) -> bool:
+        """Whether the output has rows."""
+        return self.any_rows
+
+
+def judge_endpoint(args) -> Endpoint:
+    """The judge model's endpoint: flags, then JUDGE_* variables, then OPENAI_* ones."""
+    return cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE")
+
+
+def rows_job(
+    bench: Benchmark,
+    args,
+    in_path: Path,
+    output: Path,
+    rows: InputRows,
+    endpoint: Endpoint | None,
+    *,
+    label: str,
+    stage: str,
+    prompts: list[str],
+    is_done: Callable[[dict], bool],
+    work: Callable[..., Awaitable[dict]],
+    shard: shards.Shard | None = None,
+) -> engine.Job:
+    """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
+    the output's latest row for its id `is_done`; `work(row, client)` makes it. A shard's job (`rows` holds
+    the shard's rows) writes the shard's file of `output`."""
+    fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
+    if shard is not None:
+        shards.refuse_other_count(output, shard)
+        output = shard.path(output)
+    stand_ins = _StandIns(label, bench, work)
+
+    def written() -> _Done:
+        done = _done_ids(output, is_done, cut=shard is not None)
+        stand_ins.elsewhere = done.elsewhere
+        return done
+
+    def announce(pending: engine.Pending) -> None:
+        """Say how many of the input rows are done and how many this run does."""
+        cut = f" · shard {shard}" if shard is not None else ""
+        print(
+            f"{label}: {bench.name}{cut} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
+            f"{len(pending)} to do → {output}",
+            file=sys.stderr,
+        )
+
+    return engine.Job(
+        label=label,
+        output=output,
+        endpoint=endpoint,
+        fingerprint=fingerprint,
+        manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
+        total=("rows", len(rows)),
+        written=written,
+        pending_given=rows.pending,
+        announce=announce,
+        session=stand_ins.session,
+        first_call_only=True,
+        rows_pending=True,
+        current_rows=lambda: jsonl.latest_rows(output, row_id),
+        run_counts=_run_counts(bench, endpoint, output, stand_ins),
+        settle=stand_ins.settle,
+    )
+
+
+def _run_counts(bench: Benchmark, endpoint: Endpoint | None, output: Path, stand_ins: "_StandIns"):
+    """What the manifest adds of a run: the stand-ins, and what an LLM judge asking for JSON learned of the
+    endpoint's response_format (seeded here with what earlier runs learned)."""
+    formats = getattr(bench, "judge_formats", None)  # judge_format.Formats
+    if formats is None or endpoint is None:
+        return stand_ins.counts
+    formats.seed(manifest.learned(output, "judge_format"))
+
+    def run_counts(summary) -> dict:
+        return {**stand_ins.counts(summary), "learned": {"judge_format": formats.state()}}
+
+    return run_counts
+
+
+def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
+    """What makes the rows what they are: the prompts and the flags that shape a judge request; for a
+    rule, the benchmark's own judge options (e.g. CoinFlip's --parse). The answers' fingerprint (infer's)
+    never holds these: grading again another way leaves the answers as they are."""
+    if endpoint is None:
+        own = [f.name for f in fields(bench.Options) if f.metadata.get("stage") == stage]
+        return {"grader": "rule", **{name: getattr(bench.options, name) for name in own}}
+    inputs = {"prompt_sha256": manifest.sha256_texts(prompts), "request_extra_body": endpoint.extra_body}
+    return manifest.fingerprint(args, inputs, _NOT_IN_FINGERPRINT)
+
+
+def _record(
+    bench: Benchmark, args, stage: str, in_path: Path, endpoint: Endpoint | None, fingerprint: dict | None
+) -> dict:
+    """What the manifest records: the stage, the benchmark, the input, the judge model and its parameters."""
+    return {
+        "stage": stage,
+        "benchmark": bench.name,
+        "input": str(in_path.resolve()),
+        "judge_model": args.judge_model if endpoint else None,
+        "endpoint": endpoint.host if endpoint else None,
+        "params": {**endpoint.params, **endpoint.extra_body} if endpoint else {},
+        "fingerprint": fingerprint,
+    }
+
+
+class _StandIns:
+    """The rows a run writes as stand-ins (the judge API failed): the next run does them again."""
+
+    def __init__(self, label: str, bench: Benchmark, work: Callable[..., Awaitable[dict]]):
+        """Watch `work` for `label`, asking `bench` which rows are stand-ins."""
+        self.label, self.bench, self.work = label, bench, work
+        self.ids: set = set()  # of this run (every earlier one was pending again)
+        self.elsewhere: set = set()  # rows to redo that an uncut run leaves to their shards (_done_ids)
+
+    @contextmanager
+    def session(self, paying: bool):
+        """Yield the work on one task (an input row); a paying run notes each stand-in it writes."""
+
+        async def grade(task: Task, client) -> dict:
+            """The output row for the task's input row."""
+            row = await self.work(task.row, client)
+            if paying and self.bench.is_provisional(row):
+                self.ids.add(task.id)
+            return row
+
+        yield grade
+
+    def counts(self, summary) -> dict:
+        """What the manifest records of them."""
+        return {"retry_later": len(self.ids)}
+
+    def settle(self, code: int) -> int:
+        """Say how many rows the next run does again; a run that left stand-ins is incomplete."""
+        if self.ids:
+            print(
+                f"{self.label}: {len(self.ids)} rows will be done again on the next run (judge API failed)",
+                file=sys.stderr,
+            )
+        if self.elsewhere:
+            print(
+                f"{self.label}: {len(self.elsewhere)} rows to do again are in shard files: rerun their shards "
+                "(--shard K/N) to do them",
+                file=sys.stderr,
+            )
+        if code == EXIT_OK and (self.ids or self.elsewhere):
+            return EXIT_INCOMPLETE
+        return code
