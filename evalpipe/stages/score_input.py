@@ -95,9 +95,13 @@ def judged_rows_only(bench: Benchmark, path: Path, fields: tuple[str, ...]) -> t
     return TaskList(list(latest), Shared(bench.task_fields)(rows)), Shared(fields)(rows), ledger
 
 
-_ABSENT = object()
+class _Absent:
+    """A field the row does not have (its projection leaves it out)."""
+
+
+_ABSENT = _Absent()
 # Values of these types equal only values of their own type: their projections need no type beside them.
-_PLAIN = {str, type(None)}
+_PLAIN = {str, type(None), _Absent}
 
 
 class Shared:
@@ -107,18 +111,23 @@ class Shared:
 
     def __init__(self, fields: tuple[str, ...] | None):
         self.fields = fields
-        self._values = itemgetter(*fields) if fields else None
         self._seen: dict = {}
+
+    def _keys(self, rows: list[dict]) -> list:
+        """Each row's values of the fields (_ABSENT where it has none): a tuple, or the value of a single field."""
+        assert self.fields is not None
+        columns = [list(map(dict.get, rows, repeat(field), repeat(_ABSENT))) for field in self.fields]
+        return columns[0] if len(columns) == 1 else list(zip(*columns))
 
     def __call__(self, rows: list[dict]) -> list[dict]:
         if self.fields is None:
             return rows
-        try:  # every row has every field, and no value needs its type beside it: at once
-            keys = list(map(self._values, rows))  # type: ignore[arg-type]
+        try:  # no value needs its type beside it: at once
+            keys = self._keys(rows)
             distinct = set(keys)  # a value equal to a string or None is one
             values = distinct if len(self.fields) == 1 else chain.from_iterable(distinct)
             plain = set(map(type, values)) <= _PLAIN
-        except (KeyError, TypeError):  # a field missing, or a list or an object
+        except TypeError:  # a row that is no object, or a list or an object among the values
             plain = False
         if not plain:
             return list(map(self._one, rows))
