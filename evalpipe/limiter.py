@@ -356,7 +356,9 @@ class AdaptiveLimit:
         nothing saying a limit is empty, are an overloaded server's: only their own requests wait."""
         if any(remaining < 1 for _, remaining, _ in announced.values()) or self.learned.known:
             return True  # said empty, or a limit's rate already measured between 429s (each 429 corrects it)
-        seen = len(self._outcomes)
+        # out of the attempts answered and those still in flight: a 429 comes back at once, an answer after the
+        # model's time, so at the start of a run the answered alone are mostly the 429s of the first burst
+        seen = len(self._outcomes) + self.in_flight
         return self._recent_rejects >= LIMIT_REJECTS and self._recent_rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
 
     def succeeded(self, latency_s: float) -> None:

@@ -308,6 +308,18 @@ def test_429s_are_a_limits_when_frequent_or_said_empty_and_an_overloads_when_spo
     assert not AdaptiveLimit(64).limit_reached({})  # nothing seen yet: a first 429 alone says nothing
 
 
+def test_the_first_burst_s_429s_are_counted_against_every_attempt_sent_not_the_few_answered():
+    """A 429 comes back at once, an answer after the model's time: at the start of a run at 256 in flight the
+    first answers are the burst's few 429s (1% of it), which alone looked frequent and paused every call."""
+    limit = AdaptiveLimit(256)
+    limit.in_flight = 252  # sent with them, not answered yet
+    for _ in range(4):
+        limit._answered(True)
+    assert not limit.limit_reached({})  # 4 of 256 sent
+    limit.in_flight = 0
+    assert limit.limit_reached({})  # 4 of 4: the same 429s with nothing else out would be frequent
+
+
 def test_a_bucket_smaller_than_its_announced_per_minute_limit_is_fitted_from_the_replies():
     """limit-requests 3000 (per minute), remaining in a bucket of 50, reset: until it is full at 50/s."""
     budget, now = ServerBudget(), 0.0
