@@ -11,9 +11,10 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import count
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import jsonl
 from ..errors import BadInput
@@ -106,7 +107,8 @@ def evalscope_verdict(answer: str) -> str | None:
     return "YES" if has_yes else "NO"
 
 
-_GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}
+_GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}  # the usual spellings
+_QUESTION, _ANSWER = itemgetter("question"), itemgetter("answer")
 
 
 def _gold(value: Any) -> str | None:
@@ -213,27 +215,55 @@ class CoinFlip(Benchmark):
         return list(self.iter_tasks(path))
 
     def iter_tasks(self, path: Path) -> Iterator[Task]:
-        # JSONL is read a row at a time; a JSON array or Parquet file is read whole anyway
-        rows = load_rows(path) if path.suffix.lower() in (".json", ".parquet") else jsonl.iter_rows(path)
-        crc32, gold_of = zlib.crc32, _GOLD.get
+        for first, ids, rows in self._chunks(path):
+            yield from map(Task, ids, rows, count(first))
+
+    def task_blocks(self, path: Path) -> Iterator[tuple[list, list[dict]]]:
+        for _, ids, rows in self._chunks(path):
+            yield ids, rows
+
+    def _chunks(self, path: Path) -> Iterator[tuple[int, list, list[dict]]]:
+        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, rows."""
+        # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
+        if path.suffix.lower() in (".json", ".parquet"):
+            rows = [row for _, row in load_rows(path)]
+            chunks = iter([(1, rows)] if rows else [])
+        else:
+            chunks = jsonl.iter_row_chunks(path)
         position = 0
-        for line, row in rows:
+        for first, rows in chunks:
             try:
-                question, gold = row["question"], gold_of(row["answer"]) or _gold(row["answer"])
+                questions, golds = list(map(_QUESTION, rows)), list(map(_GOLD.get, map(_ANSWER, rows)))
+                valid = None not in golds and set(map(type, questions)) == {str} and "" not in questions
+            except (KeyError, TypeError):  # a row that is no object or lacks a key, or an answer that is a list
+                valid = False
+            if not valid:  # answers in other spellings, or a row to reject
+                questions, golds = self._checked(rows, path, first)
+            # position + content: stable under --max-samples, and a different file cannot match old rows
+            crcs = map(zlib.crc32, map(str.encode, questions))
+            ids = list(map("%05d-%08x".__mod__, zip(count(position), crcs)))
+            yield first, ids, [{"question": q, "target": gold} for q, gold in zip(questions, golds)]
+            position += len(rows)
+        if not position:
+            raise BadInput("no rows in the file", path)
+
+    def _checked(self, rows: list, path: Path, first: int) -> tuple[list, list]:
+        """The rows' questions and gold answers, a row at a time: a row without them is an error."""
+        questions: list[str] = []
+        golds: list[str] = []
+        for line, row in enumerate(rows, first):
+            try:
+                question, gold = row["question"], _gold(row["answer"])
             except (KeyError, TypeError):
                 question = gold = None
             if gold is None or type(question) is not str or not question:
                 self._reject(row, path, line)
-            # position + content: stable under --max-samples, and a different file cannot match old rows. The id is
-            # f"{position:05d}-{crc:08x}", made without format specs (a third of the time per task at a million)
-            crc = crc32(question.encode()).to_bytes(4, "big").hex()
-            yield Task(str(position).zfill(5) + "-" + crc, {"question": question, "target": gold}, line)
-            position += 1
-        if not position:
-            raise BadInput("no rows in the file", path)
+            questions.append(question)
+            golds.append(gold)
+        return questions, golds
 
     @staticmethod
-    def _reject(row: Any, path: Path, line: int) -> None:
+    def _reject(row: Any, path: Path, line: int) -> NoReturn:
         if not isinstance(row, dict):
             raise BadInput("expected an object with 'question' and 'answer'", path, line)
         if not isinstance(row.get("question"), str) or not row["question"].strip():

@@ -5,15 +5,13 @@ handful of distinct dicts of those fields, never whole."""
 
 from array import array
 from collections.abc import Iterator
-from itertools import chain, count, islice, repeat
-from operator import attrgetter, itemgetter
+from itertools import chain, count, repeat
+from operator import itemgetter
 from pathlib import Path
 
 from .. import cost, jsonl
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
-
-BLOCK = 4096  # tasks looked at at once
 
 
 def judged_tasks(
@@ -40,14 +38,13 @@ def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> Tas
     ids: list = []
     rows: list[dict] = []
     shared = Shared(bench.task_fields)
-    tasks = bench.selected(data, max_samples)
-    while block := list(islice(tasks, BLOCK)):
-        ids += map(_ID, block)
-        rows += shared(list(map(_ROW, block)))
+    for block_ids, block_rows in bench.selected_blocks(data, max_samples):
+        ids += block_ids
+        rows += shared(block_rows)
     return TaskList(ids, rows)
 
 
-_ID, _ROW, _IDX = attrgetter("id"), attrgetter("row"), itemgetter("idx")
+_IDX = itemgetter("idx")
 
 
 def _judge_rows(path: Path, fields: tuple[str, ...]) -> tuple[list, list, cost.Ledger]:
