@@ -232,21 +232,24 @@ class Benchmark:
         tasks = self.iter_tasks(path)
         return tasks if max_samples is None else _prefix(tasks, max_samples)
 
-    def task_blocks(self, path: Path) -> Iterator[tuple[list, list[dict]]]:
+    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
         """`iter_tasks` a block at a time, as the ids and the rows of its tasks (score holds a million tasks so,
-        without a Task each); a benchmark that reads its file a chunk at a time overrides it."""
+        without a Task each); `fields`: the keys of the rows that will be read (None: all), the others may be
+        left out. A benchmark that reads its file a chunk at a time overrides it."""
         tasks = self.iter_tasks(path)
         while block := list(itertools.islice(tasks, 4096)):
             yield [task.id for task in block], [task.row for task in block]
 
-    def selected_blocks(self, path: Path, max_samples: int | None) -> Iterator[tuple[list, list[dict]]]:
+    def selected_blocks(
+        self, path: Path, max_samples: int | None, fields: tuple[str, ...] | None = None
+    ) -> Iterator[tuple[list, list[dict]]]:
         """`selected` a block at a time, as `task_blocks`."""
         if type(self).select is not Benchmark.select:
             tasks = self.select(self.load(path), max_samples)
             yield [task.id for task in tasks], [task.row for task in tasks]
             return
         left = max_samples
-        for ids, rows in self.task_blocks(path):  # read to the end, as `selected`
+        for ids, rows in self.task_blocks(path, fields):  # read to the end, as `selected`
             if left is None:
                 yield ids, rows
             elif left > 0:

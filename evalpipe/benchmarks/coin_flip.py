@@ -119,6 +119,11 @@ def _gold(value: Any) -> str | None:
     return None
 
 
+def _rows(questions: list[str], golds: list[str]) -> list[dict]:
+    """CoinFlip's task rows."""
+    return [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
+
+
 def load_rows(path: Path) -> list[tuple[int, dict]]:
     """(line or index, row) from JSONL, a JSON array / {"rows": [...]} file, or Parquet."""
     suffix = path.suffix.lower()
@@ -215,15 +220,20 @@ class CoinFlip(Benchmark):
         return list(self.iter_tasks(path))
 
     def iter_tasks(self, path: Path) -> Iterator[Task]:
-        for first, ids, rows in self._chunks(path):
-            yield from map(Task, ids, rows, count(first))
+        for first, ids, questions, golds in self._chunks(path):
+            yield from map(Task, ids, _rows(questions, golds), count(first))
 
-    def task_blocks(self, path: Path) -> Iterator[tuple[list, list[dict]]]:
-        for _, ids, rows in self._chunks(path):
-            yield ids, rows
+    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
+        targets = {gold: {"target": gold} for gold in ("YES", "NO")}
+        for _, ids, questions, golds in self._chunks(path):
+            if fields is None or "question" in fields:
+                yield ids, _rows(questions, golds)
+            else:  # score's: the gold answer alone, one dict of each
+                yield ids, list(map(targets.__getitem__, golds))
 
-    def _chunks(self, path: Path) -> Iterator[tuple[int, list, list[dict]]]:
-        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, rows."""
+    def _chunks(self, path: Path) -> Iterator[tuple[int, list, list, list]]:
+        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, questions
+        and gold answers."""
         # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
         if path.suffix.lower() in (".json", ".parquet"):
             rows = [row for _, row in load_rows(path)]
@@ -242,7 +252,7 @@ class CoinFlip(Benchmark):
             # position + content: stable under --max-samples, and a different file cannot match old rows
             crcs = map(zlib.crc32, map(str.encode, questions))
             ids = list(map("%05d-%08x".__mod__, zip(count(position), crcs)))
-            yield first, ids, [{"question": q, "target": gold} for q, gold in zip(questions, golds)]
+            yield first, ids, questions, golds
             position += len(rows)
         if not position:
             raise BadInput("no rows in the file", path)

@@ -38,7 +38,7 @@ def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> Tas
     ids: list = []
     rows: list[dict] = []
     shared = Shared(bench.task_fields)
-    for block_ids, block_rows in bench.selected_blocks(data, max_samples):
+    for block_ids, block_rows in bench.selected_blocks(data, max_samples, bench.task_fields):
         ids += block_ids
         rows += shared(block_rows)
     return TaskList(ids, rows)
