@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe import jsonl
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EXIT_UNWRITABLE, OutputUnwritable
+from evalpipe.store import jsonl
 
 from .conftest import ROOT, SAMPLE, read_jsonl, write_jsonl
 

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from evalpipe import cli
+from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
-from evalpipe.llm import Endpoint
 from evalpipe.stages import infer as infer_stage
 
 from .conftest import API_KEY, read_jsonl, scripted

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from evalpipe import cost, llm
+from evalpipe.client import cost, llm
+from evalpipe.client.limiter import AdaptiveLimit
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.plainserver import Behaviour, PlainServer
 from evalpipe.devtools.testserver import FakeOpenAI, Faults, RateLimit, Reply, deterministic
 from evalpipe.errors import CallFailed, EndpointUnreachable
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import ChatClient, Endpoint
 from evalpipe.results import tables
 
 from .conftest import API_KEY, ROOT, read_jsonl, write_jsonl

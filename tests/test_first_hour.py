@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from evalpipe import lock, pipeline
+from evalpipe import pipeline
 from evalpipe.devtools import demo, localmodel
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.store import lock
 
 from .conftest import ROOT, SAMPLE, closed_port, plain_http_port, read_jsonl, scripted
 

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from evalpipe import judge_format
 from evalpipe.benchmarks.clbench import CLBench, CLBenchOptions
+from evalpipe.client import judge_format
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, Reply, with_server_kind
 from evalpipe.errors import EndpointRefused
-from evalpipe.llm import ChatClient, Endpoint
 
 from .conftest import is_judge, judge_json, rubric_count
 

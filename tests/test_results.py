@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from evalpipe import cost
+from evalpipe.client import cost
 from evalpipe.devtools.testserver import Reply
 from evalpipe.results import stats
 
@@ -70,7 +70,7 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
     judge = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())
     assert judge["judge_model"] == "j" and judge["counts"]["written"] == 6
     assert judge["fingerprint"]["judge_model"] == "j"
-    from evalpipe.llm import Endpoint
+    from evalpipe.client.llm import Endpoint
 
     assert Endpoint("m", base_url="http://user:pw@10.0.0.1:8000/v1?key=k").host == "http://10.0.0.1:8000/v1"
     for name in ("infer.jsonl.manifest.json", "judge.jsonl.manifest.json"):
@@ -485,7 +485,7 @@ def test_t_quantiles():
 
 
 def test_fingerprints_of_another_format_are_compared_on_shared_keys():
-    from evalpipe import manifest
+    from evalpipe.store import manifest
 
     # an older evalpipe recorded keys this one does not, and the other way round: not a change
     assert manifest.differences({"model": "m", "extra_body": None}, {"model": "m", "request_extra_body": {}}) == []

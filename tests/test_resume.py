@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from evalpipe import lock
 from evalpipe.devtools.testserver import Reply
+from evalpipe.store import lock
 
 from .conftest import API_KEY, SAMPLE, is_judge, read_jsonl, scripted
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import paths, shards
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.results.viewer import collect
+from evalpipe.store import paths, shards
 
 from .conftest import API_KEY, ROOT, SAMPLE, Stage, is_judge, scripted
 
@@ -414,8 +414,8 @@ def test_judge_gives_only_the_rows_it_counted(tmp_path):
 
 
 def test_shards_write_side_by_side_but_never_beside_an_uncut_run(tmp_path):
-    from evalpipe import lock
     from evalpipe.errors import Locked
+    from evalpipe.store import lock
 
     whole = tmp_path / "infer.jsonl"
     first, second = shards.Shard(0, 2).path(whole), shards.Shard(1, 2).path(whole)

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from evalpipe.client.limiter import AdaptiveLimit
+from evalpipe.client.llm import HTTP_CLIENTS, ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 from evalpipe.errors import CallFailed, EndpointUnreachable
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import HTTP_CLIENTS, ChatClient, Endpoint
 
 from .conftest import API_KEY, closed_port, plain_http_port, read_jsonl
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
-from .. import jsonl
-from ..checkpoint import StepCache
 from ..errors import ContextTooLong
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..store import jsonl
+from ..store.checkpoint import StepCache
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
 

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cost, jsonl, judge_format
+from ..client import cost, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
-from ..paths import PROJECT
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
+from ..store import jsonl
+from ..store.paths import PROJECT
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient, Endpoint, Served
+    from ..client.llm import ChatClient, Endpoint, Served
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",

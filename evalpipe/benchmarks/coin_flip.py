@@ -15,16 +15,16 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import jsonl
 from ..errors import BadInput
-from ..paths import PROJECT
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..store import jsonl
+from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 ZERO_SHOT = (
     "\nSolve the following coin flip problem step by step. The last line of your response should be of the form "

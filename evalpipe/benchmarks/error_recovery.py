@@ -14,17 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cost, jsonl
-from ..checkpoint import StepCache
+from ..client import cost
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
-from ..paths import PROJECT
 from ..results import stats
 from ..results.items import ItemColumns, ItemFigure
+from ..store import jsonl
+from ..store.checkpoint import StepCache
+from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 TASK_DESCRIPTION = "Solve the given problem, writing your reasoning along the way."
 MISTAKE_NOTICE = "There might be a mistake in your reasoning."

@@ -15,8 +15,8 @@ import orjson
 from ..benchmarks import clbench
 from ..benchmarks.coin_flip import CoinFlip
 from ..errors import run_stage
-from ..paths import PROJECT
 from ..stages import aggregate, score
+from ..store.paths import PROJECT
 
 HOSTILE = (
     "</script><script>window.__pwned = 1</script>",

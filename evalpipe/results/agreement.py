@@ -23,10 +23,11 @@ from typing import Any
 
 import orjson
 
-from .. import benchmarks, jsonl, manifest, paths, shards
+from .. import benchmarks
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.clbench import rubric_lines
 from ..errors import EXIT_OK, BadInput, run_stage
+from ..store import jsonl, manifest, paths, shards
 
 NOTE = (
     "Judge agreement: the first judge file against each other one, on the tasks both graded finally "

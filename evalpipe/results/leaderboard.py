@@ -9,10 +9,11 @@ import re
 import sys
 from pathlib import Path
 
-from .. import benchmarks, jsonl
+from .. import benchmarks
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
-from ..paths import DEFAULT_ROOT
 from ..stages import aggregate
+from ..store import jsonl
+from ..store.paths import DEFAULT_ROOT
 from . import discover, viewer
 
 _RUN_DIR = re.compile(r"run-\d+$")

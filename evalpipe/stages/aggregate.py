@@ -17,10 +17,11 @@ from pathlib import Path
 
 import orjson
 
-from .. import cli, jsonl, manifest, paths
+from .. import cli
 from ..benchmarks import Benchmark, ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, figures, items, plots, render, stats
+from ..store import jsonl, manifest, paths
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 

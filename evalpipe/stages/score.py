@@ -10,13 +10,15 @@ from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, paths, shards
+from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
+from ..client import cost
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import agreement, figures, items
 from ..results.items import ItemColumns
-from ..rows import Coverage, ShardCoverage
+from ..store import jsonl, manifest, paths, shards
+from ..store.rows import Coverage, ShardCoverage
 from . import score_input
 
 

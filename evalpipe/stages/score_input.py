@@ -9,9 +9,10 @@ from itertools import chain, count, islice, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 
-from .. import cost, jsonl
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
+from ..client import cost
+from ..store import jsonl
 
 BLOCK = 4096  # tasks looked at at once
 

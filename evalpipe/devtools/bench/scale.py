@@ -19,8 +19,8 @@ from pathlib import Path
 import orjson
 
 from ...benchmarks.coin_flip import CoinFlip
-from ...paths import PROJECT
 from ...results import items
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI
 from .common import fixed_latency, tree_pss_kb
 from .report import Figure

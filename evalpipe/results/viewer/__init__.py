@@ -14,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ... import __version__, jsonl
+from ... import __version__
 from ...errors import EXIT_OK, BadInput
+from ...store import jsonl
 from .. import discover
 from . import collect, page
 

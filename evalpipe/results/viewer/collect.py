@@ -18,9 +18,10 @@ from typing import Any
 
 import orjson
 
-from ... import benchmarks, paths, shards
+from ... import benchmarks
 from ...results import discover, stats
 from ...results.figures import headline
+from ...store import paths, shards
 
 RUN_DIR = re.compile(r"run-(\d+)$")
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
