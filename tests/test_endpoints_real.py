@@ -233,7 +233,7 @@ def test_aggregate_and_report_escape_category_names_from_the_dataset(stage, serv
     for row in csv.reader((out / "aggregate.csv").read_text().splitlines()):
         assert not any(cell.startswith(("=", "+", "@")) for cell in row), row
     subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", tmp_path / "outputs"],
+        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", tmp_path / "outputs"],
         cwd=ROOT,
         env=stage.env,
         check=True,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evalpipe import benchmarks
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.results.viewer import collect
@@ -91,14 +92,14 @@ def figures(run: Path) -> dict:
     kept = {k: v for k, v in score.items() if k not in ("cost", "selection", "judge_file")}
     outputs = run.parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
+        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(outputs)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    seen = collect.read_run("clbench", "m", 1, run, collect.shape_for("clbench"), collect.Texts(None))
+    seen = collect.read_run("clbench", "m", 1, run, benchmarks.get("clbench").sample_view(), collect.Texts(None))
     assert len(seen.samples) == seen.judge_rows == TASKS, seen.problems
     return {
         "score": kept,

@@ -19,6 +19,7 @@ from ..errors import ContextTooLong
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import Shape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 
@@ -150,14 +151,6 @@ def judge_rows(tasks: Sequence[Task], judged: Mapping) -> list:
     return list(map(judged.get, task_ids(tasks)))
 
 
-def row_id(row: dict) -> Any:
-    """The task id of a stage row: `idx`, or upstream's fallback `metadata.task_id`."""
-    if "idx" in row:
-        return row["idx"]
-    meta = row.get("metadata")
-    return meta.get("task_id") if isinstance(meta, dict) else None
-
-
 class Benchmark:
     """The three answers are required (`load`, `solve`, `grade`); the rest, `figures` too, are defaults."""
 
@@ -274,6 +267,11 @@ class Benchmark:
         ]
         lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in headline(self.figures, metrics).items()]
         return "\n".join(lines)
+
+    def sample_view(self) -> Shape:
+        """How report.html facets and details this benchmark's samples (results/shapes.py).
+        Default: the generic shape (metadata's category and sub_category)."""
+        return Shape(self.figures)
 
     def flagged(self, runs: list[dict]) -> bool:
         """Whether aggregate marks a model's headline figure with † (`flag_note` says why), from its runs' metrics."""

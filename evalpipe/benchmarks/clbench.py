@@ -17,9 +17,11 @@ from ..client import cost, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import CLBenchShape, Shape
 from ..store import jsonl
 from ..store.paths import PROJECT
-from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
+from ..store.rows import row_id
+from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient, Endpoint, Served
@@ -841,6 +843,9 @@ class CLBench(ErrorAnalysis, Benchmark):
             "groups": {"category": categories, "sub_category": subs},
             "columns": {"solved": solved},
         }
+
+    def sample_view(self) -> Shape:
+        return CLBenchShape(self.figures)
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

@@ -19,6 +19,7 @@ from ..errors import BadInput
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import CoinFlipShape, Shape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
@@ -296,6 +297,9 @@ class CoinFlip(Benchmark):
             "confusion": confusion,
             "unparsed": unparsed,
         }
+
+    def sample_view(self) -> Shape:
+        return CoinFlipShape(self.figures, ZERO_SHOT)
 
     def flagged(self, runs: list[dict]) -> bool:
         shares = [s for s in map(answered_share, runs) if s is not None]

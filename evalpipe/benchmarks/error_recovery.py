@@ -19,6 +19,7 @@ from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..results import stats
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import ErrorRecoveryShape, Shape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from ..store.paths import PROJECT
@@ -358,6 +359,9 @@ class ErrorRecovery(Benchmark):
             None if c is None or i is None else c - i for c, i in zip(columns["CR"], columns["IR"])
         ]
         return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
+
+    def sample_view(self) -> Shape:
+        return ErrorRecoveryShape(self.figures)
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

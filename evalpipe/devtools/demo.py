@@ -47,7 +47,7 @@ def main() -> int:
                     return code
                 worst = max(worst, code)
         print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
-        code = pipeline.run_command([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(ROOT)])
+        code = pipeline.run_command([sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(ROOT)])
     except (localmodel.ServerDied, localmodel.ServerNotReady) as exc:
         print(f"\ndemo: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
