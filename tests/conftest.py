@@ -96,6 +96,25 @@ def stage(env, tmp_path):
     return Stage(env, tmp_path)
 
 
+def make(env, *words, timeout=300):
+    """`make -s` of the repo with these targets and variables."""
+    return subprocess.run(
+        ["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def runner(env, *words, timeout=300):
+    """The pipeline runner (what make's stage targets call) with these stages and variables."""
+    return subprocess.run(
+        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def read_jsonl(path):
     # lines end at "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold
     return [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]

@@ -15,26 +15,9 @@ from evalpipe import lock, pipeline
 from evalpipe.devtools import demo, localmodel
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
-from .conftest import ROOT, SAMPLE, closed_port, plain_http_port, read_jsonl, scripted
+from .conftest import ROOT, SAMPLE, closed_port, make, plain_http_port, read_jsonl, runner, scripted
 
 COIN_FLIP = ROOT / "data" / "coin_flip" / "test.jsonl"
-
-
-def make(env, *words, timeout=300):
-    return subprocess.run(
-        ["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def runner(env, *words, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 # ---- 1. a dead endpoint fails in seconds, with its own exit code
