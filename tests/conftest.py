@@ -80,6 +80,10 @@ class Stage:
             assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc
 
+    def infer(self, *args, timeout=120, check=None):
+        """infer.py of model m into infer.jsonl, with these further arguments: the run most tests make."""
+        return self("infer", "--model", "m", "--output", "infer.jsonl", *args, timeout=timeout, check=check)
+
     def popen(self, script, *args):
         return subprocess.Popen(
             [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],

@@ -110,7 +110,7 @@ def test_upstream_command_lines_and_row_formats(server, stage, tmp_path):
 
 
 def test_judge_prompt_numbers_rubrics_and_a_prompt_file_is_used_verbatim(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "1", check=0)
+    stage.infer("--max-samples", "1", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     prompt = [r for r in server.chat_requests() if is_judge(r)][0].last_content
     rubrics = sample_rows()[0]["rubrics"]
