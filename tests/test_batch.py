@@ -204,6 +204,9 @@ def test_export_splits_at_the_file_limits(server, stage, tmp_path):
 # ---------------------------------------------------------------- --backend batch
 
 
+POLL_QUICKLY = ("--batch-wait", "30", "--batch-poll", "0.05")  # the batches polled every 50 ms, for 30 s at most
+
+
 def backend(stage, *flags):
     return stage.infer("--backend", "batch", *flags)
 
@@ -261,14 +264,14 @@ def test_backend_batch_adopts_a_batch_created_before_a_crash_saved_its_id(server
     client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     entry = {"input": str(tmp_path / "req.jsonl"), "input_file_id": uploaded.id, "requests": 12}
     (tmp_path / "infer.jsonl.batch.json").write_text(json.dumps({"batches": [entry]}))
-    done = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    done = backend(stage, *POLL_QUICKLY)
     assert done.returncode == 0, done.stderr
     assert len(server.batches()) == 1 and len(read_jsonl(tmp_path / "infer.jsonl")) == 12
 
 
 def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_the_rest(server, stage, tmp_path):
     server.batch_polls_to_finish, server.batch_expire_after = 1, 5
-    done = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    done = backend(stage, *POLL_QUICKLY)
     assert done.returncode == 0, done.stderr
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
         ("expired", 12),
@@ -281,38 +284,13 @@ def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_th
 
 def test_backend_batch_for_the_judge_and_error_recovery_chains(server, stage, tmp_path):
     server.batch_polls_to_finish = 1
-    backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
-    proc = stage(
-        "judge",
-        "--input",
-        "infer.jsonl",
-        "--judge-model",
-        "j",
-        "--backend",
-        "batch",
-        "--batch-wait",
-        "30",
-        "--batch-poll",
-        "0.05",
-    )
+    backend(stage, *POLL_QUICKLY)
+    proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--backend", "batch", *POLL_QUICKLY)
     assert proc.returncode == 0, proc.stderr
     assert {r["judge_status"] for r in read_jsonl(tmp_path / "judge.jsonl")} == {"ok"}
     server.handler = er_handler()
-    proc = stage(
-        "infer",
-        "--bench",
-        "error_recovery",
-        "--model",
-        "m",
-        "--output",
-        "er.jsonl",
-        "--backend",
-        "batch",
-        "--batch-wait",
-        "30",
-        "--batch-poll",
-        "0.05",
-    )
+    er_run = ["--bench", "error_recovery", "--model", "m", "--output", "er.jsonl"]
+    proc = stage("infer", *er_run, "--backend", "batch", *POLL_QUICKLY)
     assert proc.returncode == 0, proc.stderr
     assert len(read_jsonl(tmp_path / "er.jsonl")) == 30 and server.chat_requests() == []
     assert [b["request_counts"]["total"] for b in server.batches()][-2:] == [30, 30]  # reasoning, then extraction
@@ -372,7 +350,7 @@ def test_a_request_that_keeps_failing_is_given_up_after_three_batches(server, st
     failing = read_jsonl(ROOT / "data" / "clbench" / "sample.jsonl")[0]["messages"][-1]["content"]
     server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content == failing else scripted(r)
     server.batch_polls_to_finish = 1
-    proc = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    proc = backend(stage, *POLL_QUICKLY)
     assert proc.returncode == 3 and "failed in 3 batches" in proc.stderr
     assert [b["request_counts"]["total"] for b in server.batches()] == [12, 1, 1]
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 11
