@@ -128,6 +128,26 @@ def write_jsonl(path, rows):
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def judged_rows(scores):
+    """Judge rows for the first len(scores) sample tasks with the given scores."""
+    rows = []
+    for row, score in zip(read_jsonl(SAMPLE), scores):
+        rows.append(
+            {
+                "idx": row["metadata"]["task_id"],
+                "messages": row["messages"],
+                "model_output": "x",
+                "rubrics": row["rubrics"],
+                "metadata": row["metadata"],
+                "grading_rationale": "",
+                "requirement_status": [],
+                "score": score,
+                "judge_status": "ok",
+            }
+        )
+    return rows
+
+
 def score_missing_one(folder, data, env=None, command=None) -> dict:
     """score.json of CoinFlip's score.py (or python `command`, which runs it) over folder/judge.jsonl, with
     --data: a run where a task has no row (exit 3)."""
