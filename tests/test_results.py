@@ -337,34 +337,12 @@ def clbench_metrics(overall, expected=10, shares=None):
 def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     root = tmp_path / "outputs"
     shares = {"Context Ignored": 0.6, "Context Misused": 0.4, "Format Error": 0.2, "Refusal": 0.0}
-    for run, overall in enumerate([0.5, 0.6, 0.7], 1):
-        write_score(
-            root,
-            "clbench",
-            "model-a",
-            run,
-            clbench_metrics(overall, shares=shares),
-            infer_fp={"model": "a", "temperature": 0.0},
-            judge_fp={"judge_model": "j"},
-        )
-    write_score(
-        root,
-        "clbench",
-        "model-b",
-        1,
-        clbench_metrics(0.8),
-        infer_fp={"model": "b", "temperature": 0.0},
-        judge_fp={"judge_model": "j"},
-    )
-    write_score(
-        root,
-        "clbench",
-        "model-b",
-        2,
-        clbench_metrics(0.9, expected=8),
-        infer_fp={"model": "b", "temperature": 0.7},
-        judge_fp={"judge_model": "j"},
-    )
+    # model, run, metrics, temperature
+    runs = [("a", run, clbench_metrics(overall, shares=shares), 0.0) for run, overall in enumerate([0.5, 0.6, 0.7], 1)]
+    runs += [("b", 1, clbench_metrics(0.8), 0.0), ("b", 2, clbench_metrics(0.9, expected=8), 0.7)]
+    for model, run, metrics, temperature in runs:
+        infer_fp = {"model": model, "temperature": temperature}
+        write_score(root, "clbench", f"model-{model}", run, metrics, infer_fp=infer_fp, judge_fp={"judge_model": "j"})
     proc = stage("aggregate", "--outputs-dir", root, "--runs-ci")
     assert proc.returncode == 3
     assert "model-b: run-2 infer configuration differs from run-1 (temperature: 0.0 → 0.7)" in proc.stderr
