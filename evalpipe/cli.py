@@ -164,6 +164,7 @@ def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | Non
 
 def _generation_args(g: argparse._ArgumentGroup) -> None:
     """What every request sends besides the messages."""
+    # same shape as the other groups' add_argument calls on purpose: one call an option, read as --help shows it
     g.add_argument(
         "--temperature",
         type=number_or_none,

@@ -70,6 +70,7 @@ def one(name: str, root: Path, query: str, context_chars: int | None = viewer.DE
     if reason:
         return rows + [Figure(f"viewer {name}: in a browser", f"skipped: {reason}", "reported", True)]
     m = measure(page, query)
+    # same shape Figure after Figure on purpose: one row a figure with its own reference, as make bench prints them
     rows += [
         Figure(
             f"viewer {name}: open from file:// until ready",
