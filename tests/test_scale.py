@@ -99,7 +99,7 @@ def figures(run: Path) -> dict:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    seen = collect.read_run("clbench", "m", 1, run, benchmarks.get("clbench").sample_view(), collect.Texts(None))
+    seen = collect.read_run("clbench", "m", 1, run, benchmarks.sample_views()["clbench"], collect.Texts(None))
     assert len(seen.samples) == seen.judge_rows == TASKS, seen.problems
     return {
         "score": kept,

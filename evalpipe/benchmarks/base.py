@@ -10,7 +10,7 @@ docs/adding-a-benchmark.md walks through adding one.
 """
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -170,6 +170,8 @@ class Benchmark:
     # each figure of a run, declared once: its value in score.json (at `key`), its item-level error bars in
     # aggregate, and its place on the leaderboard, all as ratios of sums of item_columns() (results/figures.py)
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
+    # how report.html facets and details the samples (results/shapes.py), made from the figures
+    viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
     item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
 
     def __init__(self, options: Any = None):
@@ -267,11 +269,6 @@ class Benchmark:
         ]
         lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in headline(self.figures, metrics).items()]
         return "\n".join(lines)
-
-    def sample_view(self) -> Shape:
-        """How report.html facets and details this benchmark's samples (results/shapes.py).
-        Default: the generic shape (metadata's category and sub_category)."""
-        return Shape(self.figures)
 
     def flagged(self, runs: list[dict]) -> bool:
         """Whether aggregate marks a model's headline figure with † (`flag_note` says why), from its runs' metrics."""

@@ -17,7 +17,7 @@ from ..client import cost, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import CLBenchShape, Shape
+from ..results.shapes import CLBenchShape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from ..store.rows import row_id
@@ -507,6 +507,7 @@ class CLBench(ErrorAnalysis, Benchmark):
     # tasks that share a context are not independent: their error bars are clustered by it
     item_cluster = "context_id"
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
+    viewer_shape = CLBenchShape
     figures = (
         ItemFigure("Overall", "solved", key="overall/solving_rate"),
         ItemFigure("{}", "solved", by="category", key="by_category/{}/solving_rate"),
@@ -843,9 +844,6 @@ class CLBench(ErrorAnalysis, Benchmark):
             "groups": {"category": categories, "sub_category": subs},
             "columns": {"solved": solved},
         }
-
-    def sample_view(self) -> Shape:
-        return CLBenchShape(self.figures)
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

@@ -11,6 +11,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ..errors import BadInput
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import CoinFlipShape, Shape
+from ..results.shapes import CoinFlipShape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
@@ -266,6 +267,7 @@ class CoinFlip(Benchmark):
         }
 
     # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
+    viewer_shape = partial(CoinFlipShape, template=ZERO_SHOT)
     figures = (
         # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
         ItemFigure(
@@ -297,9 +299,6 @@ class CoinFlip(Benchmark):
             "confusion": confusion,
             "unparsed": unparsed,
         }
-
-    def sample_view(self) -> Shape:
-        return CoinFlipShape(self.figures, ZERO_SHOT)
 
     def flagged(self, runs: list[dict]) -> bool:
         shares = [s for s in map(answered_share, runs) if s is not None]

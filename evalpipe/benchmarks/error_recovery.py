@@ -19,7 +19,7 @@ from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..results import stats
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import ErrorRecoveryShape, Shape
+from ..results.shapes import ErrorRecoveryShape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from ..store.paths import PROJECT
@@ -154,6 +154,7 @@ class ErrorRecovery(Benchmark):
     )
     # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata. A run's loss
     # and CR − IR are made from its rates, as score.json has always had them (to the last digit)
+    viewer_shape = ErrorRecoveryShape
     figures = (
         *(ItemFigure(var, var, key=f"{var}_correct_rate") for var in VARIATIONS),
         ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0), key="performance_loss", run=_loss),
@@ -359,9 +360,6 @@ class ErrorRecovery(Benchmark):
             None if c is None or i is None else c - i for c, i in zip(columns["CR"], columns["IR"])
         ]
         return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
-
-    def sample_view(self) -> Shape:
-        return ErrorRecoveryShape(self.figures)
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

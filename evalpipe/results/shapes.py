@@ -1,6 +1,6 @@
 """How the viewer shows one benchmark: its samples' facets and details (the generic shape, and each
 benchmark's own), and the figures its leaderboard falls back on without aggregate.json. A benchmark
-makes its shape (`Benchmark.sample_view`); the command that runs the viewer hands the shapes down."""
+names its shape (`Benchmark.viewer_shape`); the command that runs the viewer hands the shapes down."""
 
 from collections.abc import Sequence
 from typing import Any
