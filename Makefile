@@ -121,7 +121,7 @@ publish: $(DATA_STAMP)
 # Leaderboards (Markdown, CSV, JSON, LaTeX) and PNG plots for every benchmark under OUTPUTS,
 # OUTPUTS/report.md with all of them, and OUTPUTS/report.html with every sample (docs/viewer.md).
 report: $(REPORT_STAMP)
-	$(PYTHON) -m evalpipe.results.leaderboard $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
+	$(PYTHON) -m evalpipe.stages.report $(if $(OUTPUTS),--outputs-dir $(call quote,$(OUTPUTS)))
 
 # The real datasets from the Hugging Face Hub into data/hf/ (git-ignored), with a lock file of revision and
 # sha256: CL-bench and CoinFlip, or one (BENCH=clbench|coin_flip); REVISION=... instead of the pinned one.

@@ -4,7 +4,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -13,16 +12,7 @@ from pathlib import Path
 from . import benchmarks, redact
 from .datasets import hub
 from .errors import BadInput
-from .paths import DEFAULT_ROOT
-
-
-def sigterm_as_interrupt() -> None:
-    """Make SIGTERM end a process as Ctrl-C does (cleanup in `finally`, exit 130)."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+from .store.paths import DEFAULT_ROOT
 
 
 def parser_for(
@@ -174,6 +164,7 @@ def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | Non
 
 def _generation_args(g: argparse._ArgumentGroup) -> None:
     """What every request sends besides the messages."""
+    # same shape as the other groups' add_argument calls on purpose: one call an option, read as --help shows it
     g.add_argument(
         "--temperature",
         type=number_or_none,
@@ -336,7 +327,7 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
     A key from <P>_API_KEY belongs to <P>_BASE_URL's origin (OpenAI's when unset) and is never sent
     elsewhere: an endpoint on another origin is refused (BadInput) before any request. A key given
     with --api-key goes where the user points it."""
-    from .llm import Endpoint  # here: score and aggregate, which call no endpoint, never import llm
+    from .client.llm import Endpoint  # here: score and aggregate, which call no endpoint, never import llm
 
     params = {}
     for flag, field in (("temperature", "temperature"), ("top_p", "top_p"), ("reasoning_effort", "reasoning_effort")):
@@ -412,7 +403,7 @@ def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source
 
 def _key_home(prefix: str) -> str:
     """Where a key from <prefix>_API_KEY belongs: <prefix>_BASE_URL, or OpenAI when that is unset."""
-    from .llm import Endpoint
+    from .client.llm import Endpoint
 
     return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
 

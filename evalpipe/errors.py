@@ -2,6 +2,7 @@
 
 import errno
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -132,6 +133,15 @@ class ContextTooLong(Exception):
 
 
 # ---- how a stage's process ends
+
+
+def sigterm_as_interrupt() -> None:
+    """Make SIGTERM end a process as Ctrl-C does (cleanup in `finally`, exit 130)."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:

@@ -10,9 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import benchmarks, jsonl
+from . import benchmarks
 from .datasets import hub
 from .errors import BadInput, StageError
+from .store import jsonl
 
 
 def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) -> int:

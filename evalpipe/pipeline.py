@@ -25,9 +25,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import benchmarks, spending
+from . import benchmarks
+from .client import spending
 from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
-from .paths import JUDGE_LABEL, PROJECT
+from .store.paths import JUDGE_LABEL, PROJECT
 
 STAGES = ("infer", "judge", "error-analysis", "score", "aggregate", "publish")
 DEFAULT_MODEL = "gpt-4o-mini"

@@ -80,6 +80,10 @@ class Stage:
             assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc
 
+    def infer(self, *args, timeout=120, check=None):
+        """infer.py of model m into infer.jsonl, with these further arguments: the run most tests make."""
+        return self("infer", "--model", "m", "--output", "infer.jsonl", *args, timeout=timeout, check=check)
+
     def popen(self, script, *args):
         return subprocess.Popen(
             [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
@@ -96,6 +100,25 @@ def stage(env, tmp_path):
     return Stage(env, tmp_path)
 
 
+def make(env, *words, timeout=300):
+    """`make -s` of the repo with these targets and variables."""
+    return subprocess.run(
+        ["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def runner(env, *words, timeout=300):
+    """The pipeline runner (what make's stage targets call) with these stages and variables."""
+    return subprocess.run(
+        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def read_jsonl(path):
     # lines end at "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold
     return [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]
@@ -103,6 +126,26 @@ def read_jsonl(path):
 
 def write_jsonl(path, rows):
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def judged_rows(scores):
+    """Judge rows for the first len(scores) sample tasks with the given scores."""
+    rows = []
+    for row, score in zip(read_jsonl(SAMPLE), scores):
+        rows.append(
+            {
+                "idx": row["metadata"]["task_id"],
+                "messages": row["messages"],
+                "model_output": "x",
+                "rubrics": row["rubrics"],
+                "metadata": row["metadata"],
+                "grading_rationale": "",
+                "requirement_status": [],
+                "score": score,
+                "judge_status": "ok",
+            }
+        )
+    return rows
 
 
 def score_missing_one(folder, data, env=None, command=None) -> dict:

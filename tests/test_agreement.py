@@ -8,6 +8,7 @@ import pytest
 
 from evalpipe import benchmarks, pipeline
 from evalpipe.results import agreement, render
+from evalpipe.stages import agreement as judge_files
 
 from .conftest import ROOT, SAMPLE, read_jsonl, write_jsonl
 
@@ -77,8 +78,8 @@ def test_two_judge_files_compared(tmp_path):
     ]
     write_jsonl(tmp_path / "a.jsonl", a)
     write_jsonl(tmp_path / "b.jsonl", b)
-    rows_a, prov_a = agreement.load(CLBENCH, tmp_path / "a.jsonl")
-    rows_b, prov_b = agreement.load(CLBENCH, tmp_path / "b.jsonl")
+    rows_a, prov_a = judge_files.load(CLBENCH, tmp_path / "a.jsonl")
+    rows_b, prov_b = judge_files.load(CLBENCH, tmp_path / "b.jsonl")
     assert (len(rows_a), prov_a, len(rows_b), prov_b) == (6, 0, 5, 1)
     pair = agreement.compare(rows_a, rows_b)
     overall = pair["overall"]
@@ -102,7 +103,7 @@ def test_repeated_judgments_by_one_judge(tmp_path):
     files = {}
     for name, scores in (("x", [1, 0, 1, 0]), ("y", [1, 0, 0, 0]), ("z", [1, 1, 0, 0])):
         write_jsonl(tmp_path / f"{name}.jsonl", [_row(i, s, [], "A") for i, s in enumerate(scores)])
-        files[name] = (*agreement.load(CLBENCH, tmp_path / f"{name}.jsonl"), "same-judge")
+        files[name] = (*judge_files.load(CLBENCH, tmp_path / f"{name}.jsonl"), "same-judge")
     section = agreement.report(files)
     (rep,) = section["repeated"]
     # items [1,1,1], [0,0,1], [1,0,0], [0,0,0]: 2 of 4 flip; Fleiss: P_i 1, 1/3, 1/3, 1 → 2/3; p1 = 5/12
@@ -120,7 +121,7 @@ def test_bad_judge_line_names_file_and_line(tmp_path):
         json.dumps(_row(0, 1, [], "A")) + "\n{oops\n" + json.dumps(_row(1, 1, [], "A")) + "\n"
     )
     with pytest.raises(Exception) as info:
-        agreement.load(CLBENCH, tmp_path / "a.jsonl")
+        judge_files.load(CLBENCH, tmp_path / "a.jsonl")
     assert "a.jsonl" in str(info.value) and "2" in str(info.value)
 
 
@@ -163,7 +164,7 @@ def test_second_opinion_end_to_end(stage, tmp_path, server):
     assert "Judge agreement" in proc.stdout
 
     cli = subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.agreement", run / "judge.jsonl", run / "judge-again.jsonl"],
+        [sys.executable, "-m", "evalpipe.stages.agreement", run / "judge.jsonl", run / "judge-again.jsonl"],
         cwd=ROOT,
         env=stage.env,
         capture_output=True,

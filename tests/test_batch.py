@@ -159,24 +159,24 @@ def test_import_is_idempotent_and_errors_go_to_the_side_file(server, stage, tmp_
     failing = read_jsonl(ROOT / "data" / "clbench" / "sample.jsonl")[3]["messages"][-1]["content"]
     server.handler = lambda r: Reply.error(500, "engine broke") if r.last_content == failing else scripted(r)
     req, out, err = tmp_path / "req.jsonl", tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--export-batch", req, check=0)
+    stage.infer("--export-batch", req, check=0)
     assert engine(server, req, out, err) == (11, 1)
-    first = stage("infer", "--model", "m", "--output", "infer.jsonl", "--import-batch", out, err)
+    first = stage.infer("--import-batch", out, err)
     assert first.returncode == 3
     rows, side = (tmp_path / "infer.jsonl").read_bytes(), (tmp_path / "infer.jsonl.failed.jsonl").read_bytes()
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 11
     assert "HTTP 500" in read_jsonl(tmp_path / "infer.jsonl.failed.jsonl")[0]["error"]
     for files in ([out, err], [err, out], [out], [err]):
-        stage("infer", "--model", "m", "--output", "infer.jsonl", "--import-batch", *files)
+        stage.infer("--import-batch", *files)
         assert (tmp_path / "infer.jsonl").read_bytes() == rows
         assert (tmp_path / "infer.jsonl.failed.jsonl").read_bytes() == side
     # the failed task is exported again, alone
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--export-batch", "again.jsonl", check=0)
+    stage.infer("--export-batch", "again.jsonl", check=0)
     assert len(read_jsonl(tmp_path / "again.jsonl")) == 1
 
 
 def test_judge_import_is_idempotent_for_provisional_rows(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
+    stage.infer("--max-samples", "3", check=0)
     server.handler = lambda r: Reply.error(503, "judge busy") if "Response to grade" in r.last_content else scripted(r)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--export-batch", "req.jsonl", check=0)
     engine(server, tmp_path / "req.jsonl", tmp_path / "out.jsonl", tmp_path / "err.jsonl")
@@ -190,35 +190,13 @@ def test_judge_import_is_idempotent_for_provisional_rows(server, stage, tmp_path
 
 
 def test_export_splits_at_the_file_limits(server, stage, tmp_path):
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--export-batch",
-        "b.jsonl",
-        "--batch-max-requests",
-        "5",
-        check=0,
-    )
+    stage.infer("--export-batch", "b.jsonl", "--batch-max-requests", "5", check=0)
     parts = sorted(tmp_path.glob("b-*.jsonl"))
     assert [p.name for p in parts] == ["b-001.jsonl", "b-002.jsonl", "b-003.jsonl"]
     assert [len(read_jsonl(p)) for p in parts] == [5, 5, 2]
     sizes = [len(line) + 1 for p in parts for line in p.read_text().splitlines()]
     limit = max(sizes) * 2 + 1
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--export-batch",
-        "s.jsonl",
-        "--batch-max-bytes",
-        limit,
-        check=0,
-    )
+    stage.infer("--export-batch", "s.jsonl", "--batch-max-bytes", limit, check=0)
     parts = sorted(tmp_path.glob("s-*.jsonl"))
     assert all(p.stat().st_size <= limit for p in parts) and sum(len(read_jsonl(p)) for p in parts) == 12
 
@@ -226,8 +204,11 @@ def test_export_splits_at_the_file_limits(server, stage, tmp_path):
 # ---------------------------------------------------------------- --backend batch
 
 
+POLL_QUICKLY = ("--batch-wait", "30", "--batch-poll", "0.05")  # the batches polled every 50 ms, for 30 s at most
+
+
 def backend(stage, *flags):
-    return stage("infer", "--model", "m", "--output", "infer.jsonl", "--backend", "batch", *flags)
+    return stage.infer("--backend", "batch", *flags)
 
 
 def test_backend_batch_cron_steps_exit_75_until_done(server, stage, tmp_path):
@@ -277,20 +258,20 @@ def test_backend_batch_resumes_polling_after_a_kill(server, stage, tmp_path):
 
 
 def test_backend_batch_adopts_a_batch_created_before_a_crash_saved_its_id(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--export-batch", "req.jsonl", check=0)
+    stage.infer("--export-batch", "req.jsonl", check=0)
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY)
     uploaded = client.files.create(file=("req.jsonl", (tmp_path / "req.jsonl").read_bytes()), purpose="batch")
     client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     entry = {"input": str(tmp_path / "req.jsonl"), "input_file_id": uploaded.id, "requests": 12}
     (tmp_path / "infer.jsonl.batch.json").write_text(json.dumps({"batches": [entry]}))
-    done = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    done = backend(stage, *POLL_QUICKLY)
     assert done.returncode == 0, done.stderr
     assert len(server.batches()) == 1 and len(read_jsonl(tmp_path / "infer.jsonl")) == 12
 
 
 def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_the_rest(server, stage, tmp_path):
     server.batch_polls_to_finish, server.batch_expire_after = 1, 5
-    done = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    done = backend(stage, *POLL_QUICKLY)
     assert done.returncode == 0, done.stderr
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
         ("expired", 12),
@@ -303,38 +284,13 @@ def test_backend_batch_keeps_partial_results_of_expired_batches_and_resubmits_th
 
 def test_backend_batch_for_the_judge_and_error_recovery_chains(server, stage, tmp_path):
     server.batch_polls_to_finish = 1
-    backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
-    proc = stage(
-        "judge",
-        "--input",
-        "infer.jsonl",
-        "--judge-model",
-        "j",
-        "--backend",
-        "batch",
-        "--batch-wait",
-        "30",
-        "--batch-poll",
-        "0.05",
-    )
+    backend(stage, *POLL_QUICKLY)
+    proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--backend", "batch", *POLL_QUICKLY)
     assert proc.returncode == 0, proc.stderr
     assert {r["judge_status"] for r in read_jsonl(tmp_path / "judge.jsonl")} == {"ok"}
     server.handler = er_handler()
-    proc = stage(
-        "infer",
-        "--bench",
-        "error_recovery",
-        "--model",
-        "m",
-        "--output",
-        "er.jsonl",
-        "--backend",
-        "batch",
-        "--batch-wait",
-        "30",
-        "--batch-poll",
-        "0.05",
-    )
+    er_run = ["--bench", "error_recovery", "--model", "m", "--output", "er.jsonl"]
+    proc = stage("infer", *er_run, "--backend", "batch", *POLL_QUICKLY)
     assert proc.returncode == 0, proc.stderr
     assert len(read_jsonl(tmp_path / "er.jsonl")) == 30 and server.chat_requests() == []
     assert [b["request_counts"]["total"] for b in server.batches()][-2:] == [30, 30]  # reasoning, then extraction
@@ -348,9 +304,7 @@ def test_backend_batch_without_a_batch_api_is_exit_4(server, stage, tmp_path):
 
 
 def test_vllm_style_error_lines_are_read(server, stage, tmp_path):
-    stage(
-        "infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--export-batch", "req.jsonl", check=0
-    )
+    stage.infer("--max-samples", "2", "--export-batch", "req.jsonl", check=0)
     lines = read_jsonl(tmp_path / "req.jsonl")
     errors = [
         {
@@ -367,9 +321,7 @@ def test_vllm_style_error_lines_are_read(server, stage, tmp_path):
         },
     ]
     (tmp_path / "err.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
-    proc = stage(
-        "infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", "--import-batch", "err.jsonl"
-    )
+    proc = stage.infer("--max-samples", "2", "--import-batch", "err.jsonl")
     assert proc.returncode == 3, proc.stderr
     [row] = read_jsonl(tmp_path / "infer.jsonl")
     assert row["status"] == "context_length"  # final, as online
@@ -382,7 +334,7 @@ def test_open_batches_keep_other_engines_and_other_configurations_out(server, st
     proc = backend(stage, "--temperature", "0.9")  # no rows yet, but paid-for calls in flight
     assert proc.returncode == 2 and "temperature: 0.2 → 0.9" in proc.stderr
     for flags in ([], ["--export-batch", "x.jsonl"]):
-        proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.2", *flags)
+        proc = stage.infer("--temperature", "0.2", *flags)
         assert proc.returncode == 2 and "still open" in proc.stderr and "--backend batch" in proc.stderr
     assert server.chat_requests() == [] and len(server.batches()) == 1
 
@@ -398,7 +350,7 @@ def test_a_request_that_keeps_failing_is_given_up_after_three_batches(server, st
     failing = read_jsonl(ROOT / "data" / "clbench" / "sample.jsonl")[0]["messages"][-1]["content"]
     server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content == failing else scripted(r)
     server.batch_polls_to_finish = 1
-    proc = backend(stage, "--batch-wait", "30", "--batch-poll", "0.05")
+    proc = backend(stage, *POLL_QUICKLY)
     assert proc.returncode == 3 and "failed in 3 batches" in proc.stderr
     assert [b["request_counts"]["total"] for b in server.batches()] == [12, 1, 1]
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 11

@@ -1,4 +1,4 @@
-"""evalpipe.batch_backend in process: the state file, the open-batch guard, and `advance` driving
+"""evalpipe.client.batch_backend in process: the state file, the open-batch guard, and `advance` driving
 FakeOpenAI's Files and Batches endpoints with the real openai client (no subprocesses)."""
 
 import json
@@ -10,11 +10,19 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from evalpipe import batch, batch_backend, jsonl, runner
-from evalpipe.batch_backend import MAX_SUBMISSIONS, State, advance, open_batches, refuse_other_engines, state_path
+from evalpipe.client import batch, batch_backend, runner
+from evalpipe.client.batch_backend import (
+    MAX_SUBMISSIONS,
+    State,
+    advance,
+    open_batches,
+    refuse_other_engines,
+    state_path,
+)
+from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
-from evalpipe.llm import Endpoint
+from evalpipe.store import jsonl
 
 from .conftest import API_KEY, read_jsonl
 

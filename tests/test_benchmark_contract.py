@@ -8,13 +8,14 @@ import math
 
 import pytest
 
-from evalpipe import benchmarks, cli, jsonl
+from evalpipe import benchmarks, cli
 from evalpipe.benchmarks import ErrorAnalysis
-from evalpipe.checkpoint import StepCache
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, example_replies
-from evalpipe.llm import ChatClient, Endpoint
 from evalpipe.results import figures, items
 from evalpipe.stages import score
+from evalpipe.store import jsonl
+from evalpipe.store.checkpoint import StepCache
 
 from .conftest import API_KEY
 

@@ -124,22 +124,15 @@ def test_model_names_map_to_safe_folders_inside_outputs(server, stage, tmp_path,
 
 def test_outputs_follow_the_umask_but_are_never_world_writable(server, env, tmp_path):
     def run(mask, out):
-        subprocess.run(
-            [sys.executable, str(ROOT / "infer.py"), "--model", "m", "--max-samples", "2", "--outputs-dir", str(out)],
-            env=env,
-            cwd=tmp_path,
-            check=True,
-            capture_output=True,
-            preexec_fn=lambda: os.umask(mask),
-        )
-        subprocess.run(
-            [sys.executable, str(ROOT / "judge.py"), "--model", "m", "--judge-model", "j", "--outputs-dir", str(out)],
-            env=env,
-            cwd=tmp_path,
-            check=True,
-            capture_output=True,
-            preexec_fn=lambda: os.umask(mask),
-        )
+        for script, *args in [("infer.py", "--max-samples", "2"), ("judge.py", "--judge-model", "j")]:
+            subprocess.run(
+                [sys.executable, str(ROOT / script), "--model", "m", *args, "--outputs-dir", str(out)],
+                env=env,
+                cwd=tmp_path,
+                check=True,
+                capture_output=True,
+                preexec_fn=lambda: os.umask(mask),
+            )
         return [p for p in out.rglob("*")]
 
     for path in run(0o000, tmp_path / "open"):

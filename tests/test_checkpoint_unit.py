@@ -1,11 +1,11 @@
-"""evalpipe.checkpoint.StepCache in process: finished calls kept beside the output, read back by a rerun."""
+"""evalpipe.store.checkpoint.StepCache in process: finished calls kept beside the output, read back by a rerun."""
 
 import json
 
 import pytest
 
-from evalpipe.checkpoint import StepCache
 from evalpipe.errors import BadInput
+from evalpipe.store.checkpoint import StepCache
 
 from .conftest import read_jsonl
 

@@ -5,7 +5,6 @@ import binascii
 import importlib.util
 import json
 import re
-import subprocess
 
 import pytest
 
@@ -22,7 +21,7 @@ from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import BadInput
 from evalpipe.stages import score
 
-from .conftest import ROOT, read_jsonl, write_jsonl
+from .conftest import ROOT, make, read_jsonl, write_jsonl
 
 DATA = ROOT / "data" / "coin_flip"
 
@@ -226,28 +225,8 @@ def answer_by_parity(request):
 @pytest.mark.e2e
 def test_make_pipeline_for_coin_flip(server, env, tmp_path):
     server.handler = answer_by_parity
-    proc = subprocess.run(
-        [
-            "make",
-            "-s",
-            "-C",
-            str(ROOT),
-            "infer",
-            "judge",
-            "score",
-            "aggregate",
-            "BENCH=coin_flip",
-            f"OUTPUTS={tmp_path}",
-            "MODEL=m",
-            "RUNS=2",
-            "MAX_SAMPLES=60",
-            "WORKERS=8",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    settings = ["BENCH=coin_flip", f"OUTPUTS={tmp_path}", "MODEL=m", "RUNS=2", "MAX_SAMPLES=60", "WORKERS=8"]
+    proc = make(env, "infer", "judge", "score", "aggregate", *settings)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = read_jsonl(DATA / "test.jsonl")[:60]
     score = json.loads((tmp_path / "coin_flip" / "m" / "run-1" / "score.json").read_text())

@@ -20,6 +20,7 @@ from evalpipe.devtools.testserver import Reply
 from .conftest import ROOT, read_jsonl
 
 # reply, evalscope, strict, what decides (evalscope)
+# same shape row after row on purpose: a table of cases, one reply a line, is what SPEC §2's rules are checked by
 TABLE = [
     ("Reasoning...\nANSWER: YES", "YES", "YES", "marker, exact capital word"),
     ("ANSWER: NO", "NO", "NO", "marker, exact capital word"),

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe import jsonl
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EXIT_UNWRITABLE, OutputUnwritable
+from evalpipe.store import jsonl
 
-from .conftest import ROOT, SAMPLE, read_jsonl, write_jsonl
+from .conftest import ROOT, SAMPLE, judged_rows, read_jsonl, write_jsonl
 
 NOBODY = 65534
 PR_CAPBSET_DROP = 24
@@ -215,22 +215,7 @@ def test_unwritable_output_folders_end_infer_and_score_with_one_line(server, env
     workspace, how = unprivileged
     run_dir = workspace / "outputs" / "clbench" / "m" / "run-1"
     run_dir.mkdir(parents=True)
-    judged = []
-    for row in read_jsonl(SAMPLE)[:3]:
-        judged.append(
-            {
-                "idx": row["metadata"]["task_id"],
-                "messages": row["messages"],
-                "model_output": "x",
-                "rubrics": row["rubrics"],
-                "metadata": row["metadata"],
-                "grading_rationale": "",
-                "requirement_status": [],
-                "score": 1,
-                "judge_status": "ok",
-            }
-        )
-    write_jsonl(run_dir / "judge.jsonl", judged)
+    write_jsonl(run_dir / "judge.jsonl", judged_rows([1, 1, 1]))
     os.chmod(run_dir / "judge.jsonl", 0o644)
     os.chmod(run_dir, 0o555)
     kwargs = {"env": env, "cwd": workspace, **how}

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from evalpipe import cli
+from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
-from evalpipe.llm import Endpoint
 from evalpipe.stages import infer as infer_stage
 
 from .conftest import API_KEY, read_jsonl, scripted
@@ -40,7 +40,7 @@ def assert_no_key_in(proc):
 
 
 def inferred(stage, samples=2):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", samples, check=0)
+    stage.infer("--max-samples", samples, check=0)
 
 
 def judge(stage, *flags, check=None):
@@ -113,7 +113,7 @@ def test_judge_with_an_explicit_key_goes_where_pointed(server, other, stage):
 
 @pytest.mark.e2e
 def test_infer_refuses_a_base_url_elsewhere_than_the_env_key_belongs(server, other, stage):
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--base-url", other.base_url)
+    proc = stage.infer("--base-url", other.base_url)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         f"infer: error: --base-url points to {other.base_url}; the key in OPENAI_API_KEY belongs to "
@@ -127,7 +127,7 @@ def test_infer_refuses_a_base_url_elsewhere_than_the_env_key_belongs(server, oth
 @pytest.mark.e2e
 def test_infer_refuses_when_the_key_belongs_to_openai(other, stage):
     del stage.env["OPENAI_BASE_URL"]  # OPENAI_API_KEY is then OpenAI's
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--base-url", other.base_url)
+    proc = stage.infer("--base-url", other.base_url)
     assert proc.returncode == 2 and "belongs to https://api.openai.com/v1" in proc.stderr
     assert other.requests == []
     assert_no_key_in(proc)
@@ -135,44 +135,20 @@ def test_infer_refuses_when_the_key_belongs_to_openai(other, stage):
 
 @pytest.mark.e2e
 def test_infer_with_an_explicit_key_goes_where_pointed(server, other, stage):
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--max-samples",
-        2,
-        "--base-url",
-        other.base_url,
-        "--api-key",
-        EXPLICIT_KEY,
-        check=0,
-    )
+    stage.infer("--max-samples", 2, "--base-url", other.base_url, "--api-key", EXPLICIT_KEY, check=0)
     assert keys_received(other) == {f"Bearer {EXPLICIT_KEY}"} and server.requests == []
 
 
 @pytest.mark.e2e
 def test_infer_on_the_same_origin_keeps_the_env_key(server, stage):
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--max-samples",
-        2,
-        "--base-url",
-        server.base_url + "/",
-        check=0,
-    )
+    stage.infer("--max-samples", 2, "--base-url", server.base_url + "/", check=0)
     assert keys_received(server) == {f"Bearer {API_KEY}"}
 
 
 @pytest.mark.e2e
 def test_no_key_anywhere_sends_a_placeholder_to_a_local_server(other, stage):
     del stage.env["OPENAI_API_KEY"]
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", 2, "--base-url", other.base_url, check=0)
+    stage.infer("--max-samples", 2, "--base-url", other.base_url, check=0)
     assert keys_received(other) == {"Bearer no-key"}
 
 

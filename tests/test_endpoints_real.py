@@ -7,22 +7,21 @@ URL, names too long for a folder, strings that would run in a report, sporadic 4
 import asyncio
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from evalpipe import cost, llm
+from evalpipe.client import cost, llm
+from evalpipe.client.limiter import AdaptiveLimit
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.plainserver import Behaviour, PlainServer
 from evalpipe.devtools.testserver import FakeOpenAI, Faults, RateLimit, Reply, deterministic
 from evalpipe.errors import CallFailed, EndpointUnreachable
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import ChatClient, Endpoint
 from evalpipe.results import tables
 
-from .conftest import API_KEY, ROOT, read_jsonl, write_jsonl
+from .conftest import API_KEY, ROOT, read_jsonl, runner, write_jsonl
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -93,18 +92,11 @@ def test_an_endpoint_slow_to_answer_a_chat_but_quick_with_models_is_not_hung(mon
 
 
 @pytest.mark.e2e
-def test_infer_stops_with_69_within_30_s_on_an_endpoint_that_answers_nothing(tmp_path):
-    with FakeOpenAI(silent=True) as server:
-        env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": API_KEY}
+def test_infer_stops_with_69_within_30_s_on_an_endpoint_that_answers_nothing(stage):
+    with FakeOpenAI(silent=True) as silent:
+        stage.env["OPENAI_BASE_URL"] = silent.base_url
         started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "infer.py"), "--bench", "coin_flip", "--model", "m", "--max-samples", "3"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = stage("infer", "--bench", "coin_flip", "--model", "m", "--max-samples", "3", timeout=60)
     assert done.returncode == 69, done.stderr
     assert time.monotonic() - started < 30
     assert "accepted connections but never answered" in done.stderr
@@ -179,15 +171,8 @@ def test_credentials_in_the_base_url_are_refused_at_once_without_showing_the_key
 @pytest.mark.e2e
 def test_the_pipeline_ends_with_the_code_of_the_stage_that_did_not_finish(server, env, tmp_path):
     server.handler = lambda request: Reply.error(500, "down")
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", "infer", "judge", "score", "BENCH=coin_flip", "MODEL=m"]
-        + ["RUNS=1", "MAX_SAMPLES=2", f"OUTPUTS={tmp_path}", "ARGS=--max-retries 0", "JUDGE_ARGS=--max-retries 0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    words = ["infer", "judge", "score", "BENCH=coin_flip", "MODEL=m", "RUNS=1", "MAX_SAMPLES=2", f"OUTPUTS={tmp_path}"]
+    done = runner(env, *words, "ARGS=--max-retries 0", "JUDGE_ARGS=--max-retries 0", timeout=120)
     assert done.returncode == 3, done.stderr
 
 
@@ -233,7 +218,7 @@ def test_aggregate_and_report_escape_category_names_from_the_dataset(stage, serv
     for row in csv.reader((out / "aggregate.csv").read_text().splitlines()):
         assert not any(cell.startswith(("=", "+", "@")) for cell in row), row
     subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", tmp_path / "outputs"],
+        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", tmp_path / "outputs"],
         cwd=ROOT,
         env=stage.env,
         check=True,

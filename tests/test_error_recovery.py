@@ -21,7 +21,7 @@ from evalpipe.datasets import error_recovery as conv
 from evalpipe.devtools.testserver import Reply
 from evalpipe.stages import score
 
-from .conftest import ROOT, SHARED, read_jsonl
+from .conftest import ROOT, SHARED, make, read_jsonl
 
 SAMPLE = ROOT / "data" / "error_recovery" / "sample.jsonl"
 BBM_SAMPLE = ROOT / "data" / "error_recovery" / "bbm_sample"
@@ -278,25 +278,8 @@ def test_exact_and_normalised_match(task, answer, target, exact, normalized):
 @pytest.mark.e2e
 def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
     server.handler = er_handler()
-    proc = subprocess.run(
-        [
-            "make",
-            "-s",
-            "-C",
-            str(ROOT),
-            "infer",
-            "judge",
-            "score",
-            "aggregate",
-            "BENCH=error_recovery",
-            f"OUTPUTS={tmp_path}",
-            "MODEL=m",
-            "RUNS=2",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = make(
+        env, "infer", "judge", "score", "aggregate", "BENCH=error_recovery", f"OUTPUTS={tmp_path}", "MODEL=m", "RUNS=2"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     score = json.loads((tmp_path / "error_recovery" / "m" / "run-1" / "score.json").read_text())

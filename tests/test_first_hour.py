@@ -11,30 +11,14 @@ import time
 
 import pytest
 
-from evalpipe import lock, pipeline
+from evalpipe import pipeline
 from evalpipe.devtools import demo, localmodel
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.store import lock
 
-from .conftest import ROOT, SAMPLE, closed_port, plain_http_port, read_jsonl, scripted
+from .conftest import ROOT, SAMPLE, closed_port, make, plain_http_port, read_jsonl, runner, scripted
 
 COIN_FLIP = ROOT / "data" / "coin_flip" / "test.jsonl"
-
-
-def make(env, *words, timeout=300):
-    return subprocess.run(
-        ["make", "-s", "-C", str(ROOT), *map(str, words)], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def runner(env, *words, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 # ---- 1. a dead endpoint fails in seconds, with its own exit code
@@ -51,7 +35,7 @@ def runner(env, *words, timeout=300):
 def test_a_dead_endpoint_stops_in_seconds(stage, tmp_path, url, reason):
     stage.env["OPENAI_BASE_URL"] = url
     started = time.monotonic()
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
+    proc = stage.infer()
     assert proc.returncode == 69, proc.stderr
     assert time.monotonic() - started < 20
     [line] = [said for said in proc.stderr.splitlines() if "error" in said]
@@ -65,7 +49,7 @@ def test_tls_to_a_plain_http_server_is_unreachable(stage):
     with plain_http_port() as port:
         stage.env["OPENAI_BASE_URL"] = f"https://127.0.0.1:{port}/v1"
         started = time.monotonic()
-        proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
+        proc = stage.infer()
     assert proc.returncode == 69 and "TLS failed" in proc.stderr, proc.stderr
     assert time.monotonic() - started < 20
 
@@ -74,7 +58,7 @@ def test_tls_to_a_plain_http_server_is_unreachable(stage):
 def test_a_url_without_v1_gets_the_hint(server, stage):
     root_url = server.base_url.removesuffix("/v1")
     stage.env["OPENAI_BASE_URL"] = root_url
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
+    proc = stage.infer()
     assert proc.returncode == 69, proc.stderr
     assert f"no OpenAI-compatible API at {root_url}" in proc.stderr
     assert f"the URL may be missing /v1: try {root_url}/v1" in proc.stderr
@@ -84,7 +68,7 @@ def test_a_url_without_v1_gets_the_hint(server, stage):
 @pytest.mark.e2e
 def test_an_unknown_model_is_still_a_refusal(server, stage):
     server.handler = lambda request: Reply.error(404, "The model `m` does not exist.", code="model_not_found")
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl")
+    proc = stage.infer()
     assert proc.returncode == 4 and "refused model 'm'" in proc.stderr
 
 
@@ -280,37 +264,14 @@ def test_a_label_gives_a_variant_its_own_folder_and_row(server, env, tmp_path):
 
 @pytest.mark.e2e
 def test_allow_config_change_that_adds_no_row_changes_nothing(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
+    stage.infer("--max-samples", "3", check=0)
     manifest = tmp_path / "infer.jsonl.manifest.json"
     recorded = json.loads(manifest.read_text())["fingerprint"]
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--max-samples",
-        "3",
-        "--temperature",
-        "0.5",
-        "--allow-config-change",
-        check=0,
-    )
+    stage.infer("--max-samples", "3", "--temperature", "0.5", "--allow-config-change", check=0)
     assert json.loads(manifest.read_text())["fingerprint"] == recorded
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)  # not refused
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--max-samples",
-        "4",
-        "--temperature",
-        "0.5",
-        "--allow-config-change",
-        check=0,
-    )  # adds a row: the new configuration is the record now
+    stage.infer("--max-samples", "3", check=0)  # not refused
+    # adds a row: the new configuration is the record now
+    stage.infer("--max-samples", "4", "--temperature", "0.5", "--allow-config-change", check=0)
     assert json.loads(manifest.read_text())["fingerprint"]["temperature"] == 0.5
 
 

@@ -278,7 +278,7 @@ def test_counting_identical_items_gives_what_listing_them_gives():
     ],
 )
 def test_items_json_written_in_pieces_is_the_plain_dump(columns, tmp_path):
-    from evalpipe import jsonl
+    from evalpipe.store import jsonl
 
     path = tmp_path / "items.json"
     jsonl.atomic_write(path, items.encoded("bench", "ctx", columns))

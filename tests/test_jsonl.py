@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from evalpipe import jsonl
 from evalpipe.errors import BadInput
+from evalpipe.store import jsonl
 
 
 def test_torn_tail_is_cut_and_rows_before_it_survive(tmp_path):

@@ -22,7 +22,7 @@ def judge_calls(server):
 def test_empty_output_scores_zero_without_a_judge_call(server, stage, tmp_path):
     empty_for = read_jsonl(SAMPLE)[1]["messages"][-1]["content"]
     server.handler = lambda r: Reply(content="   ") if r.last_content == empty_for else scripted(r)
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
+    stage.infer("--max-samples", "3", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     row = judged(tmp_path)[IDS[1]]
     assert (row["score"], row["judge_status"], row["requirement_status"]) == (0, "empty_output", [])
@@ -30,7 +30,7 @@ def test_empty_output_scores_zero_without_a_judge_call(server, stage, tmp_path):
 
 
 def test_judge_api_failure_is_a_provisional_zero_judged_again_next_run(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", check=0)
+    stage.infer("--max-samples", "4", check=0)
     server.handler = lambda r: Reply.error(500, "judge down") if is_judge(r) else scripted(r)
     proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--max-retries", "1", "--backoff", "0.01")
     assert proc.returncode == 3, proc.stderr
@@ -47,7 +47,7 @@ def test_judge_api_failure_is_a_provisional_zero_judged_again_next_run(server, s
 
 
 def test_unparseable_judge_replies_are_retried_then_recorded(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", check=0)
+    stage.infer("--max-samples", "2", check=0)
     server.handler = lambda r: Reply(content="I think it is fine overall.") if is_judge(r) else scripted(r)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--parse-attempts", "3", check=0)
     rows = judged(tmp_path)
@@ -64,7 +64,7 @@ def test_unparseable_judge_replies_are_retried_then_recorded(server, stage, tmp_
 
 
 def test_salvaged_replies_count_and_say_how(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", check=0)
+    stage.infer("--max-samples", "2", check=0)
 
     def chatty_judge(request):
         if not is_judge(request):
@@ -82,7 +82,7 @@ def test_salvaged_replies_count_and_say_how(server, stage, tmp_path):
 
 
 def test_a_retry_after_parse_failure_keeps_the_usage_of_every_call(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "1", check=0)
+    stage.infer("--max-samples", "1", check=0)
     replies = ["garbage", None]
 
     def second_time_lucky(request):

@@ -1,15 +1,16 @@
 """The judge's response_format ladder over real HTTP: each server kind of ../shared/research/judge.md §2."""
 
 import asyncio
+import contextlib
 import json
 
 import pytest
 
-from evalpipe import judge_format
 from evalpipe.benchmarks.clbench import CLBench, CLBenchOptions
+from evalpipe.client import judge_format
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, Reply, with_server_kind
 from evalpipe.errors import EndpointRefused
-from evalpipe.llm import ChatClient, Endpoint
 
 from .conftest import is_judge, judge_json, rubric_count
 
@@ -37,33 +38,27 @@ def chatty_unless_enforced(request) -> Reply:
 
 def grade_all(handler, *, n=40, workers=32, params=None, **options):
     """Grade n answers through CLBench.grade with `workers` concurrent tasks; (rows, server requests, formats)."""
-    srv = FakeOpenAI(handler).start()
     bench = CLBench(CLBenchOptions(**{"parse_attempts": 1, **options}))
     rows = [
         {"idx": f"t{i}", "messages": [{"role": "user", "content": "q"}], "model_output": f"a{i}", "rubrics": RUBRICS}
         for i in range(n)
     ]
-    endpoint = Endpoint(
-        model="judge", base_url=srv.base_url, api_key="k", max_retries=2, backoff_initial=0.01, params=params or {}
-    )
 
-    async def run():
-        client = ChatClient(endpoint)
+    async def run(endpoint):
         gate = asyncio.Semaphore(workers)
+        async with contextlib.aclosing(ChatClient(endpoint)) as client:
 
-        async def one(row):
-            async with gate:
-                return await bench.grade(row, client)
+            async def one(row):
+                async with gate:
+                    return await bench.grade(row, client)
 
-        try:
             return await asyncio.gather(*(one(r) for r in rows))
-        finally:
-            await client.aclose()
 
-    try:
-        graded = asyncio.run(run())
-    finally:
-        srv.stop()
+    with FakeOpenAI(handler) as srv:
+        endpoint = Endpoint(
+            model="judge", base_url=srv.base_url, api_key="k", max_retries=2, backoff_initial=0.01, params=params or {}
+        )
+        graded = asyncio.run(run(endpoint))
     return graded, [r for r in srv.chat_requests() if is_judge(r)], bench.judge_formats
 
 
@@ -180,21 +175,15 @@ def test_the_error_analysis_asks_for_its_own_schema():
     def analyst(request):
         return Reply(content=json.dumps({"Error Types": ["Refusal"], "Reason": "declined"}))
 
-    srv = FakeOpenAI(with_server_kind("llama_cpp_python", analyst)).start()
     bench = CLBench(CLBenchOptions())
     row = {"idx": "t", "model_output": "no", "rubrics": RUBRICS, "requirement_status": ["no", "no"], "score": 0}
 
-    async def run():
-        client = ChatClient(Endpoint(model="judge", base_url=srv.base_url, api_key="k"))
-        try:
+    async def run(endpoint):
+        async with contextlib.aclosing(ChatClient(endpoint)) as client:
             return await bench.analyze_error(row, client)
-        finally:
-            await client.aclose()
 
-    try:
-        out = asyncio.run(run())
-    finally:
-        srv.stop()
+    with FakeOpenAI(with_server_kind("llama_cpp_python", analyst)) as srv:
+        out = asyncio.run(run(Endpoint(model="judge", base_url=srv.base_url, api_key="k")))
     assert (out["analysis_status"], out["analysis_format"], out["error_types"]) == (
         "ok",
         "json_object_schema",

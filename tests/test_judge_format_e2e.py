@@ -23,7 +23,7 @@ def judge_formats(server) -> list[str]:
 
 def test_the_learned_mode_is_kept_in_the_manifest_and_used_by_the_next_run(server, stage, tmp_path):
     server.handler = with_server_kind("llama_cpp_python", scripted)
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
+    stage.infer("--max-samples", "3", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--workers", "8", check=0)
     assert judge_formats(server) == ["json_schema"] + ["json_object+schema"] * 3
     learned = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())["learned"]["judge_format"]
@@ -34,7 +34,7 @@ def test_the_learned_mode_is_kept_in_the_manifest_and_used_by_the_next_run(serve
         ("json_object_schema", "json", "ok")
     }
 
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", check=0)
+    stage.infer("--max-samples", "5", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     assert judge_formats(server)[4:] == ["json_object+schema"] * 2  # no second rejection
     again = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())["learned"]["judge_format"]
@@ -48,7 +48,7 @@ def test_the_learned_mode_is_kept_in_the_manifest_and_used_by_the_next_run(serve
 
 
 def test_truncated_rows_are_judged_again_with_a_larger_budget_on_request(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", check=0)
+    stage.infer("--max-samples", "2", check=0)
 
     def budgeted(request):
         if is_judge(request) and request.body.get("max_tokens", 0) < 1000:
@@ -69,7 +69,7 @@ def test_truncated_rows_are_judged_again_with_a_larger_budget_on_request(server,
 
 
 def test_the_probe_goes_alone_and_a_kill_during_it_loses_nothing(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", check=0)
+    stage.infer("--max-samples", "4", check=0)
     server.handler = lambda r: Reply(hang=True) if is_judge(r) else scripted(r)
     proc = stage.popen("judge", "--input", "infer.jsonl", "--judge-model", "j", "--workers", "4")
     try:

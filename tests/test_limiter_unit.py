@@ -1,19 +1,13 @@
-"""evalpipe.limiter.AdaptiveLimit in process: the ceiling, cuts on 429, Retry-After pauses and regrowth,
+"""evalpipe.client.limiter.AdaptiveLimit in process: the ceiling, cuts on 429, Retry-After pauses and regrowth,
 measured with real asyncio tasks (and one real 429 from the loopback server); the arithmetic of pacing
 from x-ratelimit-* headers (tests/test_ratelimit.py runs it against the rate-limited server)."""
 
 import asyncio
 import time
 
+from evalpipe.client.limiter import LEARNED_MARGIN, AdaptiveLimit, ServerBudget, announced_limits, parse_duration
+from evalpipe.client.llm import ChatClient, Endpoint, max_tokens_of, prompt_chars
 from evalpipe.devtools.testserver import Reply, go_duration
-from evalpipe.limiter import (
-    LEARNED_MARGIN,
-    AdaptiveLimit,
-    ServerBudget,
-    announced_limits,
-    parse_duration,
-)
-from evalpipe.llm import ChatClient, Endpoint, max_tokens_of, prompt_chars
 
 from .conftest import API_KEY
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from evalpipe.client.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EndpointRefused
-from evalpipe.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
 
 from .conftest import API_KEY, ROOT
 
@@ -182,7 +182,7 @@ def test_a_stage_that_makes_no_call_never_imports_the_sdk(tmp_path):
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip().endswith("SDK loaded: False")
     # the check can see it: making a client loads the SDK
-    make_client = "from evalpipe.llm import ChatClient, Endpoint; ChatClient(Endpoint(model='m', api_key='k'))"
+    make_client = "from evalpipe.client.llm import ChatClient, Endpoint; ChatClient(Endpoint(model='m', api_key='k'))"
     check = "import sys; print('SDK loaded:', 'openai._client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", f"{make_client}; {check}"], cwd=ROOT, capture_output=True, text=True)
     assert done.stdout.strip() == "SDK loaded: True", done.stderr

@@ -1,13 +1,12 @@
 """The four stage scripts end to end, as subprocesses, against the loopback server."""
 
 import json
-import subprocess
 
 import pytest
 
 from evalpipe.devtools.testserver import Reply
 
-from .conftest import API_KEY, ROOT, SAMPLE, is_judge, read_jsonl, write_jsonl
+from .conftest import API_KEY, SAMPLE, is_judge, make, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -20,27 +19,8 @@ def sample_rows():
 
 
 def test_make_runs_the_whole_pipeline_over_runs(server, env, tmp_path):
-    proc = subprocess.run(
-        [
-            "make",
-            "-s",
-            "-C",
-            str(ROOT),
-            "infer",
-            "judge",
-            "score",
-            "aggregate",
-            f"OUTPUTS={tmp_path / 'out'}",
-            "MODEL=org/model:v1",
-            "JUDGE_MODEL=judge-1",
-            "RUNS=2",
-            "WORKERS=4",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    settings = [f"OUTPUTS={tmp_path / 'out'}", "MODEL=org/model:v1", "JUDGE_MODEL=judge-1", "RUNS=2", "WORKERS=4"]
+    proc = make(env, "infer", "judge", "score", "aggregate", *settings)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run1 = tmp_path / "out" / "clbench" / "org_model_v1" / "run-1"
     infer_rows, judge_rows = read_jsonl(run1 / "infer.jsonl"), read_jsonl(run1 / "judge.jsonl")
@@ -130,7 +110,7 @@ def test_upstream_command_lines_and_row_formats(server, stage, tmp_path):
 
 
 def test_judge_prompt_numbers_rubrics_and_a_prompt_file_is_used_verbatim(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "1", check=0)
+    stage.infer("--max-samples", "1", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     prompt = [r for r in server.chat_requests() if is_judge(r)][0].last_content
     rubrics = sample_rows()[0]["rubrics"]

@@ -1,4 +1,5 @@
-"""Shared-prefix scheduling (evalpipe.scheduler): each group's first task alone, its siblings once it is answered.
+"""Shared-prefix scheduling (evalpipe.client.scheduler): each group's first task alone, its siblings once
+it is answered.
 
 The scheduler through runner.run with real asyncio tasks, then infer.py over loopback HTTP against the
 test server's PrefixCache: siblings hit the cache, cached tokens land in the rows and the summary, and
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from evalpipe import manifest, runner
+from evalpipe.client import runner
+from evalpipe.client.scheduler import PrefixSchedule
 from evalpipe.devtools.testserver import PrefixCache, Reply
 from evalpipe.errors import EXIT_INCOMPLETE, EXIT_OK, CallFailed, EndpointRefused
-from evalpipe.scheduler import PrefixSchedule
+from evalpipe.store import manifest
 
 from .conftest import read_jsonl, write_jsonl
 

@@ -5,8 +5,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalpipe import jsonl
 from evalpipe.benchmarks.clbench import Verdict, parse_judge_reply
+from evalpipe.store import jsonl
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=20),

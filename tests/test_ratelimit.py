@@ -4,9 +4,9 @@ headers, they all succeed and almost none is answered 429."""
 
 import asyncio
 
+from evalpipe.client.limiter import AdaptiveLimit
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, RateLimit, Reply, Request
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import ChatClient, Endpoint
 
 from .conftest import API_KEY
 

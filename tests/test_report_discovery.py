@@ -9,7 +9,7 @@ import pytest
 
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import BadInput
-from evalpipe.results import leaderboard
+from evalpipe.stages import report
 
 from .conftest import ROOT, read_jsonl
 
@@ -60,7 +60,7 @@ def run_pipeline(stage, root, model, runs):
 
 def leaderboard_run(env, cwd, outputs):
     return subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
+        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(outputs)],
         cwd=cwd,
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -156,11 +156,11 @@ def test_discovery_bounds(tmp_path):
     put_score(outputs / "demo", bench="clbench")
     put_score(outputs / "unknown-bench-only", bench="not_a_bench")
     (outputs / "link").symlink_to(outputs / "demo", target_is_directory=True)
-    found = [(root.relative_to(outputs).as_posix(), benches) for root, benches in leaderboard.find_results(outputs)]
+    found = [(root.relative_to(outputs).as_posix(), benches) for root, benches in report.find_results(outputs)]
     assert found == [(".", ["coin_flip"]), ("a/b/c", ["coin_flip"]), ("demo", ["clbench", "coin_flip"])]
 
 
 def test_nothing_found_names_the_folder(tmp_path):
     (tmp_path / "outputs" / "coin_flip" / "m").mkdir(parents=True)
     with pytest.raises(BadInput, match=re.escape(f"score.json in {tmp_path / 'outputs'} or up to 3 folder levels")):
-        leaderboard.main(["--outputs-dir", str(tmp_path / "outputs")])
+        report.main(["--outputs-dir", str(tmp_path / "outputs")])

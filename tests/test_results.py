@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from evalpipe import cost
+from evalpipe.client import cost
 from evalpipe.devtools.testserver import Reply
 from evalpipe.results import stats
 
@@ -47,7 +47,7 @@ def prices_file(tmp_path, **models):
 
 @pytest.mark.e2e
 def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", "--temperature", "0.3", check=0)
+    stage.infer("--max-samples", "4", "--temperature", "0.3", check=0)
     path = tmp_path / "infer.jsonl.manifest.json"
     first = json.loads(path.read_text())
     assert first["benchmark"] == "clbench" and first["model"] == "m" and first["params"] == {"temperature": 0.3}
@@ -63,14 +63,14 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
     }
     assert first["started_at"] <= first["ended_at"] and first["endpoint"] == server.base_url
     assert "git_commit" in first and "prompt_sha256" in first["fingerprint"]
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "6", "--temperature", "0.3", check=0)
+    stage.infer("--max-samples", "6", "--temperature", "0.3", check=0)
     second = json.loads(path.read_text())
     assert [h["counts"]["written"] for h in second["history"]] == [4, 2]
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     judge = json.loads((tmp_path / "judge.jsonl.manifest.json").read_text())
     assert judge["judge_model"] == "j" and judge["counts"]["written"] == 6
     assert judge["fingerprint"]["judge_model"] == "j"
-    from evalpipe.llm import Endpoint
+    from evalpipe.client.llm import Endpoint
 
     assert Endpoint("m", base_url="http://user:pw@10.0.0.1:8000/v1?key=k").host == "http://10.0.0.1:8000/v1"
     for name in ("infer.jsonl.manifest.json", "judge.jsonl.manifest.json"):
@@ -79,10 +79,10 @@ def test_manifest_records_what_when_and_how_many_and_keeps_history(server, stage
 
 @pytest.mark.e2e
 def test_judge_refuses_to_mix_judge_configurations(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", check=0)
+    stage.infer("--max-samples", "4", check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     before = (tmp_path / "judge.jsonl").read_bytes()
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "6", check=0)
+    stage.infer("--max-samples", "6", check=0)
     proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "k", "--temperature", "0")
     assert proc.returncode == 2, proc.stderr
     assert "judge_model: 'j' → 'k'" in proc.stderr and "temperature: None → 0.0" in proc.stderr
@@ -137,7 +137,7 @@ def test_the_bundled_price_table_is_dated_and_marked_for_review():
 
 @pytest.mark.e2e
 def test_score_reports_tokens_latency_and_cost_per_stage(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", check=0)
+    stage.infer(check=0)
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     prices = prices_file(tmp_path, m={"input": 3.0, "output": 15.0}, j={"input": 1.0, "output": 4.0})
     proc = stage("score", "--input", "judge.jsonl", "--prices", prices, check=0)
@@ -187,9 +187,7 @@ def dry_run_figures(stderr: str) -> dict:
 @pytest.mark.e2e
 def test_dry_run_counts_and_prices_without_sending_anything(server, stage, tmp_path):
     prices = prices_file(tmp_path, m={"input": 2.0, "output": 10.0})
-    proc = stage(
-        "infer", "--model", "m", "--output", "infer.jsonl", "--max-tokens", "100", "--dry-run", "--prices", prices
-    )
+    proc = stage.infer("--max-tokens", "100", "--dry-run", "--prices", prices)
     assert proc.returncode == 0, proc.stderr
     chars = sum(len(m["content"]) for t in TASKS for m in t["messages"])
     got = dry_run_figures(proc.stderr)
@@ -201,9 +199,9 @@ def test_dry_run_counts_and_prices_without_sending_anything(server, stage, tmp_p
     }
     assert server.requests == [] and not (tmp_path / "infer.jsonl").exists()
     # after a partial run only the pending tasks count; the judge estimates one call per non-empty answer
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", check=0)
+    stage.infer("--max-samples", "5", check=0)
     sent = len(server.requests)
-    got = dry_run_figures(stage("infer", "--model", "m", "--output", "infer.jsonl", "--dry-run", check=0).stderr)
+    got = dry_run_figures(stage.infer("--dry-run", check=0).stderr)
     assert got["calls"] == 7 and got["completion"] == 7 * 1000 and got["cost"] is None  # no price for "m"
     got = dry_run_figures(
         stage("judge", "--input", "infer.jsonl", "--judge-model", "gpt-4o-mini", "--dry-run", check=0).stderr
@@ -339,34 +337,12 @@ def clbench_metrics(overall, expected=10, shares=None):
 def test_aggregate_interval_warnings_and_leaderboard_formats(stage, tmp_path):
     root = tmp_path / "outputs"
     shares = {"Context Ignored": 0.6, "Context Misused": 0.4, "Format Error": 0.2, "Refusal": 0.0}
-    for run, overall in enumerate([0.5, 0.6, 0.7], 1):
-        write_score(
-            root,
-            "clbench",
-            "model-a",
-            run,
-            clbench_metrics(overall, shares=shares),
-            infer_fp={"model": "a", "temperature": 0.0},
-            judge_fp={"judge_model": "j"},
-        )
-    write_score(
-        root,
-        "clbench",
-        "model-b",
-        1,
-        clbench_metrics(0.8),
-        infer_fp={"model": "b", "temperature": 0.0},
-        judge_fp={"judge_model": "j"},
-    )
-    write_score(
-        root,
-        "clbench",
-        "model-b",
-        2,
-        clbench_metrics(0.9, expected=8),
-        infer_fp={"model": "b", "temperature": 0.7},
-        judge_fp={"judge_model": "j"},
-    )
+    # model, run, metrics, temperature
+    runs = [("a", run, clbench_metrics(overall, shares=shares), 0.0) for run, overall in enumerate([0.5, 0.6, 0.7], 1)]
+    runs += [("b", 1, clbench_metrics(0.8), 0.0), ("b", 2, clbench_metrics(0.9, expected=8), 0.7)]
+    for model, run, metrics, temperature in runs:
+        infer_fp = {"model": model, "temperature": temperature}
+        write_score(root, "clbench", f"model-{model}", run, metrics, infer_fp=infer_fp, judge_fp={"judge_model": "j"})
     proc = stage("aggregate", "--outputs-dir", root, "--runs-ci")
     assert proc.returncode == 3
     assert "model-b: run-2 infer configuration differs from run-1 (temperature: 0.0 → 0.7)" in proc.stderr
@@ -485,7 +461,7 @@ def test_t_quantiles():
 
 
 def test_fingerprints_of_another_format_are_compared_on_shared_keys():
-    from evalpipe import manifest
+    from evalpipe.store import manifest
 
     # an older evalpipe recorded keys this one does not, and the other way round: not a change
     assert manifest.differences({"model": "m", "extra_body": None}, {"model": "m", "request_extra_body": {}}) == []

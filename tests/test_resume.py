@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from evalpipe import lock
 from evalpipe.devtools.testserver import Reply
+from evalpipe.store import lock
 
 from .conftest import API_KEY, SAMPLE, is_judge, read_jsonl, scripted
 
@@ -80,11 +80,11 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_result(server, stage
 
 
 def test_torn_last_line_is_repaired_before_appending(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", check=0)
+    stage.infer("--max-samples", "5", check=0)
     path = tmp_path / "infer.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:3]) + lines[3][:40])  # as if killed while writing row 4
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "5", check=0)
+    proc = stage.infer("--max-samples", "5", check=0)
     assert "torn last line" in proc.stderr
     rows = read_jsonl(path)  # every line parses
     assert len(rows) == 5 and len({r["idx"] for r in rows}) == 5
@@ -101,7 +101,7 @@ def test_sigterm_stops_cleanly_and_the_rerun_finishes(server, stage, tmp_path):
     rows = read_jsonl(tmp_path / "infer.jsonl")
     assert len(rows) < 12
     server.handler = scripted
-    stage("infer", "--model", "m", "--output", "infer.jsonl", check=0)
+    stage.infer(check=0)
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12
 
 
@@ -125,14 +125,14 @@ def test_failed_tasks_go_to_the_side_file_and_are_retried_next_run(server, stage
         return scripted(request)
 
     server.handler = flaky
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-retries", "1", "--backoff", "0.01")
+    proc = stage.infer("--max-retries", "1", "--backoff", "0.01")
     assert proc.returncode == 3, proc.stderr
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 11
     (failure,) = read_jsonl(tmp_path / "infer.jsonl.failed.jsonl")
     assert failure["idx"] == read_jsonl(SAMPLE)[2]["metadata"]["task_id"] and "HTTP 503" in failure["error"]
     server.handler = scripted
     before = len(server.chat_requests())
-    stage("infer", "--model", "m", "--output", "infer.jsonl", check=0)
+    stage.infer(check=0)
     assert len(server.chat_requests()) - before == 1
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12
 
@@ -148,11 +148,11 @@ def test_context_length_is_a_final_row_judged_zero_without_a_call(server, stage,
         return scripted(request)
 
     server.handler = handler
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)
+    stage.infer("--max-samples", "3", check=0)
     rows = by_id(read_jsonl(tmp_path / "infer.jsonl"))
     row = rows[read_jsonl(SAMPLE)[0]["metadata"]["task_id"]]
     assert (row["model_output"], row["status"]) == ("", "context_length") and "maximum context" in row["error"]
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", check=0)  # final: not retried
+    stage.infer("--max-samples", "3", check=0)  # final: not retried
     assert sum(r.last_content == long_task for r in server.chat_requests()) == 1
     stage("judge", "--input", "infer.jsonl", "--judge-model", "j", check=0)
     judged = by_id(read_jsonl(tmp_path / "judge.jsonl"))[row["idx"]]
@@ -162,7 +162,7 @@ def test_context_length_is_a_final_row_judged_zero_without_a_call(server, stage,
 
 def test_auth_failure_stops_the_run_with_one_line_and_no_key(server, stage, tmp_path):
     server.handler = lambda r: Reply.error(401, f"Incorrect API key provided: {API_KEY}")
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--workers", "4")
+    proc = stage.infer("--workers", "4")
     assert proc.returncode == 4
     assert API_KEY not in proc.stderr + proc.stdout
     assert "infer: error:" in proc.stderr and "HTTP 401" in proc.stderr and "Traceback" not in proc.stderr
@@ -171,28 +171,13 @@ def test_auth_failure_stops_the_run_with_one_line_and_no_key(server, stage, tmp_
 
 
 def test_a_rerun_under_another_configuration_is_refused(server, stage, tmp_path):
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "3", "--temperature", "0.2", check=0)
+    stage.infer("--max-samples", "3", "--temperature", "0.2", check=0)
     before = (tmp_path / "infer.jsonl").read_bytes()
     # more samples, other workers and retries: the same run, resumed
-    stage(
-        "infer",
-        "--model",
-        "m",
-        "--output",
-        "infer.jsonl",
-        "--max-samples",
-        "5",
-        "--temperature",
-        "0.2",
-        "--workers",
-        "3",
-        "--max-retries",
-        "2",
-        check=0,
-    )
+    stage.infer("--max-samples", "5", "--temperature", "0.2", "--workers", "3", "--max-retries", "2", check=0)
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 5
     before = (tmp_path / "infer.jsonl").read_bytes()
-    proc = stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.7")
+    proc = stage.infer("--temperature", "0.7")
     assert proc.returncode == 2
     assert "temperature: 0.2 → 0.7" in proc.stderr and "--allow-config-change" in proc.stderr
     assert (tmp_path / "infer.jsonl").read_bytes() == before
@@ -201,5 +186,5 @@ def test_a_rerun_under_another_configuration_is_refused(server, stage, tmp_path)
     (tmp_path / "other.jsonl.manifest.json").write_text((tmp_path / "infer.jsonl.manifest.json").read_text())
     proc = stage("infer", "--model", "m2", "--output", "other.jsonl", "--temperature", "0.2")
     assert proc.returncode == 2 and "model: 'm' → 'm2'" in proc.stderr
-    stage("infer", "--model", "m", "--output", "infer.jsonl", "--temperature", "0.7", "--allow-config-change", check=0)
+    stage.infer("--temperature", "0.7", "--allow-config-change", check=0)
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe import lock
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
+from evalpipe.store import lock
 
 from .conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""evalpipe.runner in process: the bounded-concurrency loop, its side file, summary and exit codes.
+"""evalpipe.client.runner in process: the bounded-concurrency loop, its side file, summary and exit codes.
 
 Real files in tmp_path, real asyncio tasks, and FakeOpenAI over loopback HTTP where a client is needed.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe import runner
+from evalpipe.client import runner
+from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
-from evalpipe.llm import Endpoint
 
 from .conftest import API_KEY, read_jsonl
 

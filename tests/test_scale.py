@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import paths, shards
+from evalpipe import benchmarks
 from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.results.viewer import collect
+from evalpipe.store import paths, shards
 
 from .conftest import API_KEY, ROOT, SAMPLE, Stage, is_judge, scripted
 
@@ -91,14 +92,14 @@ def figures(run: Path) -> dict:
     kept = {k: v for k, v in score.items() if k not in ("cost", "selection", "judge_file")}
     outputs = run.parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(outputs)],
+        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(outputs)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    seen = collect.read_run("clbench", "m", 1, run, collect.shape_for("clbench"), collect.Texts(None))
+    seen = collect.read_run("clbench", "m", 1, run, benchmarks.sample_views()["clbench"], collect.Texts(None))
     assert len(seen.samples) == seen.judge_rows == TASKS, seen.problems
     return {
         "score": kept,
@@ -414,8 +415,8 @@ def test_judge_gives_only_the_rows_it_counted(tmp_path):
 
 
 def test_shards_write_side_by_side_but_never_beside_an_uncut_run(tmp_path):
-    from evalpipe import lock
     from evalpipe.errors import Locked
+    from evalpipe.store import lock
 
     whole = tmp_path / "infer.jsonl"
     first, second = shards.Shard(0, 2).path(whole), shards.Shard(1, 2).path(whole)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from .conftest import SAMPLE, read_jsonl, write_jsonl
+from .conftest import SAMPLE, judged_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -15,26 +15,6 @@ CATS = [
     "Procedural Task Execution",
     "Empirical Discovery & Simulation",
 ]
-
-
-def judged_rows(scores):
-    """Judge rows for the first len(scores) sample tasks with the given scores."""
-    rows = []
-    for row, score in zip(read_jsonl(SAMPLE), scores):
-        rows.append(
-            {
-                "idx": row["metadata"]["task_id"],
-                "messages": row["messages"],
-                "model_output": "x",
-                "rubrics": row["rubrics"],
-                "metadata": row["metadata"],
-                "grading_rationale": "",
-                "requirement_status": [],
-                "score": score,
-                "judge_status": "ok",
-            }
-        )
-    return rows
 
 
 def test_missing_rows_count_as_zero_and_the_graded_rate_is_beside_it(stage, tmp_path):

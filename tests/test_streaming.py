@@ -10,8 +10,8 @@ import sys
 import orjson
 import pytest
 
-from evalpipe import cost
 from evalpipe.benchmarks.coin_flip import CoinFlip
+from evalpipe.client import cost
 from evalpipe.results import items
 from evalpipe.stages import score, score_input
 

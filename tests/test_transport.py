@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from evalpipe.client.limiter import AdaptiveLimit
+from evalpipe.client.llm import HTTP_CLIENTS, ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 from evalpipe.errors import CallFailed, EndpointUnreachable
-from evalpipe.limiter import AdaptiveLimit
-from evalpipe.llm import HTTP_CLIENTS, ChatClient, Endpoint
 
 from .conftest import API_KEY, closed_port, plain_http_port, read_jsonl
 
@@ -130,10 +130,8 @@ def test_the_connections_keep_up_with_the_concurrency(server, kind):
 @pytest.mark.e2e
 def test_infer_switches_transport_without_a_config_change_and_leaves_nothing_unclosed(stage, tmp_path):
     stage.env["PYTHONWARNINGS"] = "always"  # ResourceWarnings (unclosed sessions and sockets) would show
-    first = stage("infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "2", check=0)
-    second = stage(
-        "infer", "--model", "m", "--output", "infer.jsonl", "--max-samples", "4", "--http-client", "httpx", check=0
-    )
+    first = stage.infer("--max-samples", "2", check=0)
+    second = stage.infer("--max-samples", "4", "--http-client", "httpx", check=0)
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 4  # the httpx run added its rows: same fingerprint
     for proc in (first, second):
         assert "Unclosed" not in proc.stderr and "ResourceWarning" not in proc.stderr, proc.stderr

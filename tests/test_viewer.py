@@ -12,13 +12,18 @@ import shutil
 
 import pytest
 
+from evalpipe import benchmarks
 from evalpipe.devtools.fakeruns import HOSTILE
 from evalpipe.errors import run_stage
-from evalpipe.results import leaderboard, viewer
+from evalpipe.results import viewer
 from evalpipe.results.viewer import collect, page
+from evalpipe.stages import report as report_stage
+from evalpipe.stages import viewer as viewer_stage
 
 from . import viewer_outputs as vo
 from .conftest import ROOT
+
+VIEWS = benchmarks.sample_views()  # what make report hands the viewer
 
 BLOCK = re.compile(r'<script type="application/octet-stream" id="(\w+)">([A-Za-z0-9+/=]*)</script>')
 
@@ -45,7 +50,7 @@ def outputs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(outputs):
-    html, info = viewer.build(outputs)
+    html, info = viewer.build(outputs, VIEWS)
     return html, info, unpack(html)
 
 
@@ -116,7 +121,7 @@ def test_the_page_allows_only_its_own_script_and_style_and_no_network(report):
 
 
 def test_the_same_outputs_give_the_same_bytes(outputs, report):
-    assert viewer.build(outputs)[0] == report[0]
+    assert viewer.build(outputs, VIEWS)[0] == report[0]
 
 
 def test_a_long_context_is_stored_once_and_cut_visibly(outputs, report):
@@ -129,7 +134,7 @@ def test_a_long_context_is_stored_once_and_cut_visibly(outputs, report):
     assert data["meta"]["cut"] == info["cut"]
     lines = viewer.describe(outputs / "report.html", info)
     assert any("1 of" in line and "--context-chars all" in line for line in lines)
-    full = unpack(viewer.build(outputs, context_chars=None)[0])
+    full = unpack(viewer.build(outputs, VIEWS, context_chars=None)[0])
     long_texts = [t for t in full["texts"] if t.startswith("LONG CONTEXT START.")]
     assert len(long_texts) == 1 and len(long_texts[0]) > vo.LONG_CONTEXT_CHARS
     assert full["meta"]["cut"]["texts_cut"] == 0
@@ -156,7 +161,7 @@ def test_benchmark_shaped_details(outputs, report):
         assert strings[index["g"][k]] == strings[index["i"][k]].rsplit(":", 1)[0]
     # CL-bench: facets, error types from error_analysis.jsonl
     cl = by_kind["clbench"]
-    assert {strings[index["f1"][k]] for k, _ in cl} <= set(collect.CLBenchShape().facets) | {
+    assert {strings[index["f1"][k]] for k, _ in cl} <= set(VIEWS["clbench"].facets) | {
         "Domain Knowledge Reasoning",
         "Rule System Application",
         "Procedural Task Execution",
@@ -176,7 +181,7 @@ def test_item_level_figures_and_comparisons_are_used_when_present_and_not_needed
     overall["items"] = {"mean": overall["mean"], "se": 0.05, "ci95": [0.1, 0.7], "n_items": 12, "se_method": "x"}
     data["comparisons"] = [{"model": "alpha", "baseline": "beta", "figure": "Overall", "diff": 0.1, "p_value": 0.5}]
     path.write_text(json.dumps(data))
-    bench = next(b for b in unpack(viewer.build(root)[0])["meta"]["benches"] if b["bench"] == "clbench")
+    bench = next(b for b in unpack(viewer.build(root, VIEWS)[0])["meta"]["benches"] if b["bench"] == "clbench")
     assert bench["leaderboard"]["models"][0]["figures"]["Overall"]["items"]["ci95"] == [0.1, 0.7]
     assert bench["leaderboard"]["comparisons"][0]["p_value"] == 0.5
     # an older aggregate.json (no items, no comparisons), and none at all
@@ -184,11 +189,11 @@ def test_item_level_figures_and_comparisons_are_used_when_present_and_not_needed
         figure.pop("items", None)
     data.pop("comparisons")
     path.write_text(json.dumps(data))
-    bench = next(b for b in unpack(viewer.build(root)[0])["meta"]["benches"] if b["bench"] == "clbench")
+    bench = next(b for b in unpack(viewer.build(root, VIEWS)[0])["meta"]["benches"] if b["bench"] == "clbench")
     assert "items" not in bench["leaderboard"]["models"][0]["figures"]["Overall"]
     assert bench["leaderboard"]["comparisons"] == []
     path.unlink()
-    bench = next(b for b in unpack(viewer.build(root)[0])["meta"]["benches"] if b["bench"] == "clbench")
+    bench = next(b for b in unpack(viewer.build(root, VIEWS)[0])["meta"]["benches"] if b["bench"] == "clbench")
     assert bench["leaderboard"]["source"] == "score.json"
     assert {m["model"] for m in bench["leaderboard"]["models"]} == set(vo.MODELS)
     assert any("no aggregate.json" in p for p in bench["problems"])
@@ -214,7 +219,7 @@ def test_a_damaged_or_unfinished_folder_still_gives_a_report(outputs, tmp_path):
     shutil.copy(root / "clbench" / "beta" / "run-1" / "infer.jsonl.manifest.json", half)
     (root / "error_recovery" / "aggregate.json").unlink()
 
-    html, info = viewer.build(root)
+    html, info = viewer.build(root, VIEWS)
     data = unpack(html)
     problems = "\n".join(info["problems"])
     assert "clbench/alpha/run-2/judge.jsonl: the last line is incomplete" in problems
@@ -240,7 +245,7 @@ def test_a_lock_file_left_by_a_finished_run_is_not_a_writer(outputs, tmp_path):
     root = tmp_path / "o"
     shutil.copytree(outputs / "coin_flip", root / "coin_flip")
     (root / "coin_flip" / "alpha" / "run-1" / "judge.jsonl.lock").write_text(str(os.getpid()))
-    _, info = viewer.build(root)
+    _, info = viewer.build(root, VIEWS)
     # this process is not a stage (pytest), as a pid left in the lock file by a finished run (the running
     # case is in test_viewer_browser.py: it starts a process)
     assert not any("being written" in p for p in info["problems"])
@@ -248,20 +253,20 @@ def test_a_lock_file_left_by_a_finished_run_is_not_a_writer(outputs, tmp_path):
 
 def test_the_command_line_writes_the_report_and_says_what_it_holds(outputs, tmp_path, capsys):
     out = tmp_path / "r.html"
-    assert run_stage("viewer", viewer.main, [str(outputs), "--output", str(out), "--context-chars", "all"]) == 0
+    assert run_stage("viewer", viewer_stage.main, [str(outputs), "--output", str(out), "--context-chars", "all"]) == 0
     err = capsys.readouterr().err
     assert f"viewer: wrote {out}" in err and "188 samples" in err and "cut" not in err
     assert out.read_text().startswith("<!DOCTYPE html>")
-    assert run_stage("viewer", viewer.main, [str(tmp_path / "empty")]) == 2
+    assert run_stage("viewer", viewer_stage.main, [str(tmp_path / "empty")]) == 2
     assert "no <bench>/<model>/run-<K>/ folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        viewer.main([str(outputs), "--context-chars", "12"])
+        viewer_stage.main([str(outputs), "--context-chars", "12"])
 
 
 def test_make_report_writes_report_html_beside_report_md(outputs, tmp_path):
     root = tmp_path / "outputs"
     shutil.copytree(outputs, root / "nested")
-    assert run_stage("report", leaderboard.main, ["--outputs-dir", str(root)]) in (0, 3)
+    assert run_stage("report", report_stage.main, ["--outputs-dir", str(root)]) in (0, 3)
     assert (root / "report.md").exists()
     data = unpack((root / "report.html").read_text())
     assert [b["key"] for b in data["meta"]["benches"]] == [

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from evalpipe import benchmarks
 from evalpipe.devtools import browser as chrome
 from evalpipe.devtools import fakeruns
 from evalpipe.devtools.fakeruns import HOSTILE
@@ -21,6 +22,8 @@ from evalpipe.results import viewer
 
 from . import viewer_outputs as vo
 from .conftest import ROOT
+
+VIEWS = benchmarks.sample_views()  # what make report hands the viewer
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +46,7 @@ def outputs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(outputs, browser):
-    viewer.write(outputs)
+    viewer.write(outputs, VIEWS)
     return outputs / "report.html"
 
 
@@ -288,7 +291,7 @@ def test_a_stage_still_writing_is_named(outputs, tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         (folder / "judge.jsonl.lock").write_text(str(writer.pid))
-        _, info = viewer.build(tmp_path / "o")
+        _, info = viewer.build(tmp_path / "o", VIEWS)
     finally:
         writer.kill()
         writer.wait()
@@ -300,7 +303,7 @@ def test_a_large_report_stays_virtual_and_quick(browser, tmp_path):
     data = fakeruns.coin_flip(root, models=4, runs=2, tasks=2500, hostile=True)
     fakeruns.summarise(root, "coin_flip", data)
     started = time.monotonic()
-    out = viewer.write(root)
+    out = viewer.write(root, VIEWS)
     built = time.monotonic() - started
     started = time.monotonic()
     show(browser, out, v="samples")

@@ -3,8 +3,10 @@
 Adding a benchmark is one module in this folder and one line below (docs/adding-a-benchmark.md).
 """
 
+from ..results.shapes import Shape
+from ..store.rows import row_id
 from .arithmetic import Arithmetic
-from .base import Benchmark, ErrorAnalysis, Task, flag, row_id
+from .base import Benchmark, ErrorAnalysis, Task, flag
 from .clbench import CLBench
 from .coin_flip import CoinFlip
 from .error_recovery import ErrorRecovery
@@ -23,4 +25,9 @@ def get(name: str) -> Benchmark:
     return REGISTRY[name]()
 
 
-__all__ = ["DEFAULT", "Benchmark", "ErrorAnalysis", "Task", "REGISTRY", "flag", "get", "row_id"]
+def sample_views() -> dict[str, Shape]:
+    """Each benchmark's shape in report.html, by name: what the viewer is handed."""
+    return {name: bench.viewer_shape(bench.figures) for name, bench in REGISTRY.items()}
+
+
+__all__ = ["DEFAULT", "Benchmark", "ErrorAnalysis", "Task", "REGISTRY", "flag", "get", "row_id", "sample_views"]

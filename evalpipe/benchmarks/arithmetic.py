@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import jsonl
 from ..errors import BadInput
-from ..paths import PROJECT
+from ..store import jsonl
+from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, one_call
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 PROMPT = "Compute the answer. Reply with the number only.\n\n{question}"
 _NUMBER = re.compile(r"-?\d+")

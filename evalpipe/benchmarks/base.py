@@ -10,20 +10,21 @@ docs/adding-a-benchmark.md walks through adding one.
 """
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
-from .. import jsonl
-from ..checkpoint import StepCache
 from ..errors import ContextTooLong
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import Shape
+from ..store import jsonl
+from ..store.checkpoint import StepCache
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -150,14 +151,6 @@ def judge_rows(tasks: Sequence[Task], judged: Mapping) -> list:
     return list(map(judged.get, task_ids(tasks)))
 
 
-def row_id(row: dict) -> Any:
-    """The task id of a stage row: `idx`, or upstream's fallback `metadata.task_id`."""
-    if "idx" in row:
-        return row["idx"]
-    meta = row.get("metadata")
-    return meta.get("task_id") if isinstance(meta, dict) else None
-
-
 class Benchmark:
     """The three answers are required (`load`, `solve`, `grade`); the rest, `figures` too, are defaults."""
 
@@ -177,6 +170,8 @@ class Benchmark:
     # each figure of a run, declared once: its value in score.json (at `key`), its item-level error bars in
     # aggregate, and its place on the leaderboard, all as ratios of sums of item_columns() (results/figures.py)
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
+    # how report.html facets and details the samples (results/shapes.py), made from the figures
+    viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
     item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
 
     def __init__(self, options: Any = None):

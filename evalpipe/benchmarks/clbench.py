@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cost, jsonl, judge_format
+from ..client import cost, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
-from ..paths import PROJECT
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
-from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, row_id
+from ..results.shapes import CLBenchShape
+from ..store import jsonl
+from ..store.paths import PROJECT
+from ..store.rows import row_id
+from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient, Endpoint, Served
+    from ..client.llm import ChatClient, Endpoint, Served
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -504,6 +507,7 @@ class CLBench(ErrorAnalysis, Benchmark):
     # tasks that share a context are not independent: their error bars are clustered by it
     item_cluster = "context_id"
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
+    viewer_shape = CLBenchShape
     figures = (
         ItemFigure("Overall", "solved", key="overall/solving_rate"),
         ItemFigure("{}", "solved", by="category", key="by_category/{}/solving_rate"),

@@ -11,21 +11,23 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import count
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import jsonl
 from ..errors import BadInput
-from ..paths import PROJECT
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import CoinFlipShape
+from ..store import jsonl
+from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 ZERO_SHOT = (
     "\nSolve the following coin flip problem step by step. The last line of your response should be of the form "
@@ -305,6 +307,7 @@ class CoinFlip(Benchmark):
         }
 
     # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
+    viewer_shape = partial(CoinFlipShape, template=ZERO_SHOT)
     figures = (
         # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
         ItemFigure(

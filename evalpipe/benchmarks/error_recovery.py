@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cost, jsonl
-from ..checkpoint import StepCache
+from ..client import cost
 from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
-from ..paths import PROJECT
 from ..results import stats
 from ..results.items import ItemColumns, ItemFigure
+from ..results.shapes import ErrorRecoveryShape
+from ..store import jsonl
+from ..store.checkpoint import StepCache
+from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..llm import ChatClient
+    from ..client.llm import ChatClient
 
 TASK_DESCRIPTION = "Solve the given problem, writing your reasoning along the way."
 MISTAKE_NOTICE = "There might be a mistake in your reasoning."
@@ -152,6 +154,7 @@ class ErrorRecovery(Benchmark):
     )
     # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata. A run's loss
     # and CR − IR are made from its rates, as score.json has always had them (to the last digit)
+    viewer_shape = ErrorRecoveryShape
     figures = (
         *(ItemFigure(var, var, key=f"{var}_correct_rate") for var in VARIATIONS),
         ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0), key="performance_loss", run=_loss),

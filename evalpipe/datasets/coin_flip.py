@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl
+from ..store import jsonl
 
 NAMES_FILE = Path(__file__).with_name("names.txt")
 SPLITS = {"test": (3333, 20240601), "validation": (1333, 20240602)}  # rows, seed

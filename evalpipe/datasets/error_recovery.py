@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import jsonl
 from ..errors import BadInput
+from ..store import jsonl
 
 TASKS = ("multistep_arithmetic", "tracking_shuffled_objects", "word_sorting", "logical_deduction", "dyck_languages")
 QUESTION_PREFIX = {

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl, manifest
 from ..errors import EXIT_UNREACHABLE, BadInput, StageError
-from ..paths import PROJECT
+from ..store import jsonl, manifest
+from ..store.paths import PROJECT
 
 SCHEME = "hf://"
 LOCK_NAME = "hf-lock.json"

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl
 from ..benchmarks import REGISTRY, Benchmark, get, row_id
-from ..paths import PROJECT
 from ..results.figures import headline
+from ..store import jsonl
+from ..store.paths import PROJECT
 from .testserver import FakeOpenAI, Reply, Request, example_replies
 
 KEY = "sk-chaos-" + "7f3a9c" * 4

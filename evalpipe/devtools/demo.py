@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import cli, pipeline
+from .. import errors, pipeline
 from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
 from . import localmodel
 from .localmodel import PLAN, make_line, settings
@@ -23,7 +23,7 @@ RUNS = 2
 
 
 def main() -> int:
-    cli.sigterm_as_interrupt()
+    errors.sigterm_as_interrupt()
     started = time.monotonic()
     print(
         f"demo: {localmodel.MODEL_NAME} on llama.cpp, {RUNS} runs per benchmark, capped sample sizes and "
@@ -47,7 +47,7 @@ def main() -> int:
                     return code
                 worst = max(worst, code)
         print("\ndemo: leaderboards and plots of every benchmark (make report)", flush=True)
-        code = pipeline.run_command([sys.executable, "-m", "evalpipe.results.leaderboard", "--outputs-dir", str(ROOT)])
+        code = pipeline.run_command([sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(ROOT)])
     except (localmodel.ServerDied, localmodel.ServerNotReady) as exc:
         print(f"\ndemo: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -15,8 +15,8 @@ import orjson
 from ..benchmarks import clbench
 from ..benchmarks.coin_flip import CoinFlip
 from ..errors import run_stage
-from ..paths import PROJECT
 from ..stages import aggregate, score
+from ..store.paths import PROJECT
 
 HOSTILE = (
     "</script><script>window.__pwned = 1</script>",
@@ -49,6 +49,17 @@ def _prose(rng: random.Random, chars: int) -> str:
         words.append(w)
         size += len(w) + 1
     return " ".join(words)[:chars]
+
+
+def _answered(model: str, output: str, prompt_tokens: int, latency_s: float) -> dict:
+    """The fields infer adds to a row for a call answered in full (about four characters a token)."""
+    return {
+        "model": model,
+        "status": "ok",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(output) // 4},
+        "latency_s": latency_s,
+    }
 
 
 def _quiet(stage: str, main, argv: list[str]) -> int:
@@ -98,11 +109,7 @@ def coin_flip(
                     "model_output": output,
                     "target": gold,
                     "metadata": {"fewshot": 0},
-                    "model": f"model-{m}",
-                    "status": "ok",
-                    "finish_reason": "stop",
-                    "usage": {"prompt_tokens": 130, "completion_tokens": len(output) // 4},
-                    "latency_s": round(rng.uniform(0.2, 2.0), 3),
+                    **_answered(f"model-{m}", output, 130, round(rng.uniform(0.2, 2.0), 3)),
                 }
                 infer_rows.append(row)
                 judge_rows.append(
@@ -177,11 +184,7 @@ def clbench_outputs(
                     "idx": task_id,
                     **row,
                     "model_output": output,
-                    "model": f"cl-model-{m}",
-                    "status": "ok",
-                    "finish_reason": "stop",
-                    "usage": {"prompt_tokens": 10_000, "completion_tokens": len(output) // 4},
-                    "latency_s": round(rng.uniform(1, 20), 3),
+                    **_answered(f"cl-model-{m}", output, 10_000, round(rng.uniform(1, 20), 3)),
                 }
                 infer_rows.append(infer)
                 n = len(row["rubrics"])

@@ -146,11 +146,9 @@ class _Handler(BaseHTTPRequestHandler):
         # /api/datasets/<owner>/<name>/{preupload,commit}/<rev>
         if parts[1:3] == ["api", "datasets"] and len(parts) == 7 and parts[5] in ("preupload", "commit"):
             repo, revision = f"{parts[3]}/{parts[4]}", parts[6]
-            if repo not in self.hub.refs:
-                return self._error(404, "RepoNotFound", True)
-            sha = self.hub.resolve(repo, revision)
+            sha = self._sha_or_404(repo, revision, True)
             if sha is None:
-                return self._error(404, "RevisionNotFound", True)
+                return
             if parts[5] == "preupload":
                 return self._preupload(sha, json.loads(data))
             return self._commit(repo, revision, sha, data)
@@ -237,12 +235,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._file(f"{parts[2]}/{parts[3]}", parts[5], "/".join(parts[6:]), body)
         self._error(404, None, body)
 
-    def _info(self, repo: str, revision: str, body: bool) -> None:
+    def _sha_or_404(self, repo: str, revision: str, body: bool) -> str | None:
+        """The commit that revision names in repo; None once a 404 has said which of the two the hub lacks."""
         if repo not in self.hub.refs:
-            return self._error(404, "RepoNotFound", body)
+            self._error(404, "RepoNotFound", body)
+            return None
         sha = self.hub.resolve(repo, revision)
         if sha is None:
-            return self._error(404, "RevisionNotFound", body)
+            self._error(404, "RevisionNotFound", body)
+        return sha
+
+    def _info(self, repo: str, revision: str, body: bool) -> None:
+        sha = self._sha_or_404(repo, revision, body)
+        if sha is None:
+            return
         commit = self.hub.commits[sha]
         info: dict = {"id": repo, "sha": sha, "siblings": [{"rfilename": f} for f in sorted(commit.files)]}
         if commit.card is not None:
@@ -250,11 +256,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"Content-Type": "application/json"}, json.dumps(info).encode(), body)
 
     def _file(self, repo: str, revision: str, name: str, body: bool) -> None:
-        if repo not in self.hub.refs:
-            return self._error(404, "RepoNotFound", body)
-        sha = self.hub.resolve(repo, revision)
+        sha = self._sha_or_404(repo, revision, body)
         if sha is None:
-            return self._error(404, "RevisionNotFound", body)
+            return
         commit = self.hub.commits[sha]
         if name not in commit.files or name in self.hub.gone:
             return self._error(404, "EntryNotFound", body, {"X-Repo-Commit": sha})

@@ -29,10 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import benchmarks
-from ..cli import sigterm_as_interrupt
-from ..errors import EXIT_LOCAL_SERVER_DIED
-from ..paths import PROJECT
+from ..errors import EXIT_LOCAL_SERVER_DIED, sigterm_as_interrupt
 from ..pipeline import die_with_parent
+from ..store.paths import PROJECT
 
 MODEL_NAME = "gemma-3-270m"
 SERVE_PORT = 8765

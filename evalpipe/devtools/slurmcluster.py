@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli import sigterm_as_interrupt
+from ..errors import sigterm_as_interrupt
 from ..pipeline import die_with_parent
 from .localmodel import free_port
 

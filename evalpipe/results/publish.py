@@ -26,9 +26,9 @@ from pathlib import Path
 
 import orjson
 
-from .. import jsonl, paths, shards
 from ..errors import EXIT_BAD_INPUT, EXIT_ENDPOINT_REFUSED, EXIT_OK, EXIT_UNREACHABLE, BadInput
 from ..redact import redact
+from ..store import jsonl, paths, shards
 from . import discover
 
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")

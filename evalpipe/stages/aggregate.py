@@ -17,10 +17,13 @@ from pathlib import Path
 
 import orjson
 
-from .. import cli, jsonl, manifest, paths
+from .. import cli
 from ..benchmarks import Benchmark, ErrorAnalysis
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, figures, items, plots, render, stats
+from ..results import figures, items, plots, render, stats
+from ..results.agreement import NOTE as AGREEMENT_NOTE
+from ..store import jsonl, manifest, paths
+from . import agreement
 
 _RUN_DIR = re.compile(r"run-(\d+)$")
 
@@ -342,7 +345,7 @@ def main(argv: list[str]) -> int:
             "ci95": render.RUNS_CI_NOTE,  # each figure's `ci95`; its `items.ci95` is the item-level interval
             "power": render.POWER_NOTE,
             "comparisons": render.COMPARE_NOTE,
-            "agreement": agreement.NOTE + " " + render.AGREEMENT_POOLED,
+            "agreement": AGREEMENT_NOTE + " " + render.AGREEMENT_POOLED,
         },
         "std_shown": args.std,
         "bootstrap": {"replicates": args.bootstrap, "seed": args.seed, "method": "percentile"} if boot else None,

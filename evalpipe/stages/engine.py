@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import batch, batch_backend, cost, dryrun, lock, manifest, runner, spending
+from ..client import batch, batch_backend, cost, dryrun, runner, spending
+from ..client.llm import Endpoint
 from ..errors import EXIT_OK, BadInput
-from ..llm import Endpoint
+from ..store import lock, manifest
 
 # The work on one task: work(task, client) -> its row.
 Work = Callable[[Any, Any], Awaitable[dict]]

@@ -5,10 +5,10 @@ model does the classifying, with judge.py's flags and endpoint. Resumable like e
 failed solution is pending until it has an analysis row its benchmark leaves as it is.
 """
 
-from .. import paths, shards
 from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import BadInput
+from ..store import paths, shards
 from . import engine, graded
 
 

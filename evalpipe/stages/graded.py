@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
-from .. import cli, jsonl, manifest, paths, shards
+from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
+from ..client.llm import Endpoint
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..llm import Endpoint
+from ..store import jsonl, manifest, paths, shards
 from . import engine
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.

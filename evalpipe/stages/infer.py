@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import cli, cost, jsonl, manifest, paths, shards
+from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
-from ..checkpoint import StepCache
+from ..client import cost
+from ..client.llm import Endpoint
 from ..datasets import hub
-from ..llm import Endpoint
+from ..store import jsonl, manifest, paths, shards
+from ..store.checkpoint import StepCache
 from . import engine
 
 

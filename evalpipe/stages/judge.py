@@ -8,11 +8,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import cli, paths, shards
+from .. import cli
 from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..datasets import hub
 from ..errors import BadInput
+from ..store import paths, shards
 from . import engine, error_analysis
 from .graded import InputRows, input_path, judge_endpoint, refuse_bedrock, rows_job, shard_filter
 

@@ -10,14 +10,17 @@ from typing import cast
 
 import orjson
 
-from .. import cli, cost, jsonl, manifest, paths, shards
+from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
+from ..client import cost
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
-from ..results import agreement, figures, items
+from ..results import figures, items
+from ..results.agreement import format_report as agreement_text
 from ..results.items import ItemColumns
-from ..rows import Coverage, ShardCoverage
-from . import score_input
+from ..store import jsonl, manifest, paths, shards
+from ..store.rows import Coverage, ShardCoverage
+from . import agreement, score_input
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -223,7 +226,7 @@ def main(argv: list[str]) -> int:
     print(bench.format_metrics(metrics))
     print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
     if "agreement" in metrics:
-        print(agreement.format_report(metrics["agreement"]))
+        print(agreement_text(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
     return _exit_code(metrics["coverage"])
 

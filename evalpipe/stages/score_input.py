@@ -9,9 +9,10 @@ from itertools import count, repeat
 from operator import itemgetter
 from pathlib import Path
 
-from .. import cost, jsonl
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
+from ..client import cost
+from ..store import jsonl
 
 
 def judged_tasks(

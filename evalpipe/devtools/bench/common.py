@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...paths import PROJECT
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI, Reply, Request
 
 SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"

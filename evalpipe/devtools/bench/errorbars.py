@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...paths import PROJECT
+from ...store.paths import PROJECT
 from .common import SAMPLE
 from .report import Figure
 

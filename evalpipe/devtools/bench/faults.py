@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...paths import PROJECT
+from ...store.paths import PROJECT
 from ..plainserver import Behaviour, PlainServer
 from ..testserver import FakeOpenAI, Faults, Reply, Request
 from .common import infer_rate

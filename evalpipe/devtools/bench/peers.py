@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...paths import PROJECT
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI, Faults
 from .faults import WORKERS, varied_latency
 from .report import Figure

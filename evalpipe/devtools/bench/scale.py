@@ -19,8 +19,8 @@ from pathlib import Path
 import orjson
 
 from ...benchmarks.coin_flip import CoinFlip
-from ...paths import PROJECT
 from ...results import items
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI
 from .common import fixed_latency, tree_pss_kb
 from .report import Figure
@@ -87,7 +87,7 @@ def resume_figures(work: Path, n: int, tiny: bool) -> Iterator[Figure]:
 def resume_time(path: Path) -> tuple[float, float]:
     """Seconds to compute the done set over an infer file, and the MB it holds (in a child process)."""
     code = (
-        "import re,time;from evalpipe import jsonl;from evalpipe.benchmarks import row_id\n"
+        "import re,time;from evalpipe.store import jsonl;from evalpipe.store.rows import row_id\n"
         "rss=lambda:int(re.search(r'VmRSS:\\s+(\\d+)',open('/proc/self/status').read()).group(1))\n"
         f"r0=rss();t=time.monotonic();ids=jsonl.ids_in({str(path)!r}, row_id);dt=time.monotonic()-t\n"
         "print(len(ids), dt, (rss()-r0)/1024)"

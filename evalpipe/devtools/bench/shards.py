@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ... import shards
-from ...paths import PROJECT
+from ...store import shards
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI
 from .common import fixed_latency
 from .report import Figure

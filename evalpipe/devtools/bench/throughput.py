@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ...paths import PROJECT
+from ...store.paths import PROJECT
 from ..testserver import FakeOpenAI
 from .common import dataset, fixed_latency, infer_rate
 from .report import Figure

@@ -1,6 +1,6 @@
 """report.html: every sample of every run in one self-contained, offline HTML file.
 
-    python -m evalpipe.results.viewer OUTPUTS_DIR [--output FILE] [--context-chars N|all]
+    python -m evalpipe.stages.viewer OUTPUTS_DIR [--output FILE] [--context-chars N|all]
 
 `make report` writes outputs/report.html next to report.md. The file needs no server and makes
 no network request: open it from disk, mail it, attach it. It shows, per benchmark, the
@@ -10,29 +10,19 @@ runs on the same tasks; and permalinks in the URL fragment. Generated from the s
 (collect.py reads them, streaming; page.py packs the file). docs/viewer.md has the details.
 """
 
-import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from ... import __version__, jsonl
-from ...errors import EXIT_OK, BadInput
+from ... import __version__
+from ...errors import BadInput
+from ...store import jsonl
 from .. import discover
+from ..shapes import Shape
 from . import collect, page
 
 DEFAULT_CONTEXT_CHARS = 20_000  # per prompt text: a CL-bench context of average length (~40K chars) is cut
 SIZE_WARNING_BYTES = 100_000_000  # above this a browser struggles and mail refuses: say so
-
-
-def _context_chars(value: str) -> int | None:
-    if value.strip().lower() in ("all", "0", "none"):
-        return None
-    try:
-        chars = int(value.replace(",", "").replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of characters or 'all', got {value!r}") from None
-    if chars < 100:
-        raise argparse.ArgumentTypeError("give at least 100 characters, or 'all'")
-    return chars
 
 
 class _Index:
@@ -126,10 +116,13 @@ def _text_blocks(texts: collect.Texts) -> tuple[list[tuple[str, str]], list[int]
     return blocks, starts
 
 
-def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) -> tuple[str, dict]:
-    """The page's text, and a summary of what it holds (counts, what was cut, problems found)."""
+def build(
+    outputs_dir: Path, shapes: Mapping[str, Shape], context_chars: int | None = DEFAULT_CONTEXT_CHARS
+) -> tuple[str, dict]:
+    """The page's text, and a summary of what it holds (counts, what was cut, problems found). `shapes`:
+    each benchmark's shape by name (benchmarks.sample_views()); folders of other names are not read."""
     outputs_dir = Path(outputs_dir)
-    roots = collect.find_roots(outputs_dir)
+    roots = collect.find_roots(outputs_dir, shapes)
     if not roots:
         raise BadInput(
             f"no <bench>/<model>/run-<K>/ folder with infer.jsonl, judge.jsonl or score.json in {outputs_dir} "
@@ -141,7 +134,7 @@ def build(outputs_dir: Path, context_chars: int | None = DEFAULT_CONTEXT_CHARS) 
     for root, names in roots:
         where = root.relative_to(outputs_dir).as_posix()
         for name in names:
-            summary, runs = collect.read_bench(root, name, texts)
+            summary, runs = collect.read_bench(root, name, shapes[name], texts)
             task_order: dict[str, int] = {}
             for run in runs:
                 for sample in run.samples:
@@ -202,28 +195,16 @@ def describe(output: Path, info: dict) -> list[str]:
     return lines
 
 
-def write(outputs_dir: Path, output: Path | None = None, context_chars: int | None = DEFAULT_CONTEXT_CHARS) -> Path:
+def write(
+    outputs_dir: Path,
+    shapes: Mapping[str, Shape],
+    output: Path | None = None,
+    context_chars: int | None = DEFAULT_CONTEXT_CHARS,
+) -> Path:
     """Build the report of `outputs_dir` and write it atomically (default: OUTPUTS_DIR/report.html)."""
     output = output or Path(outputs_dir) / "report.html"
-    html, info = build(outputs_dir, context_chars)
+    html, info = build(outputs_dir, shapes, context_chars)
     jsonl.atomic_write(output, html.encode())
     for line in describe(output, info):
         print(line, file=sys.stderr)
     return output
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.results.viewer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("outputs_dir", type=Path, help="an outputs folder (results roots up to 3 levels down)")
-    parser.add_argument("--output", "-o", type=Path, help="the HTML file (default: OUTPUTS_DIR/report.html)")
-    parser.add_argument(
-        "--context-chars",
-        type=_context_chars,
-        default=DEFAULT_CONTEXT_CHARS,
-        metavar="N|all",
-        help=f"embed at most N characters of each long prompt text, head and tail (default {DEFAULT_CONTEXT_CHARS:,});"
-        " 'all' embeds everything. The report says what was cut.",
-    )
-    args = parser.parse_args(argv)
-    write(args.outputs_dir, args.output, args.context_chars)
-    return EXIT_OK

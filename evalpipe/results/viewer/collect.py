@@ -11,16 +11,18 @@ with no judge rows, a score.json older than its judge rows, a writer still holdi
 import base64
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ... import benchmarks, paths, shards
 from ...results import discover, stats
 from ...results.figures import headline
+from ...results.items import ItemFigure
+from ...store import paths, shards
+from ..shapes import Shape, as_text, row_id
 
 RUN_DIR = re.compile(r"run-(\d+)$")
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
@@ -107,11 +109,6 @@ def scan_run(path: Path, notes: list[FileNote], skip: set | None = None, skipped
         yield from scan(part, notes[-1], skip, skipped)
 
 
-def row_id(row: dict) -> str:
-    found = benchmarks.row_id(row)
-    return found if isinstance(found, str) else orjson.dumps(found).decode()
-
-
 # ---------------------------------------------------------------- the shared text table
 
 
@@ -160,115 +157,6 @@ class Texts:
         }
 
 
-# ---------------------------------------------------------------- per benchmark: facets and detail
-
-
-def _meta(row: dict) -> dict:
-    meta = row.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
-
-
-class Shape:
-    """How one benchmark's samples are faceted and shown (the generic shape; benchmarks refine it)."""
-
-    kind = "generic"
-    facets = ("Category", "Sub-category")
-
-    def facet_values(self, row: dict) -> tuple[str, str, str]:
-        """(first facet, second facet, group): the group ties samples that belong together."""
-        meta = _meta(row)
-        first = meta.get("context_category", meta.get("category", ""))
-        return _text(first), _text(meta.get("sub_category", "")), ""
-
-    def detail(self, row: dict, sample: dict) -> None:
-        """Add benchmark-specific fields to a sample's detail."""
-
-    def preview(self, row: dict, output: str) -> str:
-        """The text shown beside the sample in the list."""
-        return output
-
-
-class CLBenchShape(Shape):
-    kind = "clbench"
-
-    def facet_values(self, row):
-        meta = _meta(row)
-        return _text(meta.get("context_category", "")), _text(meta.get("sub_category", "")), ""
-
-
-class CoinFlipShape(Shape):
-    kind = "coin_flip"
-    facets = ("Gold", "Prediction")
-
-    def __init__(self):
-        from ...benchmarks.coin_flip import ZERO_SHOT
-
-        self.before, self.after = ZERO_SHOT.split("{question}")
-
-    def facet_values(self, row):
-        judged = "judge_status" in row
-        prediction = row.get("prediction")
-        shown = _text(prediction) if prediction is not None else ("unparsed" if judged else "")
-        return _text(row.get("target", "")), shown, ""
-
-    def detail(self, row, sample):
-        prompt = next((m.get("content") for m in row.get("messages") or [] if isinstance(m, dict)), None)
-        if isinstance(prompt, str):
-            start = prompt.rfind(self.before)
-            end = prompt.find(self.after, start + len(self.before)) if start >= 0 else -1
-            if start >= 0 and end >= 0:
-                sample["question"] = prompt[start + len(self.before) : end]
-
-
-class ErrorRecoveryShape(Shape):
-    kind = "error_recovery"
-    facets = ("Task", "Variation")
-
-    def facet_values(self, row):
-        meta = _meta(row)
-        problem = row_id(row).rsplit(":", 1)[0]
-        return _text(meta.get("task", "")), _text(meta.get("variation", "")), problem
-
-    def preview(self, row, output):
-        answer = row.get("answer")
-        return f"→ {_text(answer)} (target {_text(row.get('target'))})" if answer is not None else output
-
-    def detail(self, row, sample):
-        messages = [m for m in row.get("messages") or [] if isinstance(m, dict)]
-        meta = _meta(row)
-        question = next((m.get("content") for m in messages if m.get("role") == "user"), None)
-        if isinstance(question, str):
-            sample["question"] = question
-        if meta.get("variation") in ("CR", "IR") and len(messages) > 2 and isinstance(messages[2].get("content"), str):
-            given = messages[2]["content"]
-            output = row.get("model_output")
-            if isinstance(output, str) and output and given.endswith("\n\n" + output):  # --chat-compat merge
-                given = given[: -len(output) - 2]
-            sample["given"] = given
-            if meta.get("variation") == "IR":
-                lines = given.split("\n")
-                m = meta.get("mistake_index")
-                cut = m if isinstance(m, int) and 0 <= m < len(lines) else len(lines) - 1
-                sample["mistake_at"] = len("\n".join(lines[:cut])) + (1 if cut else 0)
-
-
-SHAPES: dict[str, Callable[[], Shape]] = {
-    "clbench": CLBenchShape,
-    "coin_flip": CoinFlipShape,
-    "error_recovery": ErrorRecoveryShape,
-}
-
-
-def shape_for(bench: str) -> Shape:
-    return SHAPES.get(bench, Shape)()
-
-
 # ---------------------------------------------------------------- one run's samples
 
 DETAIL_KEYS = (
@@ -303,7 +191,7 @@ def rubric_texts(rubrics: Any) -> list[str]:
     out = []
     for rubric in rubrics if isinstance(rubrics, list) else []:
         text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
-        out.append(_text(text).strip())
+        out.append(as_text(text).strip())
     return out
 
 
@@ -316,13 +204,13 @@ def passed(row: dict) -> int:
 def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     """A compact sample: the index fields the list filters on, and the detail shown when it is opened."""
     answer = row.get("model_output")
-    answer = answer if isinstance(answer, str) else _text(answer)
+    answer = answer if isinstance(answer, str) else as_text(answer)
     messages = []
     for m in row.get("messages") or []:
         if isinstance(m, dict):
-            messages.append([_text(m.get("role")), texts.ref(_text(m.get("content")))])
+            messages.append([as_text(m.get("role")), texts.ref(as_text(m.get("content")))])
     f1, f2, group = shape.facet_values(row)
-    status = _text(row.get("judge_status") or "ok") if judged else NO_JUDGE
+    status = as_text(row.get("judge_status") or "ok") if judged else NO_JUDGE
     detail: dict[str, Any] = {"output": answer}
     if "messages" in row:
         detail["messages"] = messages
@@ -332,7 +220,7 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     if rubrics:
         detail["rubrics"] = rubrics
     if judged and "grading_rationale" in row:
-        detail["rationale"] = _text(row["grading_rationale"])
+        detail["rationale"] = as_text(row["grading_rationale"])
     if isinstance(row.get("metadata"), dict):
         detail["metadata"] = row["metadata"]
     for key in DETAIL_KEYS:
@@ -451,7 +339,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
             if analysed is None:
                 continue
             types = row.get("error_types")
-            analysed["errors"] = [_text(t) for t in types] if isinstance(types, list) else []
+            analysed["errors"] = [as_text(t) for t in types] if isinstance(types, list) else []
             analysed["detail"]["analysis"] = {
                 k: row[k]
                 for k in (
@@ -499,10 +387,10 @@ def _is_run_dir(p: Path) -> bool:
     return bool(RUN_DIR.match(p.name)) and any(shards.exists(p / f) for f in STAGE_FILES)
 
 
-def benches_in(root: Path) -> list[str]:
-    """Registered benchmarks with at least one run folder holding a stage file under root/<bench>/<model>/."""
+def benches_in(root: Path, names: Iterable[str]) -> list[str]:
+    """The benchmarks of `names` with at least one run folder holding a stage file under root/<bench>/<model>/."""
     found = []
-    for name in benchmarks.REGISTRY:
+    for name in names:
         base = root / name
         if base.is_dir() and any(
             _is_run_dir(run) for model in discover.subfolders(base) for run in model.glob("run-*")
@@ -511,20 +399,16 @@ def benches_in(root: Path) -> list[str]:
     return found
 
 
-def find_roots(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks) for every results root with run folders at or below outputs_dir."""
-    return discover.find_roots(outputs_dir, benches_in)
+def find_roots(outputs_dir: Path, names: Iterable[str]) -> list[tuple[Path, list[str]]]:
+    """(root, its benchmarks of `names`) for every results root with run folders at or below outputs_dir."""
+    return discover.find_roots(outputs_dir, lambda root: benches_in(root, names))
 
 
 # ---------------------------------------------------------------- one benchmark's summary
 
 
-def _figures_from_scores(bench: str, runs: list[Run]) -> list[dict]:
+def _figures_from_scores(declared: Sequence[ItemFigure], runs: list[Run]) -> list[dict]:
     """Without aggregate.json: each model's headline figures, mean ± sample std over its runs' score.json."""
-    try:
-        declared = benchmarks.get(bench).figures
-    except Exception:  # an unknown benchmark cannot say its figures
-        return []
     per_model: dict[str, list[dict]] = {}
     for run in runs:
         if run.score is not None:
@@ -561,8 +445,9 @@ def _slim_figures(figures: Any) -> dict:
     }
 
 
-def leaderboard(bench_dir: Path, bench: str, runs: list[Run], problems: list[str]) -> dict:
-    """The leaderboard from aggregate.json (issue 15's item-level keys when present), else from score.json."""
+def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run], problems: list[str]) -> dict:
+    """The leaderboard from aggregate.json (issue 15's item-level keys when present), else from score.json
+    (the `declared` figures' headline values)."""
     where = bench_dir.name
     data = _read_json(bench_dir / "aggregate.json") if (bench_dir / "aggregate.json").exists() else None
     if isinstance(data, dict) and isinstance(data.get("models"), list):
@@ -573,7 +458,7 @@ def leaderboard(bench_dir: Path, bench: str, runs: list[Run], problems: list[str
             runs_field = m.get("runs")
             models.append(
                 {
-                    "model": _text(m.get("model")),
+                    "model": as_text(m.get("model")),
                     "runs": len(runs_field) if isinstance(runs_field, list) else runs_field,
                     "figures": _slim_figures(m.get("figures")),
                     "extra_tables": {
@@ -590,9 +475,9 @@ def leaderboard(bench_dir: Path, bench: str, runs: list[Run], problems: list[str
             "source": "aggregate.json",
             "models": models,
             "comparisons": comparisons,
-            "warnings": [_text(w) for w in data.get("warnings") or []],
+            "warnings": [as_text(w) for w in data.get("warnings") or []],
             "notes": _notes(data),
-            "std_shown": _text(data.get("std_shown") or "sample"),
+            "std_shown": as_text(data.get("std_shown") or "sample"),
         }
     problems.append(
         f"{where}: no aggregate.json"
@@ -601,7 +486,7 @@ def leaderboard(bench_dir: Path, bench: str, runs: list[Run], problems: list[str
     )
     return {
         "source": "score.json",
-        "models": _figures_from_scores(bench, runs),
+        "models": _figures_from_scores(declared, runs),
         "comparisons": [],
         "warnings": [],
         "notes": [],
@@ -614,11 +499,11 @@ def _notes(data: dict) -> list[str]:
     out = []
     methods = data.get("methods")
     if isinstance(methods, dict):
-        out += [_text(v) for v in methods.values() if v]
+        out += [as_text(v) for v in methods.values() if v]
     elif methods:
-        out.append(_text(methods))
+        out.append(as_text(methods))
     notes = data.get("notes")
-    out += [_text(n) for n in notes if n] if isinstance(notes, list) else [_text(notes)] if notes else []
+    out += [as_text(n) for n in notes if n] if isinstance(notes, list) else [as_text(notes)] if notes else []
     if isinstance(data.get("ci95"), str) and not isinstance(methods, dict):
         out.append(data["ci95"])
     return out
@@ -638,10 +523,9 @@ def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
     return out
 
 
-def read_bench(root: Path, bench: str, texts: Texts) -> tuple[dict, list[Run]]:
+def read_bench(root: Path, bench: str, shape: Shape, texts: Texts) -> tuple[dict, list[Run]]:
     """One benchmark of one results root: its summary (leaderboard, plots, runs, problems) and its runs."""
     bench_dir = root / bench
-    shape = shape_for(bench)
     runs: list[Run] = []
     problems: list[str] = []
     for model_dir in discover.subfolders(bench_dir):
@@ -658,7 +542,7 @@ def read_bench(root: Path, bench: str, texts: Texts) -> tuple[dict, list[Run]]:
         "bench": bench,
         "kind": shape.kind,
         "facets": list(shape.facets),
-        "leaderboard": leaderboard(bench_dir, bench, runs, problems),
+        "leaderboard": leaderboard(bench_dir, shape.figures, runs, problems),
         "plots": plots(bench_dir, problems),
         "problems": problems,
     }

@@ -90,3 +90,11 @@ class ApiCall(NamedTuple):
     latency_s: float | None
     calls: int  # attempts it took
     via_batch: bool
+
+
+def row_id(row: dict) -> Any:
+    """The task id of a stage row: `idx`, or upstream's fallback `metadata.task_id`."""
+    if "idx" in row:
+        return row["idx"]
+    meta = row.get("metadata")
+    return meta.get("task_id") if isinstance(meta, dict) else None

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import jsonl
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
+from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, CallFailed, EndpointRefused, OutputUnwritable
+from ..store import jsonl
 from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 from .scheduler import GroupOf, PrefixSchedule

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 
 _SPEC = re.compile(r"(\d+)/(\d+)")
 _NAME = re.compile(r"(?P<stem>.+)\.shard-(?P<k>\d+)-of-(?P<n>\d+)(?P<suffix>\.[^.]+)")

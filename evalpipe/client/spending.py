@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import EXIT_SPENDING_CAP, BadInput, StageError
 from . import cost
-from .errors import EXIT_SPENDING_CAP, BadInput, StageError
 
 # The runner's ledger of one pipeline invocation: each reply's cost is appended, and a stage starts counting
 # from what the stages before it spent, so that MAX_COST caps the whole invocation, not each stage.

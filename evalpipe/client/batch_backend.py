@@ -24,9 +24,18 @@ from pathlib import Path
 
 import orjson
 
-from . import batch, cli, jsonl
-from .checkpoint import StepCache
-from .errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
+from ..errors import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_WAITING,
+    BadInput,
+    EndpointRefused,
+    EndpointUnreachable,
+    sigterm_as_interrupt,
+)
+from ..store import jsonl
+from ..store.checkpoint import StepCache
+from . import batch
 from .llm import Endpoint, connect_failure, describe
 
 FINISHED = {"completed", "expired", "cancelled", "failed"}
@@ -100,7 +109,7 @@ def advance(
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --backend batch")
     import openai
 
-    cli.sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
+    sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
     client = _client(endpoint, args)
     state = State(output)
     deadline = time.monotonic() + args.batch_wait

@@ -6,8 +6,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import Locked, writing
 from . import jsonl, shards
-from .errors import Locked, writing
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import EndpointRefused
+from ..errors import EndpointRefused
 
 if TYPE_CHECKING:  # the openai SDK is loaded only by stages that call an API (score reads rows only)
     from .llm import ChatClient, Completion

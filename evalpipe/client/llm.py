@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
-from . import redact
-from .errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
+from .. import redact
+from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
 from .limiter import AdaptiveLimit
 
 

@@ -3,11 +3,11 @@
 import re
 from pathlib import Path
 
+from ..errors import BadInput
 from . import shards
-from .errors import BadInput
 
 DEFAULT_ROOT = Path("outputs")
-PROJECT = Path(__file__).resolve().parent.parent  # where data/ with the bundled samples lives
+PROJECT = Path(__file__).resolve().parents[2]  # where data/ with the bundled samples lives
 
 
 def slug(model: str) -> str:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import orjson
 
-from . import __version__, jsonl, shards
-from .errors import BadInput
+from .. import __version__
+from ..errors import BadInput
+from . import jsonl, shards
 from .paths import PROJECT
 
 _HISTORY_KEPT = 50

@@ -9,11 +9,12 @@ import re
 import sys
 from pathlib import Path
 
-from .. import benchmarks, jsonl
+from .. import benchmarks
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
-from ..paths import DEFAULT_ROOT
-from ..stages import aggregate
-from . import discover, viewer
+from ..results import discover, viewer
+from ..store import jsonl
+from ..store.paths import DEFAULT_ROOT
+from . import aggregate
 
 _RUN_DIR = re.compile(r"run-\d+$")
 
@@ -48,7 +49,7 @@ def section(outputs_dir: Path, root: Path, bench: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.results.leaderboard", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.stages.report", description=__doc__)
     parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--std", choices=("sample", "population"), default="sample")
     args = parser.parse_args(argv)
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     out = args.outputs_dir / "report.md"
     jsonl.atomic_write(out, ("# Results\n\n" + "\n".join(sections)).encode())
     print(f"report: wrote {out}", file=sys.stderr)
-    viewer.write(args.outputs_dir)  # report.html beside report.md: every sample, in one offline page
+    viewer.write(args.outputs_dir, benchmarks.sample_views())  # report.html beside report.md: every sample
     return code
 
 

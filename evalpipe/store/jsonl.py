@@ -22,8 +22,8 @@ from typing import Any, cast
 
 import orjson
 
+from ..errors import BadInput, OutputUnwritable, as_unwritable, writing
 from . import shards
-from .errors import BadInput, OutputUnwritable, as_unwritable, writing
 
 BOM = b"\xef\xbb\xbf"
 

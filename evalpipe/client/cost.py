@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from .errors import BadInput
-from .rows import ApiCall
+from ..errors import BadInput
+from ..store.rows import ApiCall
 
 _SNAPSHOT = re.compile(r"(.+?)(?:-\d{4}-\d{2}-\d{2}|-\d{4}|-latest|@[\w.-]+)$")
 DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import orjson
 
-from . import jsonl, redact, runner
-from .errors import BadInput, CallFailed, ContextTooLong
+from .. import redact
+from ..errors import BadInput, CallFailed, ContextTooLong
+from ..store import jsonl
+from . import runner
 from .llm import Completion, Endpoint, completion_from, context_length_error
 
 URL = "/v1/chat/completions"
