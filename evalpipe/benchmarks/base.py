@@ -235,22 +235,6 @@ class Benchmark:
         while block := list(itertools.islice(tasks, 4096)):
             yield [task.id for task in block], [task.row for task in block]
 
-    def selected_blocks(
-        self, path: Path, max_samples: int | None, fields: tuple[str, ...] | None = None
-    ) -> Iterator[tuple[list, list[dict]]]:
-        """`selected` a block at a time, as `task_blocks`."""
-        if type(self).select is not Benchmark.select:
-            tasks = self.select(self.load(path), max_samples)
-            yield [task.id for task in tasks], [task.row for task in tasks]
-            return
-        left = max_samples
-        for ids, rows in self.task_blocks(path, fields):  # read to the end, as `selected`
-            if left is None:
-                yield ids, rows
-            elif left > 0:
-                yield ids[:left], rows[:left]
-                left -= len(ids)
-
     def prefix_group(self, task: Task) -> str | None:
         """Which tasks share this task's leading messages (e.g. one long context), as a key; None: no group.
 

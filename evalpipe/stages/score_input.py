@@ -39,10 +39,25 @@ def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> Tas
     ids: list = []
     rows: list[dict] = []
     shared = Shared(bench.task_fields)
-    for block_ids, block_rows in bench.selected_blocks(data, max_samples, bench.task_fields):
+    for block_ids, block_rows in _selected_blocks(bench, data, max_samples):
         ids += block_ids
         rows += shared(block_rows)
     return TaskList(ids, rows)
+
+
+def _selected_blocks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, list[dict]]]:
+    """`bench.selected` a block at a time, as `task_blocks` gives them (ids, rows on `task_fields`)."""
+    if type(bench).select is not Benchmark.select:
+        tasks = bench.select(bench.load(data), max_samples)
+        yield [task.id for task in tasks], [task.row for task in tasks]
+        return
+    left = max_samples
+    for ids, rows in bench.task_blocks(data, bench.task_fields):  # read to the end, as `selected`
+        if left is None:
+            yield ids, rows
+        elif left > 0:
+            yield ids[:left], rows[:left]
+            left -= len(ids)
 
 
 _IDX = itemgetter("idx")
