@@ -1,6 +1,7 @@
 """CoinFlip: generator, templates, parse rules, metric semantics, and the full pipeline."""
 
 import asyncio
+import binascii
 import importlib.util
 import json
 import re
@@ -177,6 +178,25 @@ def test_loader_errors_name_the_line(tmp_path):
     )
     with pytest.raises(BadInput, match=r"bad.jsonl:2: 'answer' must be yes or no"):
         CoinFlip().load(tmp_path / "bad.jsonl")
+
+
+def test_ids_are_the_position_and_the_crc32_of_the_question(tmp_path):
+    """Whichever way a chunk of lines is read (at once, or a row at a time where an answer is spelled otherwise),
+    a task's id is its position and its question's CRC-32, so that old runs' rows keep matching."""
+    rows = read_jsonl(DATA / "test.jsonl")[:2000]
+    rows[1500]["answer"] = f" {rows[1500]['answer'].title()} "
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    tasks = CoinFlip().load(tmp_path / "d.jsonl")
+    assert [t.id for t in tasks] == [
+        f"{i:05d}-{binascii.crc32(r['question'].encode()):08x}" for i, r in enumerate(rows)
+    ]
+    assert [(t.row["target"], t.line) for t in tasks] == [
+        (r["answer"].strip().upper(), i + 1) for i, r in enumerate(rows)
+    ]
+    rows[1800]["answer"] = "maybe"
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(BadInput, match=r"d.jsonl:1801: 'answer' must be yes or no"):
+        CoinFlip().load(tmp_path / "d.jsonl")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is not None, reason="pyarrow is installed")

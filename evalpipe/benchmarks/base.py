@@ -227,6 +227,14 @@ class Benchmark:
         tasks = self.iter_tasks(path)
         return tasks if max_samples is None else _prefix(tasks, max_samples)
 
+    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
+        """`iter_tasks` a block at a time, as the ids and the rows of its tasks (score holds a million tasks so,
+        without a Task each); `fields`: the keys of the rows that will be read (None: all), the others may be
+        left out. A benchmark that reads its file a chunk at a time overrides it."""
+        tasks = self.iter_tasks(path)
+        while block := list(itertools.islice(tasks, 4096)):
+            yield [task.id for task in block], [task.row for task in block]
+
     def prefix_group(self, task: Task) -> str | None:
         """Which tasks share this task's leading messages (e.g. one long context), as a key; None: no group.
 

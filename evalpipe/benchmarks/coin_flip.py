@@ -12,9 +12,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import count
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import BadInput
 from ..results import tables
@@ -108,7 +109,8 @@ def evalscope_verdict(answer: str) -> str | None:
     return "YES" if has_yes else "NO"
 
 
-_GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}
+_GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}  # the usual spellings
+_QUESTION, _ANSWER = itemgetter("question"), itemgetter("answer")
 
 
 def _gold(value: Any) -> str | None:
@@ -117,6 +119,11 @@ def _gold(value: Any) -> str | None:
     if isinstance(value, str) and value.strip().upper() in ("YES", "NO"):
         return value.strip().upper()
     return None
+
+
+def _rows(questions: list[str], golds: list[str]) -> list[dict]:
+    """CoinFlip's task rows."""
+    return [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
 
 
 def load_rows(path: Path) -> list[tuple[int, dict]]:
@@ -215,27 +222,60 @@ class CoinFlip(Benchmark):
         return list(self.iter_tasks(path))
 
     def iter_tasks(self, path: Path) -> Iterator[Task]:
-        # JSONL is read a row at a time; a JSON array or Parquet file is read whole anyway
-        rows = load_rows(path) if path.suffix.lower() in (".json", ".parquet") else jsonl.iter_rows(path)
-        crc32, gold_of = zlib.crc32, _GOLD.get
+        for first, ids, questions, golds in self._chunks(path):
+            yield from map(Task, ids, _rows(questions, golds), count(first))
+
+    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
+        targets = {gold: {"target": gold} for gold in ("YES", "NO")}
+        for _, ids, questions, golds in self._chunks(path):
+            if fields is None or "question" in fields:
+                yield ids, _rows(questions, golds)
+            else:  # score's: the gold answer alone, one dict of each
+                yield ids, list(map(targets.__getitem__, golds))
+
+    def _chunks(self, path: Path) -> Iterator[tuple[int, list, list, list]]:
+        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, questions
+        and gold answers."""
+        # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
+        if path.suffix.lower() in (".json", ".parquet"):
+            rows = [row for _, row in load_rows(path)]
+            chunks = iter([(1, rows)] if rows else [])
+        else:
+            chunks = jsonl.iter_row_chunks(path)
         position = 0
-        for line, row in rows:
+        for first, rows in chunks:
             try:
-                question, gold = row["question"], gold_of(row["answer"]) or _gold(row["answer"])
+                questions, golds = list(map(_QUESTION, rows)), list(map(_GOLD.get, map(_ANSWER, rows)))
+                valid = None not in golds and set(map(type, questions)) == {str} and "" not in questions
+            except (KeyError, TypeError):  # a row that is no object or lacks a key, or an answer that is a list
+                valid = False
+            if not valid:  # answers in other spellings, or a row to reject
+                questions, golds = self._checked(rows, path, first)
+            # position + content: stable under --max-samples, and a different file cannot match old rows
+            crcs = map(zlib.crc32, map(str.encode, questions))
+            ids = list(map("%05d-%08x".__mod__, zip(count(position), crcs)))
+            yield first, ids, questions, golds
+            position += len(rows)
+        if not position:
+            raise BadInput("no rows in the file", path)
+
+    def _checked(self, rows: list, path: Path, first: int) -> tuple[list, list]:
+        """The rows' questions and gold answers, a row at a time: a row without them is an error."""
+        questions: list[str] = []
+        golds: list[str] = []
+        for line, row in enumerate(rows, first):
+            try:
+                question, gold = row["question"], _gold(row["answer"])
             except (KeyError, TypeError):
                 question = gold = None
             if gold is None or type(question) is not str or not question:
                 self._reject(row, path, line)
-            # position + content: stable under --max-samples, and a different file cannot match old rows. The id is
-            # f"{position:05d}-{crc:08x}", made without format specs (a third of the time per task at a million)
-            crc = crc32(question.encode()).to_bytes(4, "big").hex()
-            yield Task(str(position).zfill(5) + "-" + crc, {"question": question, "target": gold}, line)
-            position += 1
-        if not position:
-            raise BadInput("no rows in the file", path)
+            questions.append(question)
+            golds.append(gold)
+        return questions, golds
 
     @staticmethod
-    def _reject(row: Any, path: Path, line: int) -> None:
+    def _reject(row: Any, path: Path, line: int) -> NoReturn:
         if not isinstance(row, dict):
             raise BadInput("expected an object with 'question' and 'answer'", path, line)
         if not isinstance(row.get("question"), str) or not row["question"].strip():

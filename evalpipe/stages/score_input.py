@@ -5,16 +5,14 @@ handful of distinct dicts of those fields, never whole."""
 
 from array import array
 from collections.abc import Iterator
-from itertools import chain, count, islice, repeat
-from operator import attrgetter, itemgetter
+from itertools import count, repeat
+from operator import itemgetter
 from pathlib import Path
 
 from ..benchmarks import Benchmark, row_id
 from ..benchmarks.base import TaskList
 from ..client import cost
 from ..store import jsonl
-
-BLOCK = 4096  # tasks looked at at once
 
 
 def judged_tasks(
@@ -41,14 +39,28 @@ def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> Tas
     ids: list = []
     rows: list[dict] = []
     shared = Shared(bench.task_fields)
-    tasks = bench.selected(data, max_samples)
-    while block := list(islice(tasks, BLOCK)):
-        ids += map(_ID, block)
-        rows += shared(list(map(_ROW, block)))
+    for block_ids, block_rows in _selected_blocks(bench, data, max_samples):
+        ids += block_ids
+        rows += shared(block_rows)
     return TaskList(ids, rows)
 
 
-_ID, _ROW, _IDX = attrgetter("id"), attrgetter("row"), itemgetter("idx")
+def _selected_blocks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, list[dict]]]:
+    """`bench.selected` a block at a time, as `task_blocks` gives them (ids, rows on `task_fields`)."""
+    if type(bench).select is not Benchmark.select:
+        tasks = bench.select(bench.load(data), max_samples)
+        yield [task.id for task in tasks], [task.row for task in tasks]
+        return
+    left = max_samples
+    for ids, rows in bench.task_blocks(data, bench.task_fields):  # read to the end, as `selected`
+        if left is None:
+            yield ids, rows
+        elif left > 0:
+            yield ids[:left], rows[:left]
+            left -= len(ids)
+
+
+_IDX = itemgetter("idx")
 
 
 def _judge_rows(path: Path, fields: tuple[str, ...]) -> tuple[list, list, cost.Ledger]:
@@ -112,40 +124,49 @@ class Shared:
 
     def __init__(self, fields: tuple[str, ...] | None):
         self.fields = fields
-        self._seen: dict = {}
-
-    def _keys(self, rows: list[dict]) -> list:
-        """Each row's values of the fields (_ABSENT where it has none): a tuple, or the value of a single field."""
-        assert self.fields is not None
-        columns = [list(map(dict.get, rows, repeat(field), repeat(_ABSENT))) for field in self.fields]
-        return columns[0] if len(columns) == 1 else list(zip(*columns))
+        self._seen: dict = {}  # by the values of `fields` and their types, a row at a time
+        self._by_fields: dict[tuple, _Projections] = {}  # by the fields a block's rows have, then their values
 
     def __call__(self, rows: list[dict]) -> list[dict]:
         if self.fields is None:
             return rows
         try:  # no value needs its type beside it: at once
-            keys = self._keys(rows)
-            distinct = set(keys)  # a value equal to a string or None is one
-            values = distinct if len(self.fields) == 1 else chain.from_iterable(distinct)
-            plain = set(map(type, values)) <= _PLAIN
+            # keyed on the fields some row of the block has: most rows lack most of the served-model fields
+            present = tuple(field for field in self.fields if any(map(dict.__contains__, rows, repeat(field))))
+            columns = [map(dict.get, rows, repeat(field), repeat(_ABSENT)) for field in present]
+            keys = zip(*columns) if columns else repeat((), len(rows))
+            projections = self._by_fields.get(present)
+            if projections is None:
+                projections = self._by_fields[present] = _Projections(present)
+            return list(map(projections.__getitem__, keys))
         except TypeError:  # a row that is no object, or a list or an object among the values
-            plain = False
-        if not plain:
             return list(map(self._one, rows))
-        for key in distinct.difference(self._seen):
-            self._seen[key] = self._made(key if len(self.fields) > 1 else (key,))
-        return list(map(self._seen.__getitem__, keys))
 
     def _one(self, row: dict) -> dict:
         values = tuple(row.get(field, _ABSENT) for field in self.fields or ())
         key = (values, tuple(map(type, values)))
         try:
-            return self._seen.setdefault(key, self._made(values))
+            return self._seen.setdefault(key, _made(self.fields or (), values))
         except TypeError:  # a list or an object
-            return self._made(values)
+            return _made(self.fields or (), values)
 
-    def _made(self, values: tuple) -> dict:
-        return {field: value for field, value in zip(self.fields or (), values) if value is not _ABSENT}
+
+class _Projections(dict):
+    """Values of `fields` (a tuple) → their projection, made when first met, of plain values only (else
+    TypeError, as for a list among them)."""
+
+    def __init__(self, fields: tuple[str, ...]):
+        self.fields = fields
+
+    def __missing__(self, values: tuple) -> dict:
+        if not set(map(type, values)) <= _PLAIN:  # 1 and 1.0 would find each other's projection
+            raise TypeError("a value that needs its type beside it")
+        made = self[values] = _made(self.fields, values)
+        return made
+
+
+def _made(fields: tuple[str, ...], values: tuple) -> dict:
+    return {field: value for field, value in zip(fields, values) if value is not _ABSENT}
 
 
 def add_calls(ledger: cost.Ledger, rows: list[dict]) -> None:
