@@ -55,6 +55,7 @@ def test_a_snapshot_re_pointed_between_runs_is_recorded_counted_and_flagged(serv
     board = (tmp_path / "clbench" / "aggregate.md").read_text()
     assert "| gpt-x § |" in board
     assert "§ Runs answered or judged by more than one served model" in board
+    assert "gpt-x \\S{} &" in (tmp_path / "clbench" / "aggregate.tex").read_text()  # the mark, not an escaped "\\S"
     assert (
         "gpt-x: model gpt-x-2026-01-01 (3), gpt-x-2026-06-01 (3); judge judge-2026-01 (3), judge-2026-06 (3)" in board
     )

@@ -16,7 +16,7 @@ from .items import MDE_RUNS, display_interval
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
 SMALL, SMALL_TEX = "‡", "\\textsuperscript{\\ddag}"  # beside an item-level figure from few items or a rate of 0 or 1
-MIXED, MIXED_TEX = "§", "\\S"  # beside a model whose runs more than one served model answered or judged
+MIXED = "§"  # beside a model whose runs more than one served model answered or judged
 
 ITEMS_NOTE = (
     "Items: each task's score averaged over the runs that graded it, then the mean over tasks, with its "
@@ -225,7 +225,7 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
             + [runs_cell(figure, style.key, False), _p(items.get("mde")), cost]
         )
         tex_rows.append(
-            [m["model"] + (MIXED_TEX if mixed else ""), len(m["runs"]), *counts]
+            [m["model"] + (f" {MIXED}" if mixed else ""), len(m["runs"]), *counts]
             + [items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
             + [runs_cell(figure, style.key, False, tex=True), _p(items.get("mde")), cost]
         )

@@ -51,6 +51,7 @@ _LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {
     "\\": r"\textbackslash{}",
     "−": "$-$",
     "±": r"$\pm$",
+    "§": r"\S{}",
     "–": "--",  # so that plain pdflatex takes the figure names too
 }
 
