@@ -355,6 +355,11 @@ def _r(value: float | None, scale: float = 100) -> object:
     return "" if value is None else round(scale * value, 4)
 
 
+def _blank(value: int | None) -> int | str:
+    """A count in a CSV cell: empty when there is none (as every missing number there)."""
+    return "" if value is None else value
+
+
 def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
     """One row per model: per figure its run-level columns, then its item-level ones."""
     headers = ["model", "runs"]
@@ -384,7 +389,7 @@ def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
                 items = f.get("items") or {}
                 ici = items.get("ci95") or [None, None]
                 row += [_r(items.get("mean")), _r(items.get("se")), _r(ici[0]), _r(ici[1])]
-                row += [items.get("n_items", ""), _count(items.get("n_clusters")) if items else ""]
+                row += [items.get("n_items", ""), _blank(items.get("n_clusters"))]
                 row += [items.get("se_method", ""), items.get("ci_method") or ""]
     headers.append("cost_usd_per_run")
     for row, m in zip(rows, models):
@@ -401,7 +406,7 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
         rows.append(
             [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
             + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
-            + [_count(c["n_clusters"])]
+            + [_blank(c["n_clusters"])]
             + [c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)
