@@ -129,3 +129,10 @@ def runner(env: dict, *words: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def test_a_sample_row_carries_the_cached_tokens_rows_record():
+    row = {"idx": "t1", "usage": {"prompt_tokens": 5, "completion_tokens": 2, "cached_tokens": 3}}
+    out = publish.sample_row("coin_flip", "m", 1, row, with_prompts=False)
+    assert (out["prompt_tokens"], out["completion_tokens"], out["cached_tokens"]) == (5, 2, 3)
+    assert "cached_tokens" not in publish.sample_row("coin_flip", "m", 1, {"idx": "t2", "usage": {}}, False)

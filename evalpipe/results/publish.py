@@ -26,9 +26,9 @@ from pathlib import Path
 
 import orjson
 
-from ..errors import EXIT_BAD_INPUT, EXIT_ENDPOINT_REFUSED, EXIT_OK, EXIT_UNREACHABLE, BadInput
+from ..errors import EXIT_BAD_INPUT, EXIT_ENDPOINT_REFUSED, EXIT_OK, EXIT_UNREACHABLE, BadInput, run_stage
 from ..redact import redact
-from ..store import jsonl, paths, shards
+from ..store import jsonl, paths, rows, shards
 from . import discover
 
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
@@ -38,8 +38,7 @@ PROMPT_FIELDS = ("messages", "model_output", "target", "prediction", "grading_ra
 
 def _tokens(usage) -> dict:
     usage = usage if isinstance(usage, dict) else {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = usage.get("cached_tokens")  # rows keep usage flat (llm.usage_dict)
     return {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")} | (
         {"cached_tokens": cached} if cached is not None else {}
     )
@@ -67,18 +66,16 @@ def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
     for model_dir in discover.subfolders(bench_dir):
         numbered = []
         for run_dir in model_dir.glob("run-*"):
-            if run_dir.name[4:].isdigit() and shards.exists(run_dir / paths.judge_file_name()):
-                numbered.append((int(run_dir.name[4:]), run_dir))
+            if (m := paths.RUN_DIR.match(run_dir.name)) and shards.exists(run_dir / paths.judge_file_name()):
+                numbered.append((int(m.group(1)), run_dir))
         for k, run_dir in sorted(numbered):
             yield model_dir.name, k, run_dir
 
 
-def samples(bench: str, bench_dir: Path, with_prompts: bool) -> Iterator[bytes]:
-    for model, k, run_dir in runs(bench_dir):
-        latest: dict = {}
-        for _, row in jsonl.run_rows(run_dir / paths.judge_file_name()):
-            latest[row.get("idx")] = row  # the last row of a task is the one that counts, as in score
-        for row in latest.values():
+def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool) -> Iterator[bytes]:
+    for model, k, run_dir in run_list:
+        # the last row of a task is the one that counts, as in score
+        for row in jsonl.latest_rows(run_dir / paths.judge_file_name(), rows.row_id).values():
             yield jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n"
 
 
@@ -111,15 +108,16 @@ def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]
     summary_path = bench_dir / "aggregate.json"
     if not summary_path.is_file():
         raise BadInput(f"no aggregate.json: run `make aggregate BENCH={bench}` first", bench_dir)
-    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, bench_dir, with_prompts))}
+    run_list = list(runs(bench_dir))
+    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, run_list, with_prompts))}
     if not out[f"{bench}/samples.jsonl"]:
         raise BadInput("no run has a judge.jsonl", bench_dir)
-    summary = orjson.loads(summary_path.read_bytes())
-    out[f"{bench}/leaderboard.jsonl"] = b"".join(leaderboard(summary))
-    for name in ("aggregate.md", "aggregate.json", "aggregate.csv"):
+    out[f"{bench}/aggregate.json"] = summary_path.read_bytes()
+    out[f"{bench}/leaderboard.jsonl"] = b"".join(leaderboard(orjson.loads(out[f"{bench}/aggregate.json"])))
+    for name in ("aggregate.md", "aggregate.csv"):
         if (bench_dir / name).is_file():
             out[f"{bench}/{name}"] = (bench_dir / name).read_bytes()
-    for model, k, run_dir in runs(bench_dir):
+    for model, k, run_dir in run_list:
         for manifest in sorted(run_dir.glob("*.manifest.json")):
             out[f"{bench}/manifests/{model}/run-{k}/{manifest.name}"] = manifest.read_bytes()
     return out
@@ -171,7 +169,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m evalpipe.results.publish", description=__doc__)
     parser.add_argument("bench", help="the benchmark folder under --outputs-dir")
     parser.add_argument("repo", help="the Hub dataset repo, owner/name")
-    parser.add_argument("--outputs-dir", type=Path, default=Path("outputs"))
+    parser.add_argument("--outputs-dir", type=Path, default=paths.DEFAULT_ROOT)
     parser.add_argument("--with-prompts", action="store_true", help="also publish prompts and answers")
     parser.add_argument("--private", action="store_true", help="create the repo private (an existing one stays)")
     args = parser.parse_args(argv)
@@ -186,9 +184,6 @@ def main(argv: list[str]) -> int:
 
     try:
         commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)
-    except BadInput as exc:
-        print(f"publish: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         hint = ": set HF_TOKEN to a token that may write to it" if status in (401, 403) else ""
@@ -207,4 +202,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_stage("publish", main))

@@ -11,7 +11,6 @@ were made under different configurations.
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -24,8 +23,6 @@ from ..results import figures, items, plots, render, stats
 from ..results.agreement import NOTE as AGREEMENT_NOTE
 from ..store import jsonl, manifest, paths
 from . import agreement
-
-_RUN_DIR = re.compile(r"run-(\d+)$")
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -144,7 +141,7 @@ def _read_model(model_dir: Path, runs: int | None) -> dict | None:
     """A model's runs 1..runs (all without `runs`) that have a score.json: metrics, fingerprints, items."""
     per_run, fingerprints, per_run_items = {}, {}, {}
     for run_dir in model_dir.iterdir():
-        match = _RUN_DIR.match(run_dir.name)
+        match = paths.RUN_DIR.match(run_dir.name)
         if not match or not (run_dir / "score.json").exists():
             continue
         k = int(match.group(1))

@@ -12,11 +12,9 @@ from pathlib import Path
 from .. import benchmarks
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
 from ..results import discover, viewer
-from ..store import jsonl
+from ..store import jsonl, paths
 from ..store.paths import DEFAULT_ROOT
 from . import aggregate
-
-_RUN_DIR = re.compile(r"run-\d+$")
 
 
 def benches_in(root: Path) -> list[str]:
@@ -24,7 +22,7 @@ def benches_in(root: Path) -> list[str]:
     return [
         name
         for name in benchmarks.REGISTRY
-        if any(_RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))
+        if any(paths.RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))
     ]
 
 

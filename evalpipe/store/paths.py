@@ -32,6 +32,9 @@ def model_dir_name(model: str, label: str | None = None) -> str:
     return name
 
 
+RUN_DIR = re.compile(r"run-(\d+)$")  # a run's folder name; the group is its number
+
+
 def run_dir(root: Path, bench: str, model: str, run: int, label: str | None = None) -> Path:
     return root / bench / model_dir_name(model, label) / f"run-{run}"
 

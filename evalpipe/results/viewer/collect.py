@@ -10,7 +10,6 @@ with no judge rows, a score.json older than its judge rows, a writer still holdi
 
 import base64
 import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from ...results.items import ItemFigure
 from ...store import paths, shards
 from ..shapes import Shape, as_text, row_id
 
-RUN_DIR = re.compile(r"run-(\d+)$")
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
 PREVIEW_CHARS = 80  # of an answer, shown in the sample list
 INLINE_CHARS = 160  # shorter message texts stay in the sample; longer ones go to the shared table
@@ -384,7 +382,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
 
 
 def _is_run_dir(p: Path) -> bool:
-    return bool(RUN_DIR.match(p.name)) and any(shards.exists(p / f) for f in STAGE_FILES)
+    return bool(paths.RUN_DIR.match(p.name)) and any(shards.exists(p / f) for f in STAGE_FILES)
 
 
 def benches_in(root: Path, names: Iterable[str]) -> list[str]:
@@ -532,7 +530,7 @@ def read_bench(root: Path, bench: str, shape: Shape, texts: Texts) -> tuple[dict
         run_dirs = sorted(
             (int(m.group(1)), p)
             for p in model_dir.iterdir()
-            if p.is_dir() and (m := RUN_DIR.match(p.name)) and _is_run_dir(p)
+            if p.is_dir() and (m := paths.RUN_DIR.match(p.name)) and _is_run_dir(p)
         )
         for k, folder in run_dirs:
             run = read_run(bench, model_dir.name, k, folder, shape, texts)
