@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from evalpipe.stages.score_input import Shared
+from evalpipe.client import cost
+from evalpipe.stages.score_input import Shared, add_calls
 
 VALUES = ["YES", "NO", None, "", 1, 1.0, True, 0, False, 0.0, [1], {"a": 1}]
 
@@ -45,3 +46,35 @@ def test_each_row_gets_its_own_values_in_a_shared_projection(fields):
 def test_without_fields_each_row_is_its_own_projection():
     rows = [{"a": 1}, {"a": 1}]
     assert Shared(None)(rows) is rows
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 10, "completion_tokens": 2},
+        {"invalid": {"prompt_tokens": "x"}},
+        {"prompt_tokens": 1.5, "completion_tokens": 2},
+        {"prompt_tokens": 0.0},
+        {"prompt_tokens": -1},
+        {"prompt_tokens": True},
+        {"prompt_tokens": cost.MAX_TOKEN_COUNT + 1},
+        {},
+    ],
+)
+def test_a_block_of_calls_counts_as_its_calls_do_one_by_one(usage):
+    """score adds a block of one-call rows at once: a usage that is not token counts is left out as the ledger
+    leaves it out call by call (the good calls' tokens kept), never summed in or taking the block with it."""
+    rows = [{"model": "m", "usage": {"prompt_tokens": 10, "completion_tokens": 2}, "latency_s": 0.1}] * 3
+    rows = [*rows, {"model": "m", "usage": usage, "latency_s": 0.2}]
+    at_once, one_by_one = cost.Ledger(), cost.Ledger()
+    add_calls(at_once, rows)
+    for row in rows:
+        for call in cost.api_calls(row):
+            one_by_one.add(*call)
+    got, want = at_once.stages["infer"], one_by_one.stages["infer"]
+    assert (got.calls, got.invalid_usage, got.usages, list(got.latencies)) == (
+        want.calls,
+        want.invalid_usage,
+        want.usages,
+        list(want.latencies),
+    )

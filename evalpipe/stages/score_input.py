@@ -5,8 +5,9 @@ handful of distinct dicts of those fields, never whole."""
 
 from array import array
 from collections.abc import Iterator
+from functools import partial
 from itertools import count, repeat
-from operator import itemgetter
+from operator import is_not, itemgetter
 from pathlib import Path
 
 from ..benchmarks import Benchmark, row_id
@@ -179,15 +180,35 @@ def add_calls(ledger: cost.Ledger, rows: list[dict]) -> None:
         latencies = array("d", map(_LATENCY, rows))
     except (KeyError, TypeError):  # a row without them, or a latency of None
         models = set()
-    if len(models) != 1 or any(any(map(dict.__contains__, rows, repeat(key))) for key in _MORE_CALLS):
+    sums = _usage_sums(usages) if len(models) == 1 else None
+    if sums is None or any(any(map(dict.__contains__, rows, repeat(key))) for key in _MORE_CALLS):
         for row in rows:
             for call in cost.api_calls(row):
                 ledger.add(*call)
         return
-    sums = {key: sum(filter(None, map(dict.get, usages, repeat(key)))) for key in cost.TOKEN_KEYS}
     ledger.add_many("infer", models.pop(), sums if usages else None, latencies, len(rows), False)
+
+
+def _usage_sums(usages: list[dict]) -> dict | None:
+    """The calls' token counts summed per key; None when one call's usage is not token counts (cost's rule,
+    which the ledger applies call by call: such a block is added a row at a time)."""
+    if any(map(dict.__contains__, usages, repeat("invalid"))):
+        return None
+    sums = {}
+    for key in cost.TOKEN_KEYS:
+        values: list = list(filter(_NOT_NONE, map(dict.get, usages, repeat(key))))
+        if values and not _counts(values):
+            return None
+        sums[key] = sum(values)
+    return sums
+
+
+def _counts(values: list) -> bool:
+    """Whether every value is a token count (cost._counts_valid: a whole number from 0 to MAX_TOKEN_COUNT)."""
+    return set(map(type, values)) == {int} and 0 <= min(values) and max(values) <= cost.MAX_TOKEN_COUNT
 
 
 # Keys of a row that records its calls otherwise.
 _MORE_CALLS = ("calls", "batch", "judge_usage", "judge_latency_s", "analysis_model")
 _MODEL, _USAGE, _LATENCY = itemgetter("model"), itemgetter("usage"), itemgetter("latency_s")
+_NOT_NONE = partial(is_not, None)
