@@ -114,7 +114,7 @@ class _StageTally:
     invalid_usage: int = 0  # calls whose usage numbers are not token counts: left out of tokens and cost
 
 
-MAX_TOKEN_COUNT = 10**12  # as llm.MAX_TOKEN_COUNT (not imported: score and aggregate never load llm)
+MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a server's bug, not a count
 
 
 def _counts_valid(usage: dict, calls: int) -> bool:

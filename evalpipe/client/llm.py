@@ -40,6 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from .. import redact
 from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
+from .cost import MAX_TOKEN_COUNT
 from .limiter import AdaptiveLimit
 
 
@@ -589,7 +590,6 @@ def _reasoning(message: Any) -> str:
     return ""
 
 
-MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a server's bug, not a count
 _usage_warned = False
 
 
