@@ -1,4 +1,4 @@
-"""What the four stage scripts share: flags, endpoint settings, and turning errors into exit codes."""
+"""What the four stage scripts share: flags, the benchmarks' own flags and endpoint settings."""
 
 import argparse
 import dataclasses
@@ -381,7 +381,7 @@ def _without_credentials(url: str, source: str, prefix: str) -> str:
         raise BadInput(f"{source} is not a valid URL") from None
     if credentials:
         raise BadInput(
-            f"{source} has credentials in it ({parts.scheme}://USER:KEY@{redact.url(url).split('://', 1)[-1]}): "
+            f"{source} has credentials in it ({redact.url(url).replace('//', '//USER:KEY@', 1)}): "
             f"give the URL without them and the key in {prefix}_API_KEY or --api-key (sent in the Authorization header)"
         )
     return url

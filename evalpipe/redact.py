@@ -21,5 +21,9 @@ def redact(text: str) -> str:
 def url(text: str) -> str:
     """A URL fit for a message or a file: without user:password@ or ?query (which can carry credentials)."""
     parts = urllib.parse.urlsplit(text)
-    netloc = parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else parts.netloc
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: left out, so that the message about it can be made
+        port = None
+    netloc = parts.hostname + (f":{port}" if port else "") if parts.hostname else parts.netloc
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -264,3 +264,10 @@ def test_a_refusal_never_shows_credentials_in_urls(sdk_environment, monkeypatch,
     message = str(refused.value)
     assert "belongs to http://127.0.0.1:9/v1 " in message
     assert not any(secret in message for secret in ("pa55word", *KEYS))
+
+
+def test_credentials_with_a_port_that_is_no_number_are_refused_as_bad_input(sdk_environment):
+    with pytest.raises(BadInput) as refused:  # not a ValueError from making the message
+        endpoint_for("--base-url", "http://user:pa55word@127.0.0.1:port/v1")
+    assert "has credentials in it (http://USER:KEY@127.0.0.1/v1)" in str(refused.value)
+    assert "pa55word" not in str(refused.value)
