@@ -234,7 +234,7 @@ class _Signals:
         try:
             returncode = self.child.wait()
             if returncode < 0 and not self.received:
-                name = os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
+                name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
                 print(f"pipeline: {name} was killed by {_signal_name(-returncode)}", file=sys.stderr)
             return exit_code(returncode)
         finally:
@@ -271,9 +271,9 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
+    if plan.get("MAX_COST") is None:
+        return _run(plan)
     with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
-        if plan.get("MAX_COST") is None:
-            return _run(plan)
         # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
         os.environ[spending.LEDGER_ENV] = os.path.join(folder, "spent")
         try:
