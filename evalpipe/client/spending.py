@@ -39,7 +39,7 @@ class SpendingCap:
     cap_usd: float
     prices: cost.Prices
     model: str
-    label: str = "run"
+    ledger: str | None = None  # the runner's ledger (LEDGER_ENV) each reply's cost is appended to, if any
     spent_usd: float = 0.0
     reserved_usd: float = 0.0
     chars_per_token: float = field(default=FIRST_CHARS_PER_TOKEN)
@@ -73,9 +73,8 @@ class SpendingCap:
         priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
         spent = reservation if priced is None else priced
         self.spent_usd += spent
-        ledger = os.environ.get(LEDGER_ENV)
-        if ledger and spent:
-            with open(ledger, "a") as f:
+        if self.ledger and spent:
+            with open(self.ledger, "a") as f:
                 f.write(f"{spent!r}\n")
         tokens = usage.get("prompt_tokens")
         if isinstance(tokens, int) and tokens > PROMPT_OVERHEAD and prompt_chars > 0:
@@ -84,7 +83,7 @@ class SpendingCap:
             self.learned = True
 
 
-def cap_for(max_cost: float | None, prices_path, model: str | None, label: str) -> SpendingCap | None:
+def cap_for(max_cost: float | None, prices_path, model: str | None) -> SpendingCap | None:
     """The stage's cap, or None without --max-cost; BadInput (exit 2, before any call) for a model with no price."""
     if max_cost is None:
         return None
@@ -96,12 +95,12 @@ def cap_for(max_cost: float | None, prices_path, model: str | None, label: str) 
             f"--max-cost needs a price for {model!r}, and {prices.source} has none: add it to a --prices file "
             "(or set EVALPIPE_PRICES)"
         )
-    return SpendingCap(max_cost, prices, model, label, spent_usd=spent_before())
-
-
-def spent_before() -> float:
-    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one)."""
     ledger = os.environ.get(LEDGER_ENV)
+    return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent_before(ledger))
+
+
+def spent_before(ledger: str | None) -> float:
+    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one)."""
     if not ledger or not Path(ledger).exists():
         return 0.0
     return sum(float(line) for line in Path(ledger).read_text().split() if line)

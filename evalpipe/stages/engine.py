@@ -80,7 +80,7 @@ def run(job: Job, args) -> int:
         return _dry_run(job, args)
     cap = None
     if job.endpoint is not None:  # a rule judge spends nothing
-        cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, job.label)
+        cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model)
         if cap is not None and (args.backend == "batch" or args.export_batch or args.import_batch):
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
     with lock.exclusive(job.output):
