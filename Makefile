@@ -12,6 +12,7 @@ REPORT_STAMP := $(VENV)/.report-installed
 DATA_STAMP := $(VENV)/.data-installed
 BROWSER_STAMP := $(VENV)/.browser-installed
 SLURM_STAMP := $(VENV)/.slurm-installed
+TOOLCHAIN_STAMP := $(VENV)/.toolchain-installed
 
 # Shell-quote one word, so that paths with spaces (or quotes) stay one argument.
 quote = '$(subst ','\'',$(1))'
@@ -23,7 +24,7 @@ PIPELINE_VARS := BENCH MODEL JUDGE_MODEL JUDGE_LABEL RUNS DATA WORKERS MAX_SAMPL
 PIPELINE_GOALS := $(filter $(PIPELINE_STAGES),$(MAKECMDGOALS))
 # Variables of other targets; any other given on make's command line goes to the runner, which refuses it
 # with exit 2 and names the nearest setting (RUN=1 for RUNS=1), instead of running the defaults.
-OTHER_VARS := LOCAL_PORT BENCH_ARGS CHAOS_KILLS BBM_DIR REVISION
+OTHER_VARS := LOCAL_PORT BENCH_ARGS CHAOS_KILLS BBM_DIR REVISION PYTHON VENV
 UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
@@ -39,7 +40,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 # llama-cpp-python is built from source for any x86-64 CPU with AVX2 (not -march=native: docs/demo.md), once
 # per build setting: the wheel is kept in ~/.cache/evalpipe/wheels/ under a key of that setting.
-$(DEMO_STAMP): $(STAMP) requirements-demo.txt evalpipe/devtools/localmodel.py
+$(DEMO_STAMP): $(STAMP) requirements-demo.txt evalpipe/devtools/localmodel.py | $(TOOLCHAIN_STAMP)
 	$(PYTHON) -m evalpipe.devtools.localmodel install
 	touch $(DEMO_STAMP)
 
@@ -63,29 +64,31 @@ demo: $(DEMO_STAMP) $(REPORT_STAMP)
 serve-local: $(DEMO_STAMP)
 	$(PYTHON) -m evalpipe.devtools.localmodel serve $(if $(LOCAL_PORT),--port $(call quote,$(LOCAL_PORT)))
 
-# Debian's chromium and chromium-driver, for the viewer's browser tests and `make bench`: installed when
-# missing and possible (Debian, as root). Otherwise no stamp is made, and those tests skip and say why.
+# Debian packages a step needs, installed when missing and possible (Debian, as root):
+# $(call debian,LABEL,COMMANDS THAT MUST EXIST,PACKAGES,WHAT HAPPENS WITHOUT THEM[,apt-get install OPTIONS]).
+# Without them, and no way to install them, no stamp is made and the step says what that costs.
+define debian
+@if $(foreach c,$(2),command -v $(c) >/dev/null 2>&1 &&) true; then touch $@; \
+elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+  echo "$(1): installing Debian's $(3)"; \
+  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(5) $(3) >/dev/null; \
+  then touch $@; else echo "$(1): apt-get could not install $(3)" >&2; exit 1; fi; \
+else echo "$(1): no $(2), and installing needs root and apt-get: $(4)"; fi
+endef
+
+# A C/C++ compiler and CMake, for building llama-cpp-python (the demo's local model and its tests).
+$(TOOLCHAIN_STAMP): | $(STAMP)
+	$(call debian,toolchain,cc c++ make cmake,build-essential cmake,building the local model will fail)
+
+# Debian's chromium and chromium-driver, for the viewer's browser tests and `make bench`.
 $(BROWSER_STAMP): | $(STAMP)
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then touch $@; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "browser: installing Debian's chromium and chromium-driver (the viewer's browser tests)"; \
-	  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
-	  then touch $@; else echo "browser: apt-get could not install chromium chromium-driver (the browser tests need them)" >&2; exit 1; fi; \
-	else echo "browser: no chromium/chromedriver, and installing needs root and apt-get: the browser tests will be skipped"; fi
+	$(call debian,browser,chromium chromedriver,chromium chromium-driver,the browser tests will be skipped)
 
 # Debian's Slurm (slurmctld, slurmd, the client commands) and munge, for the test that runs shards as a job
-# array on a throwaway single-node cluster (evalpipe/devtools/slurmcluster.py): installed when missing and
-# possible (Debian, as root), without the optional plugins. Otherwise no stamp is made, and that test skips and
-# says why. The test uses none of the packages' services (on a host run by systemd, apt starts munge's).
+# array on a throwaway single-node cluster (evalpipe/devtools/slurmcluster.py), without the optional plugins.
+# The test uses none of the packages' services (on a host run by systemd, apt starts munge's).
 $(SLURM_STAMP): | $(STAMP)
-	@if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
-	  && command -v munged >/dev/null 2>&1; then touch $@; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "slurm: installing Debian's slurmctld, slurmd, slurm-client and munge (the Slurm job array test)"; \
-	  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    slurmctld slurmd slurm-client munge >/dev/null; \
-	  then touch $@; else echo "slurm: apt-get could not install slurmctld slurmd slurm-client munge (the Slurm test needs them)" >&2; exit 1; fi; \
-	else echo "slurm: no slurmctld/slurmd/sbatch/munged, and installing needs root and apt-get: the Slurm test will be skipped"; fi
+	$(call debian,slurm,munged slurmctld slurmd mungekey sbatch scancel scontrol squeue sinfo,slurmctld slurmd slurm-client munge,the Slurm test will be skipped,--no-install-recommends)
 
 # Installs Slurm as above, starts the throwaway cluster, runs a 2-task job array on it and stops it (a few
 # seconds): says whether the Slurm test can run here, and if not, why (exit 1).
