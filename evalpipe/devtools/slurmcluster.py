@@ -246,11 +246,15 @@ class SlurmCluster:
 
     def _config(self, munge_socket: Path, cpus: int, memory: int) -> str:
         d = self.dir
+        ctld_port = free_port()
+        slurmd_port = free_port()
+        while slurmd_port == ctld_port:  # free_port closes its socket, so the same free port can come twice
+            slurmd_port = free_port()
         return f"""# written by evalpipe.devtools.slurmcluster for one throwaway single-node cluster
 ClusterName=evalpipe
 SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
