@@ -27,11 +27,11 @@ def judged_tasks(
     read = len(judge_ids)
     # joined once both files are read: the table of a million ids is made and read at once, while in the cache
     latest = dict(zip(judge_ids, judge_rows))
-    del judge_ids, judge_rows
+    del judge_rows
     rows = list(map(latest.pop, tasks.ids, repeat(None)))  # an id that repeats in the dataset: its first task's
     extra = len(latest)
     if read > len(rows) - rows.count(None):  # rows of other tasks, or several of a task (judged again)
-        ledger = _recounted(judge_path, tasks.ids)  # only the calls of the rows kept are the run's
+        ledger = _recounted(judge_path, judge_ids, tasks.ids)  # only the calls of the rows kept are the run's
     return tasks, rows, extra, ledger
 
 
@@ -88,11 +88,11 @@ def _blocks(path: Path) -> Iterator[tuple[int, list, list[dict]]]:
         ordinal += len(block)
 
 
-def _recounted(path: Path, selected: list) -> cost.Ledger:
-    """The calls of each selected task's last row only: which row of the file that is, then those rows."""
+def _recounted(path: Path, judge_ids: list, selected: list) -> cost.Ledger:
+    """The calls of each selected task's last row only (`judge_ids`: the file's ids in order): which row of the
+    file that is, then those rows, read again."""
     last = dict.fromkeys(selected, -1)
-    for ordinal, ids, _ in _blocks(path):
-        last.update((key, n) for n, key in enumerate(ids, ordinal) if key in last)
+    last.update((key, n) for n, key in enumerate(judge_ids) if key in last)
     ledger = cost.Ledger()
     for ordinal, ids, block in _blocks(path):
         add_calls(ledger, [row for n, key, row in zip(count(ordinal), ids, block) if last.get(key) == n])
