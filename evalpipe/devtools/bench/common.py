@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ...store.paths import PROJECT
-from ..testserver import FakeOpenAI, Reply, Request
+from ..testserver import Reply, Request
 
 SAMPLE = PROJECT / "data" / "clbench" / "sample.jsonl"
 
@@ -76,11 +76,11 @@ def run_child(args: list[str], env: dict, watch: Path | None = None) -> tuple[in
     return proc.returncode, err, usage.ru_maxrss, samples
 
 
-def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=(), base_url: str | None = None) -> dict:
-    """infer.py over `data` against `server` (or `base_url`): rows written, failed, seconds and tasks/s of its
+def infer_rate(base_url: str, data: Path, out: Path, workers: int, extra=()) -> dict:
+    """infer.py over `data` against the server at `base_url`: rows written, failed, seconds and tasks/s of its
     run as it reports them, `wall_s` and `wall_rate` of the whole process (start, read, run, exit), peak RSS,
     RSS samples."""
-    env = {**os.environ, "OPENAI_BASE_URL": base_url or server.base_url, "OPENAI_API_KEY": "bench"}
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "bench"}
     started = time.monotonic()
     code, err, rss, samples = run_child(
         [
@@ -103,25 +103,17 @@ def infer_rate(server: FakeOpenAI, data: Path, out: Path, workers: int, extra=()
     )
     wall_s = time.monotonic() - started
     m = re.search(r"wrote (\d+) rows, (\d+) failed, .* ([\d.]+)s \(([\d.]+) tasks/s\)", err)
-    if code == 0 and not m and "0 to run" in err:  # nothing left to do
-        return {
-            "rows": 0,
-            "failed": 0,
-            "seconds": 0.0,
-            "rate": 0.0,
-            "rss_kb": rss,
-            "samples": samples,
-            "wall_s": wall_s,
-        }
-    if code not in (0, 3) or not m:
+    nothing_to_do = code == 0 and not m and "0 to run" in err
+    if code not in (0, 3) or not (m or nothing_to_do):
         raise RuntimeError(f"infer.py exited {code}: {err[-1500:]}")
+    rows, failed, seconds, rate = (int(m[1]), int(m[2]), float(m[3]), float(m[4])) if m else (0, 0, 0.0, 0.0)
     return {
-        "rows": int(m.group(1)),
-        "failed": int(m.group(2)),
-        "seconds": float(m.group(3)),
-        "rate": float(m.group(4)),
+        "rows": rows,
+        "failed": failed,
+        "seconds": seconds,
+        "rate": rate,
         "rss_kb": rss,
         "samples": samples,
         "wall_s": wall_s,
-        "wall_rate": int(m.group(1)) / wall_s,
+        "wall_rate": rows / wall_s,
     }

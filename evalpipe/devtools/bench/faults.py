@@ -38,12 +38,11 @@ def varied_latency(seed: int = 0):
 def run(server_url: str, work: Path, name: str, n: int) -> dict:
     out = work / f"{name}.jsonl"
     ran = infer_rate(
-        None,  # type: ignore[arg-type]  # base_url given
+        server_url,
         PROJECT / "data" / "coin_flip" / "test.jsonl",
         out,
         WORKERS,
         ("--bench", "coin_flip", "--max-samples", str(n)),
-        base_url=server_url,
     )
     ids = [json.loads(line)["idx"] for line in out.read_text().splitlines()]
     ran["once"] = len(ids) == len(set(ids)) == n

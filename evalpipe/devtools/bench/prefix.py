@@ -72,7 +72,9 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
             server.handler = PrefixCache(fixed_latency(BASE_LATENCY_S), prefill_s_per_token=PREFILL_S_PER_TOKEN)
             out = work / f"infer-{schedule}.jsonl"
             extra = ["--bench", "clbench", "--slim", "--prefix-schedule", schedule]
-            runs[schedule] = infer_rate(server, work / "clbench.jsonl", out, 64, extra) | {"share": cached_share(out)}
+            runs[schedule] = infer_rate(server.base_url, work / "clbench.jsonl", out, 64, extra) | {
+                "share": cached_share(out)
+            }
     finally:
         server.stop()
     on, off = runs["on"], runs["off"]

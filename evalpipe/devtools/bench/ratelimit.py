@@ -71,7 +71,7 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
             if case.shape == "plain":
                 behaviour = Behaviour(latency=LATENCY_S, bucket=int(case.rpm / 60 * case.burst_s), rpm=case.rpm)
                 with PlainServer(behaviour) as plain:
-                    ours = infer_rate(server, data, out, WORKERS, extra, base_url=plain.base_url)
+                    ours = infer_rate(plain.base_url, data, out, WORKERS, extra)
                 seconds = ours["seconds"]
                 admitted, rejected = plain.counters.ok, plain.counters.limited
                 unit, allowed = "req/s", case.rpm / 60 * (case.burst_s + seconds)
@@ -91,7 +91,7 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
                         per_minute_limit=case.per_minute_limit,
                     )
                 server.handler = limit
-                ours = infer_rate(server, data, out, WORKERS, extra)
+                ours = infer_rate(server.base_url, data, out, WORKERS, extra)
                 seconds = ours["seconds"]
                 rejected = limit.rejected
                 if isinstance(limit, FixedWindow):

@@ -122,7 +122,7 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
             # the httpx loop is the slow one (a third of the rate at 1,000 in flight): fewer tasks last as long
             fewer = clbench_shaped(work / f"httpx-{concurrency}.jsonl", n if tiny else 1500)
             bare_httpx = bare_rate(server, fewer, concurrency, "httpx")
-            ours = infer_rate(server, data, work / f"overhead-{concurrency}-out.jsonl", concurrency)
+            ours = infer_rate(server.base_url, data, work / f"overhead-{concurrency}-out.jsonl", concurrency)
             ours_at[concurrency] = ours["wall_rate"]
             yield share_figure(
                 f"overhead: infer.py, {concurrency} in flight, 100 ms, whole processes",
@@ -155,7 +155,7 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
         c, n = (100, 100) if tiny else (1000, 6000)
         data = clbench_shaped(work / "wide.jsonl", n)
         bare_wide = bare_rate(server, data, c, "aiohttp")
-        ours = infer_rate(server, data, work / "wide-out.jsonl", c)
+        ours = infer_rate(server.base_url, data, work / "wide-out.jsonl", c)
         ceiling = min(c / latency, bare_wide)
         yield share_figure(
             f"wide: {c} in flight, {latency:g} s latency, whole processes",
