@@ -159,8 +159,9 @@ def parts(path: Path) -> list[Path]:
 
 
 def exists(path: Path) -> bool:
-    """Whether any part of the run file exists."""
-    return bool(parts(path))
+    """Whether any part of the run file exists (the folder is listed only when the whole file does not)."""
+    path = whole(path)
+    return path.exists() or bool(shard_files(path))
 
 
 def refuse_other_count(output: Path, shard: Shard | None) -> None:
