@@ -126,8 +126,8 @@ def _rows(questions: list[str], golds: list[str]) -> list[dict]:
     return [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
 
 
-def load_rows(path: Path) -> list[tuple[int, dict]]:
-    """(line or index, row) from JSONL, a JSON array / {"rows": [...]} file, or Parquet."""
+def load_rows(path: Path) -> list:
+    """The rows of a JSON array / {"rows": [...]} file, or of a Parquet file (JSONL is read a chunk at a time)."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
@@ -136,19 +136,17 @@ def load_rows(path: Path) -> list[tuple[int, dict]]:
             raise BadInput(
                 "reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path
             ) from None
-        return list(enumerate(pq.read_table(path).to_pylist(), 1))
-    if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"cannot read as JSON: {exc}", path) from None
-        if isinstance(data, dict):
-            data = data.get("rows") or data.get("data") or []
-            data = [r.get("row", r) for r in data]  # the datasets-server shape {"rows": [{"row": {...}}]}
-        if not isinstance(data, list):
-            raise BadInput("expected a JSON array of rows", path)
-        return list(enumerate(data, 1))
-    return list(jsonl.iter_rows(path))
+        return pq.read_table(path).to_pylist()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot read as JSON: {exc}", path) from None
+    if isinstance(data, dict):
+        data = data.get("rows") or data.get("data") or []
+        data = [r.get("row", r) for r in data]  # the datasets-server shape {"rows": [{"row": {...}}]}
+    if not isinstance(data, list):
+        raise BadInput("expected a JSON array of rows", path)
+    return data
 
 
 def _item_values(gold: str, pred: str | None) -> tuple[int, ...]:
@@ -238,7 +236,7 @@ class CoinFlip(Benchmark):
         and gold answers."""
         # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
         if path.suffix.lower() in (".json", ".parquet"):
-            rows = [row for _, row in load_rows(path)]
+            rows = load_rows(path)
             chunks = iter([(1, rows)] if rows else [])
         else:
             chunks = jsonl.iter_row_chunks(path)

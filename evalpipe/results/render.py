@@ -158,11 +158,6 @@ def _has_items(models: list[dict], figures_of: Callable[[dict], dict]) -> bool:
     return any((f or {}).get("items") for m in models for f in figures_of(m).values())
 
 
-def _headline_items(model: dict) -> dict | None:
-    first = next(iter(model["figures"].values()), None)
-    return (first or {}).get("items")
-
-
 @dataclass(frozen=True)
 class _Style:
     """How the run-to-run figures are shown: which std, its words in Markdown and LaTeX, and whether the t-interval."""

@@ -9,7 +9,6 @@ with no judge rows, a score.json older than its judge rows, a writer still holdi
 """
 
 import base64
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -545,10 +544,3 @@ def read_bench(root: Path, bench: str, shape: Shape, texts: Texts) -> tuple[dict
         "problems": problems,
     }
     return summary, runs
-
-
-def size_of(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
