@@ -214,6 +214,10 @@ class Benchmark:
         """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream."""
         return tasks if max_samples is None else tasks[:max_samples]
 
+    def selects_prefix(self) -> bool:
+        """Whether `select` is the default prefix, so that the tasks can be selected as they are read."""
+        return type(self).select is Benchmark.select
+
     def iter_tasks(self, path: Path) -> Iterator[Task]:
         """`load`, one task at a time: the same tasks and the same errors. infer and score read the
         dataset through it to hold ids, not tasks; a benchmark that can read its file lazily overrides it."""
@@ -222,7 +226,7 @@ class Benchmark:
     def selected(self, path: Path, max_samples: int | None) -> Iterator[Task]:
         """The tasks `select` keeps, in dataset order; lazily where `select` is the default prefix (every row
         is still read, so a bad row past the prefix is an error as with `load`)."""
-        if type(self).select is not Benchmark.select:
+        if not self.selects_prefix():
             return iter(self.select(self.load(path), max_samples))
         tasks = self.iter_tasks(path)
         return tasks if max_samples is None else _prefix(tasks, max_samples)

@@ -74,7 +74,7 @@ class Selected:
 
     def __init__(self, bench: Benchmark, data: Path, max_samples: int | None, shard: shards.Shard | None = None):
         self.bench, self.data, self.max_samples, self.shard = bench, data, max_samples, shard
-        lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and type(bench).select is Benchmark.select
+        lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and bench.selects_prefix()
         self.held = None if lazy else list(bench.selected(data, max_samples))
         if self.held is not None and shard is not None:
             self.held = [task for task in self.held if shard.takes(bench.shard_key(task))]

@@ -48,8 +48,8 @@ def selected_tasks(bench: Benchmark, data: Path, max_samples: int | None) -> Tas
 
 def _selected_blocks(bench: Benchmark, data: Path, max_samples: int | None) -> Iterator[tuple[list, list[dict]]]:
     """`bench.selected` a block at a time, as `task_blocks` gives them (ids, rows on `task_fields`)."""
-    if type(bench).select is not Benchmark.select:
-        tasks = bench.select(bench.load(data), max_samples)
+    if not bench.selects_prefix():
+        tasks = list(bench.selected(data, max_samples))
         yield [task.id for task in tasks], [task.row for task in tasks]
         return
     left = max_samples
