@@ -3,6 +3,7 @@
 import fcntl
 import os
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,12 +32,12 @@ def exclusive(output: str | os.PathLike):
     run_fd = None
     try:
         if whole == Path(output):
-            _take(fd, fcntl.LOCK_EX, output, "another run" + (" or its shards" if shards.count(whole) else ""))
+            _take(fd, fcntl.LOCK_EX, output, lambda: "another run" + (" or its shards" if shards.count(whole) else ""))
         else:
-            _take(fd, fcntl.LOCK_EX, output, "another run")
+            _take(fd, fcntl.LOCK_EX, output, lambda: "another run")
             with writing(lock_path):
                 run_fd = os.open(f"{whole}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-            _take(run_fd, fcntl.LOCK_SH, output, f"an uncut run on {whole.name}")
+            _take(run_fd, fcntl.LOCK_SH, output, lambda: f"an uncut run on {whole.name}")
         with writing(lock_path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -54,10 +55,13 @@ def exclusive(output: str | os.PathLike):
             os.close(run_fd)
 
 
-def _take(fd: int, kind: int, output: str | os.PathLike, by: str) -> None:
-    """flock `fd` at once, or raise Locked naming the holder's pid (what the lock file says)."""
+def _take(fd: int, kind: int, output: str | os.PathLike, by: Callable[[], str]) -> None:
+    """flock `fd` at once, or raise Locked naming the holder (`by()`, asked only then: it may list the folder)
+    and its pid (what the lock file says)."""
     try:
         fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        raise Locked(f"{output} is being written by {by} (pid {holder}); this run exits without touching it") from None
+        raise Locked(
+            f"{output} is being written by {by()} (pid {holder}); this run exits without touching it"
+        ) from None
