@@ -260,7 +260,6 @@ class AdaptiveLimit:
         self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
         self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
         self._outcomes: deque[bool] = deque(maxlen=OUTCOMES)  # the last attempts' answers: True, 429
-        self._recent_rejects = 0  # the 429s among them
         self._last_cut = float("-inf")
         self._paused_until = 0.0
         self._changed = asyncio.Condition()
@@ -345,10 +344,7 @@ class AdaptiveLimit:
         self._probed_at = now
 
     def _answered(self, rejected: bool) -> None:
-        if len(self._outcomes) == self._outcomes.maxlen:
-            self._recent_rejects -= self._outcomes[0]
         self._outcomes.append(rejected)
-        self._recent_rejects += rejected
 
     def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
         """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
@@ -358,8 +354,8 @@ class AdaptiveLimit:
             return True  # said empty, or a limit's rate already measured between 429s (each 429 corrects it)
         # out of the attempts answered and those still in flight: a 429 comes back at once, an answer after the
         # model's time, so at the start of a run the answered alone are mostly the 429s of the first burst
-        seen = len(self._outcomes) + self.in_flight
-        return self._recent_rejects >= LIMIT_REJECTS and self._recent_rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
+        seen, rejects = len(self._outcomes) + self.in_flight, sum(self._outcomes)
+        return rejects >= LIMIT_REJECTS and rejects >= LIMIT_SHARE * max(seen, OUTCOMES // 4)
 
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
