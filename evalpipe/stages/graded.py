@@ -133,12 +133,12 @@ def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Don
         others = not cut and part != whole
         for _, row in jsonl.iter_rows(part, torn_tail_ok=True):
             done.any_rows = True
-            key = row_id(row)
-            if is_done(row) or others:
+            key, finished = row_id(row), is_done(row)
+            if finished or others:
                 done.add(key)
             else:
                 done.discard(key)
-            if others and not is_done(row):
+            if others and not finished:
                 done.elsewhere.add(key)
             else:
                 done.elsewhere.discard(key)
