@@ -19,7 +19,7 @@ import orjson
 from ...results import discover, stats
 from ...results.figures import headline
 from ...results.items import ItemFigure
-from ...store import paths, shards
+from ...store import manifest, paths, shards
 from ..shapes import Shape, as_text, row_id
 
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
@@ -263,15 +263,17 @@ def _expected(folder: Path, score: dict | None) -> int | None:
     if score and isinstance(score.get("coverage"), dict) and isinstance(score["coverage"].get("expected"), int):
         return score["coverage"]["expected"]
     infer = folder / "infer.jsonl"
-    cut = {k.k: p for k, p in shards.shard_files(infer).items()}
-    if infer.exists() or not cut:  # the whole file's record, else the sum of every shard's
-        cut = {0: infer}
-    if len(cut) < (shards.count(infer) or 1):
-        return None
+    found = shards.shard_files(infer)
+    if infer.exists() or not found:
+        parts = [infer]  # the whole file's record
+    elif len(found) < next(iter(found)).n:
+        return None  # a shard not started yet: its count is not known
+    else:
+        parts = list(found.values())  # the sum of every shard's
     total = 0
-    for part in cut.values():
-        manifest = _read_json(part.with_name(part.name + ".manifest.json"))
-        counts = manifest.get("counts") if isinstance(manifest, dict) else None
+    for part in parts:
+        record = _read_json(manifest.path_for(part))
+        counts = record.get("counts") if isinstance(record, dict) else None
         selected = counts.get("selected") if isinstance(counts, dict) else None
         if not isinstance(selected, int):
             return None
