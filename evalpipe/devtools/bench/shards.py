@@ -45,8 +45,9 @@ def infer(data: Path, out: Path, workers: int, *extra: str) -> list[str]:
     ]
 
 
-def rows(out: Path) -> int:
-    return sum(part.read_bytes().count(b"\n") for part in shards.parts(out))
+def rows(out: Path) -> list[int]:
+    """The rows of each part of a run's file."""
+    return [part.read_bytes().count(b"\n") for part in shards.parts(out)]
 
 
 def figures(work: Path, tiny: bool) -> Iterator[Figure]:
@@ -61,9 +62,10 @@ def figures(work: Path, tiny: bool) -> Iterator[Figure]:
         cut = timed(
             [infer(data, cut_out, concurrency // SHARDS, "--shard", f"{k}/{SHARDS}") for k in range(SHARDS)], env
         )
-        if rows(one_out) != n or rows(cut_out) != n:
-            raise RuntimeError(f"rows written: one process {rows(one_out)}, {SHARDS} shards {rows(cut_out)}, of {n}")
-        largest = max(sum(1 for _ in open(part)) for part in shards.parts(cut_out))
+        written, cut_parts = sum(rows(one_out)), rows(cut_out)
+        if written != n or sum(cut_parts) != n:
+            raise RuntimeError(f"rows written: one process {written}, {SHARDS} shards {sum(cut_parts)}, of {n}")
+        largest = max(cut_parts)
         yield Figure(
             f"shards: {SHARDS} processes of {concurrency // SHARDS} in flight, one server, {latency * 1000:.0f} ms",
             f"{n / cut:.0f} tasks/s (largest shard {largest / n:.0%} of {n})",

@@ -45,7 +45,8 @@ def bare_rate(server: FakeOpenAI, data: Path, concurrency: int, loop: str) -> fl
         cwd=PROJECT,
         check=True,
     )
-    return sum(1 for _ in data.open()) / (time.monotonic() - started)
+    seconds = time.monotonic() - started  # before the tasks are counted: that is no part of the loop's time
+    return data.read_bytes().count(b"\n") / seconds
 
 
 def bare_loop(loop: str, data: Path, concurrency: int) -> float:
