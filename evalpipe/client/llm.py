@@ -17,13 +17,18 @@ in total time (max_retry_seconds).
 
 Each attempt has a deadline for the whole call (connect, send, wait, body): Endpoint.timeout, and
 DEADLINE_MARGIN_S for the SDK's own connect and read timeouts to say first what timed out, so a
-body that trickles in ends as a timed-out attempt (CallTimedOut, retried) rather than never. While
-the endpoint has not answered once, a call that has waited HUNG_AFTER_S has the client ask
-GET /models: no answer to that either within HUNG_AFTER_S means the endpoint accepts connections
-but answers nothing (EndpointUnreachable, the run stops); an answer means it is only slow.
+body that trickles in ends as a timed-out attempt (CallTimedOut, retried) rather than never.
+
+Slow is not dead: a CPU-served model can take minutes before its first byte, and a serial server
+(llama.cpp's) answers nothing else, not even GET /models, while it generates. So an endpoint that
+accepts connections is called hung only once a call has waited its whole --timeout with nothing
+from it (not even a reply's headers: a body that trickles is a slow server) and GET /models, asked
+then, gets nothing either within min(--timeout, MODELS_PROBE_S). A refused or failed connection
+(connect_failure) is the only quicker sign, and no live server gives it.
 """
 
 import asyncio
+import contextlib
 import email.utils
 import importlib.util
 import socket
@@ -85,7 +90,8 @@ UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answe
 HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
 MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
-HUNG_AFTER_S = 10.0  # a first call unanswered this long has GET /models asked, which gets as long to answer
+MODELS_PROBE_S = 10.0  # after a first call waited its whole --timeout unanswered, GET /models gets this long (at most)
+STILL_WAITING_S = 30.0  # a first reply this late is said to be awaited (a line on stderr, once)
 
 
 class Rejected(CallFailed):
@@ -317,18 +323,20 @@ def describe(exc: BaseException) -> str:
     return redact.redact(prefix + text)[:500]
 
 
-def http_client(kind: str, connections: int) -> httpx2.AsyncClient:
-    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with room for `connections` open at once.
+def http_client(kind: str, connections: int, on_response: Callable | None = None) -> httpx2.AsyncClient:
+    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with room for `connections` open at once;
+    `on_response(response)` is awaited as each reply's headers come, before its body.
 
     Both keep the SDK's defaults (its timeouts, redirects followed by httpx's rules, which drop
     Authorization for another origin); the aiohttp transport itself never follows one. The SDK's own
     pool holds 1,000 connections (aiohttp's connector, left without a number, 100) and keeps 100 open
     between calls: past those, calls would queue unseen, or connect anew each time."""
     limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+    hooks = {"response": [on_response] if on_response else []}
     if kind == "aiohttp":
-        return openai.DefaultAioHttpClient(limits=limits)
+        return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks)
     if kind == "httpx":
-        return openai.DefaultAsyncHttpxClient(limits=limits)
+        return openai.DefaultAsyncHttpxClient(limits=limits, event_hooks=hooks)
     raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
 
 
@@ -345,14 +353,17 @@ class ChatClient:
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
             max_retries=0,
-            http_client=http_client(endpoint.http_client, max(MIN_CONNECTIONS, limit.ceiling if limit else 0)),
+            http_client=http_client(
+                endpoint.http_client, max(MIN_CONNECTIONS, limit.ceiling if limit else 0), self._heard_from
+            ),
         )
         self._fallback_wait = wait_exponential_jitter(
             multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
         )
-        self.answered = False  # whether the endpoint has sent any HTTP response in this run
-        self._hung: asyncio.Future[EndpointUnreachable] | None = None  # set when it answers nothing at all
-        self._watchdog: asyncio.Task | None = None
+        self.answered = False  # whether the endpoint has answered a call in this run (an API is there)
+        self.heard = False  # whether it has sent the status line and headers of any reply in this run
+        self._probe: asyncio.Task[bool] | None = None  # GET /models, asked once when a first call timed out
+        self._still_waiting: asyncio.TimerHandle | None = None
 
     def _unreachable_so_far(self, exc: BaseException | None) -> bool:
         return not self.answered and exc is not None and connect_failure(exc) is not None
@@ -399,54 +410,64 @@ class ChatClient:
     async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
         """The parsed chat completion and the reply's headers, within the deadline for the whole call;
         raises EndpointUnreachable when the endpoint turns out to answer nothing at all."""
-        timeout = self.endpoint.timeout + DEADLINE_MARGIN_S
-        if self.answered:
-            try:
-                async with asyncio.timeout(timeout):
-                    return await self._chat(messages, fields)
-            except TimeoutError:
-                raise self._timed_out() from None
-        if self._hung is None:
-            self._hung = asyncio.get_running_loop().create_future()
-            self._watchdog = asyncio.ensure_future(self._watch_for_hang(self._hung))
-        call = asyncio.ensure_future(self._chat(messages, fields))
+        if not self.heard and self._still_waiting is None:
+            self._still_waiting = asyncio.get_running_loop().call_later(STILL_WAITING_S, self._say_still_waiting)
+        timed_out: Exception
         try:
-            done, _ = await asyncio.wait((call, self._hung), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not call.done():
-                call.cancel()
-        if call in done:
-            return call.result()
-        if self._hung in done:
-            raise self._hung.result()
-        raise self._timed_out()
+            async with asyncio.timeout(self.endpoint.timeout + DEADLINE_MARGIN_S) as deadline:
+                return await self._chat(messages, fields)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            timed_out = self._timed_out()
+        except openai.APITimeoutError as exc:  # the SDK's read timeout: nothing came for --timeout
+            if self.answered or _mapped_as_timeout(exc) or connect_failure(exc) is not None:
+                raise
+            timed_out = exc
+        if not self.heard and not await self._answers_models():
+            raise self._hung()
+        raise timed_out
 
     def _timed_out(self) -> CallTimedOut:
         return CallTimedOut(f"no complete reply within {self.endpoint.timeout:g}s (--timeout bounds the whole call)")
 
-    async def _watch_for_hang(self, hung: asyncio.Future) -> None:
-        """Once the first calls have waited HUNG_AFTER_S without any answer, ask GET /models: no answer to that
-        either within HUNG_AFTER_S sets `hung` (every call waiting on it stops); an answer, or a call's, clears it."""
-        await asyncio.sleep(HUNG_AFTER_S)
-        if self.answered:
-            return
-        try:
-            await asyncio.wait_for(self._client.models.with_raw_response.list(timeout=HUNG_AFTER_S), HUNG_AFTER_S)
-        except openai.APIStatusError:
-            pass  # an HTTP answer, whatever it says: something is there, the chat calls are only slow
-        except (openai.APITimeoutError, TimeoutError):
-            if not self.answered and not hung.done():
-                hung.set_result(
-                    EndpointUnreachable(
-                        f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call "
-                        f"or to GET /models within {2 * HUNG_AFTER_S:g}s; is the server stuck, or is "
-                        f"{self.endpoint.base_url_source} pointing at something that is not an HTTP API?"
-                    )
-                )
-            return
-        except Exception:  # noqa: BLE001 - a refused or broken connection: the calls' own retries decide
-            return
-        self.answered = True
+    async def _heard_from(self, response: Any) -> None:
+        """The HTTP client's response hook: a reply's headers have come (its body may still be on the way)."""
+        self.heard = True
+
+    def _say_still_waiting(self) -> None:
+        if not self.heard:
+            print(
+                f"waiting for the first reply from {self.endpoint.host}: none after {STILL_WAITING_S:g}s; a call "
+                f"may take up to --timeout {self.endpoint.timeout:g}s (a model served on a CPU can take minutes)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _probe_bound(self) -> float:
+        return min(self.endpoint.timeout, MODELS_PROBE_S)
+
+    def _hung(self) -> EndpointUnreachable:
+        return EndpointUnreachable(
+            f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call within "
+            f"--timeout {self.endpoint.timeout:g}s, nor to GET /models within {self._probe_bound():g}s after it; "
+            f"is the server stuck, or is {self.endpoint.base_url_source} pointing at something that is not an "
+            "HTTP API? (A server that is alive but slower than that: raise --timeout.)"
+        )
+
+    async def _answers_models(self) -> bool:
+        """Whether the endpoint answers GET /models (its headers are enough), asked once for every first call
+        that timed out."""
+        if self._probe is None:
+            self._probe = asyncio.ensure_future(self._ask_models())
+        return await asyncio.shield(self._probe)
+
+    async def _ask_models(self) -> bool:
+        bound = self._probe_bound()
+        with contextlib.suppress(Exception):  # an HTTP error, a timeout, no connection: the headers tell
+            async with asyncio.timeout(bound + DEADLINE_MARGIN_S):
+                await self._client.models.with_raw_response.list(timeout=bound)
+        return self.heard
 
     async def _chat(self, messages: list[dict], fields: dict | None) -> tuple[Any, Mapping[str, str]]:
         params, extra = self.endpoint.call_fields(fields)
@@ -544,8 +565,10 @@ class ChatClient:
         return None
 
     async def aclose(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        if self._still_waiting is not None:
+            self._still_waiting.cancel()
+        if self._probe is not None:
+            self._probe.cancel()
         await self._client.close()
 
 

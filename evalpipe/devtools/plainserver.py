@@ -15,11 +15,14 @@ Each behaviour is a setting:
   window       fixed windows of `window` seconds admitting `per_window` requests each, announced likewise
   trickle      the body of every answer sent one byte a second
   hang         accept every connection and answer nothing, not even GET /v1/models
+  serial       one request at a time: GET /v1/models too waits while a chat call is answered (as
+               llama.cpp's Python server does while it generates)
 
     python -m evalpipe.devtools.plainserver [--port N] [--latency S] [--overloaded P] [--bucket N --rpm R] ...
 """
 
 import argparse
+import contextlib
 import http.server
 import json
 import random
@@ -40,6 +43,7 @@ class Behaviour:
     per_window: int = 0
     trickle: bool = False
     hang: bool = False
+    serial: bool = False
     seed: int = 1
 
 
@@ -100,6 +104,9 @@ class Limits:
 def make_handler(behaviour: Behaviour, counters: Counters, limits: Limits):
     draws = random.Random(behaviour.seed)
     draw_lock = threading.Lock()
+    one_at_a_time: contextlib.AbstractContextManager = (
+        threading.Lock() if behaviour.serial else contextlib.nullcontext()
+    )
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -128,13 +135,21 @@ def make_handler(behaviour: Behaviour, counters: Counters, limits: Limits):
             self.close_connection = True
 
         def do_GET(self) -> None:
+            with one_at_a_time:
+                self._get()
+
+        def do_POST(self) -> None:
+            with one_at_a_time:
+                self._post()
+
+        def _get(self) -> None:
             if behaviour.hang:
                 return self._hang()
             if self.path.rstrip("/") == "/v1/models":
                 return self._reply(200, {"object": "list", "data": [{"id": "plain", "object": "model"}]})
             self._reply(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
 
-        def do_POST(self) -> None:
+        def _post(self) -> None:
             if behaviour.hang:
                 return self._hang()
             size = int(self.headers.get("Content-Length") or 0)
@@ -234,6 +249,7 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=0)
     parser.add_argument("--trickle", action="store_true")
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--serial", action="store_true")
     args = parser.parse_args()
     behaviour = Behaviour(**{k: v for k, v in vars(args).items() if k != "port"})
     with PlainServer(behaviour, args.port) as server:
