@@ -6,6 +6,7 @@ SIGSEGV at its Nth chat completion, as llama.cpp's AMX repack did on some cloud 
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,11 +22,12 @@ from evalpipe.devtools import localmodel
 from .conftest import ROOT
 
 FAKE_SERVER = r"""
-import ctypes, json, os, sys
+import ctypes, json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port = int(sys.argv[sys.argv.index("--port") + 1])
 crash_at = int(os.environ.get("FAKE_LLAMA_CRASH_AT", "0"))
+delay = float(os.environ.get("FAKE_LLAMA_DELAY", "0"))  # seconds a chat completion takes
 calls = 0
 
 
@@ -51,6 +53,7 @@ class Handler(BaseHTTPRequestHandler):  # HTTP/1.0: the server closes each conne
         if calls == crash_at:
             print("ggml_cpu: repacking weights... (stand-in for a general protection fault)", flush=True)
             ctypes.string_at(0)  # a real fault in this thread, as llama.cpp's was
+        time.sleep(delay)
         message = {"role": "assistant", "content": "Hi"}
         self.reply({"id": "x", "object": "chat.completion", "created": 0, "model": "gemma",
                     "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
@@ -103,6 +106,14 @@ def test_a_server_that_dies_at_its_first_completion_is_dead_not_up(stand_in, mon
     assert "repacking weights" in message  # the end of its log
     assert died.value.exit_code == 70
     assert "server is up" not in capsys.readouterr().out
+
+
+def test_a_slow_server_is_waited_for_and_called_slow(stand_in, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "1.5")  # one token in 1.5 s: a model on a busy CPU
+    with localmodel.server(tmp_path / "server.log", ready_timeout=30):
+        pass
+    out = capsys.readouterr().out
+    assert re.search(r"server is up, answering at 0\.[1-7] tokens/s \(slow:", out), out
 
 
 def test_a_server_that_dies_while_in_use_is_reported_when_the_block_ends(stand_in, monkeypatch, tmp_path):

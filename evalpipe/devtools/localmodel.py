@@ -35,6 +35,11 @@ from ..store.paths import PROJECT
 
 MODEL_NAME = "gemma-3-270m"
 SERVE_PORT = 8765
+# Starting is loading a 300 MB file and answering 8 tokens: seconds when quiet, a minute with CPU hogs beside
+# it. A live server is waited for this long at most (a dead one is seen at once: its process has ended).
+READY_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 30.0
+SLOW_TOKENS_PER_S = 5.0  # below this, the first answer's speed is called slow
 
 # llama.cpp's default build is `-march=native`: on a CPU with AMX it compiles in and uses an AMX weight
 # repack that dies with a general protection fault on some cloud Xeons at the first chat completion.
@@ -187,29 +192,49 @@ class LocalServer:
         if self.proc.poll() is not None:
             raise self.died()
 
-    def wait_ready(self, timeout: float) -> None:
-        """Up means one real one-token chat completion answered: `/v1/models` answers before the model has
-        computed anything (the demo's crash came at the first completion)."""
-        deadline = time.monotonic() + timeout
-        body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    def wait_ready(self, timeout: float) -> float:
+        """Up means a real chat completion answered (`/v1/models` answers before the model has computed
+        anything: the demo's crash came at the first completion). Waits while the server lives, up to
+        `timeout`, saying every PROGRESS_EVERY_S that it still waits; returns the tokens a second it answered at."""
+        started = time.monotonic()
+        deadline, said = started + timeout, started
+        body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
         while True:
             self.check()
             request = urllib.request.Request(
                 f"{self.base_url}/chat/completions", body.encode(), {"Content-Type": "application/json"}
             )
+            asked = time.monotonic()
             try:
-                with urllib.request.urlopen(request, timeout=max(1.0, deadline - time.monotonic())) as reply:
-                    if json.load(reply).get("choices"):
-                        return
+                with urllib.request.urlopen(request, timeout=max(1.0, deadline - asked)) as reply:
+                    answer = json.load(reply)
+                if answer.get("choices"):
+                    tokens = (answer.get("usage") or {}).get("completion_tokens") or 1
+                    return tokens / max(time.monotonic() - asked, 1e-3)
             except (OSError, ValueError):
                 pass
             self.check()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise ServerNotReady(
-                    f"the local model server did not answer a one-token chat completion within {timeout:.0f}s; "
-                    f"the end of {self.log_path}:\n" + log_tail(self.log_path)
+                    f"the local model server did not answer a short chat completion within {timeout:.0f}s while "
+                    f"running; the end of {self.log_path}:\n" + log_tail(self.log_path)
                 )
+            if now - said >= PROGRESS_EVERY_S:
+                said = now
+                print(f"local model: still starting ({now - started:.0f}s; a busy machine is slower)", flush=True)
             time.sleep(0.5)
+
+
+def speed_line(tokens_per_s: float) -> str:
+    """What the first answer says of the local model's speed, and what a slow one means."""
+    line = f"local model: server is up, answering at {tokens_per_s:.1f} tokens/s"
+    if tokens_per_s < SLOW_TOKENS_PER_S:
+        line += (
+            " (slow: the machine is busy or small; every stage waits for it, up to its --timeout, and the demo "
+            "takes longer than usual)"
+        )
+    return line
 
 
 def server_command(port: int, n_ctx: int) -> list[str]:
@@ -223,7 +248,9 @@ def server_command(port: int, n_ctx: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port: int = 0) -> Iterator[LocalServer]:
+def server(
+    log_path: Path, n_ctx: int = 4096, ready_timeout: float = READY_TIMEOUT_S, port: int = 0
+) -> Iterator[LocalServer]:
     """Start the server on a loopback port (0: a free one), yield it once it answers, always stop it.
 
     Raises ServerDied if it dies, at start or while in use (checked when the block ends)."""
@@ -238,8 +265,7 @@ def server(log_path: Path, n_ctx: int = 4096, ready_timeout: float = 180.0, port
     local = LocalServer(proc, f"http://127.0.0.1:{port}/v1", log_path)
     try:
         print(f"local model: starting the server on {local.base_url} (log: {log_path})...", flush=True)
-        local.wait_ready(ready_timeout)
-        print("local model: server is up (it answered a one-token chat completion)", flush=True)
+        print(speed_line(local.wait_ready(ready_timeout)), flush=True)
         yield local
         local.check()
     finally:
