@@ -67,7 +67,7 @@ NOT_A_VERDICT = ("1/2", "1 of 3 requirements met", "1e-9", "1e400", "1e-400", "0
 
 def test_a_score_that_is_not_exactly_0_or_1_is_never_read_as_one():
     for stated in NOT_A_VERDICT:
-        body = f'"Grading Rationale": "x", "List of Requirement Satisfaction Status": ["yes", "yes"], "Overall Score": '
+        body = '"Grading Rationale": "x", "List of Requirement Satisfaction Status": ["yes", "yes"], "Overall Score": '
         for text in (
             "{" + body + stated + "}",  # the whole reply
             "{" + body + stated,  # a reply that breaks off after it

@@ -328,8 +328,9 @@ def loads(text: str) -> Any:
 
 
 def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
-    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); json.JSONDecodeError for
-    text that is not JSON, TooDeep for JSON nested deeper than MAX_DEPTH (never a RecursionError: 3,000 `[` are a bad reply)."""
+    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); json.JSONDecodeError
+    for text that is not JSON, TooDeep for JSON nested deeper than MAX_DEPTH (never a RecursionError: 3,000 `[`
+    are a bad reply, not a crash)."""
     if whole:
         pos = len(text) - len(text.lstrip(" \t\n\r"))
     try:
