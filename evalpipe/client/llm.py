@@ -40,6 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from .. import redact
 from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
+from . import spending
 from .cost import MAX_TOKEN_COUNT
 from .limiter import AdaptiveLimit
 
@@ -63,8 +64,6 @@ if TYPE_CHECKING:
     import httpx2
     import openai
     from openai.types.chat import ChatCompletionMessageParam
-
-    from .spending import SpendingCap
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
@@ -337,7 +336,7 @@ class ChatClient:
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
 
-    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: "SpendingCap | None" = None):
+    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint = endpoint
         self.limit = limit
         self.cap = cap
@@ -372,14 +371,14 @@ class ChatClient:
         if self.cap is None:
             return await self._attempt(messages, fields)
         params, extra = self.endpoint.call_fields(fields)
-        chars = prompt_chars(messages)
-        reservation = self.cap.reserve(chars, max_tokens_of({**params, **extra}))
+        body = {**params, **extra}
+        reservation = await self.cap.reserve(spending.request_bytes(messages, body), max_tokens_of(body))
         try:
             response = await self._attempt(messages, fields)
         except BaseException:
             self.cap.release(reservation)
             raise
-        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)), chars)
+        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)))
         return response
 
     async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
