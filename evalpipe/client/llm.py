@@ -563,17 +563,21 @@ def max_tokens_of(body: dict) -> int:
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int) -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body)."""
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): every text
+    the server sent, with our key taken out (a server may echo it), since this is what rows are made of."""
     choice = response.choices[0]
     message = choice.message
+    served = Served.of(response)
+    if served is not None:
+        served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint)))
     return Completion(
-        text=(message.content if message is not None and message.content else ""),
-        finish_reason=choice.finish_reason,
+        text=redact.secrets(message.content if message is not None and message.content else ""),
+        finish_reason=redact.secrets(choice.finish_reason) if choice.finish_reason else choice.finish_reason,
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
-        reasoning=_reasoning(message),
-        served=Served.of(response),
+        reasoning=redact.secrets(_reasoning(message)),
+        served=served,
     )
 
 
