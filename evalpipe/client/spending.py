@@ -43,7 +43,7 @@ class SpendingCapReached(StageError):
 
 def request_bytes(messages: list[dict], fields: dict) -> int:
     """The UTF-8 bytes of a request's messages and body fields as JSON: more than the prompt tokens it can bill."""
-    return len(orjson.dumps(messages)) + len(orjson.dumps(fields, default=str))
+    return len(orjson.dumps(messages, default=str)) + len(orjson.dumps(fields, default=str))
 
 
 @dataclass(frozen=True)
