@@ -14,6 +14,8 @@ from .datasets import hub
 from .errors import BadInput
 from .store.paths import DEFAULT_ROOT
 
+DEFAULT_JUDGE_MODEL = "gpt-5.1"  # judge.py's, as upstream's CL-bench
+
 
 def parser_for(
     stage: str,

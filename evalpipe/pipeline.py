@@ -14,8 +14,10 @@ cannot go on (score with no judge file yet) stops the pipeline but leaves the co
 make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
 """
 
+import argparse
 import ctypes
 import difflib
+import math
 import os
 import shlex
 import signal
@@ -25,9 +27,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import benchmarks
+from . import benchmarks, cli
 from .client import spending
-from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING
+from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput
 from .store.paths import JUDGE_LABEL, PROJECT
 
 STAGES = ("infer", "judge", "error-analysis", "score", "aggregate", "publish")
@@ -115,7 +117,7 @@ def _check(plan: Plan) -> None:
     max_cost = plan.get("MAX_COST")
     if max_cost is not None:
         try:
-            ok = float(max_cost) > 0
+            ok = math.isfinite(float(max_cost)) and float(max_cost) > 0
         except ValueError:
             ok = False
         if not ok:
@@ -128,6 +130,37 @@ def _check(plan: Plan) -> None:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+
+
+def _cost_flags() -> argparse.ArgumentParser:
+    """The flags of a stage's command line that say what it may spend on which model."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--model")
+    parser.add_argument("--judge-model", default=cli.DEFAULT_JUDGE_MODEL)
+    parser.add_argument("--prices")
+    parser.add_argument("--max-cost")
+    return parser
+
+
+def check_prices(plan: Plan) -> None:
+    """With a spending cap, every model the plan's stages will call has a price, before the first stage spends
+    anything (BadInput, exit 2): a judge model missing from the table must not be found after infer has paid."""
+    bench = benchmarks.get(plan.get("BENCH") or benchmarks.DEFAULT)
+    for stage in plan.stages:
+        if stage not in ("infer", "judge", "error-analysis") or (stage != "infer" and not bench.judge_uses_llm):
+            continue
+        flags, _ = _cost_flags().parse_known_args(command(plan, stage)[2:])
+        if flags.max_cost is None:
+            continue
+        try:
+            max_cost = float(flags.max_cost)
+        except ValueError:
+            continue  # the stage's own parser says what is wrong with it
+        model = flags.model if stage == "infer" else flags.judge_model
+        try:
+            spending.cap_for(max_cost, flags.prices, model)
+        except BadInput as exc:
+            raise UsageError(f"{stage}: {exc}") from None
 
 
 def _flag(plan: Plan, var: str, flag: str) -> list[str]:
@@ -324,6 +357,7 @@ def main(argv: list[str]) -> int:
         return EXIT_OK
     try:
         plan = parse(argv)
+        check_prices(plan)
     except UsageError as exc:
         print(f"pipeline: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -12,6 +12,15 @@ def register(secret: str | None) -> None:
         _secrets.add(secret)
 
 
+def secrets(text: str) -> str:
+    """The registered secrets replaced, and nothing else: for what a server answered, which becomes rows (a model's
+    answer that explains `Bearer <token>` keeps it; our key, if a server echoes it, does not)."""
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "[REDACTED]")
+    return text
+
+
 def redact(text: str) -> str:
     for secret in sorted(_secrets, key=len, reverse=True):
         text = text.replace(secret, "[REDACTED]")

@@ -5,6 +5,8 @@ which key reached which server, and that a refused stage sent nothing at all."""
 
 import asyncio
 import os
+import subprocess
+import sys
 
 import openai
 import pytest
@@ -15,7 +17,7 @@ from evalpipe.devtools.testserver import FakeOpenAI
 from evalpipe.errors import BadInput
 from evalpipe.stages import infer as infer_stage
 
-from .conftest import API_KEY, read_jsonl, scripted
+from .conftest import API_KEY, ROOT, read_jsonl, scripted
 from .test_results import with_analyst
 
 JUDGE_KEY = "sk-judge-OTHER-fedcba9876543210"
@@ -271,3 +273,42 @@ def test_credentials_with_a_port_that_is_no_number_are_refused_as_bad_input(sdk_
         endpoint_for("--base-url", "http://user:pa55word@127.0.0.1:port/v1")
     assert "has credentials in it (http://USER:KEY@127.0.0.1/v1)" in str(refused.value)
     assert "pa55word" not in str(refused.value)
+
+
+# ---------------------------------------------------------------- a key echoed back in an answer
+
+
+def test_a_key_echoed_in_successful_answers_lands_in_no_row_report_or_upload(server, stage, tmp_path):
+    """Issue 38 row 10: a server that echoes our key in its answers (content, reasoning, model, fingerprint): rows,
+    score, report.md, report.html and what publish would upload hold no trace of it, not even a cut-off part."""
+    from evalpipe.devtools.testserver import Reply
+    from evalpipe.results import publish
+
+    from .conftest import is_judge, judge_json, rubric_count
+
+    echo = f"the key you sent is {API_KEY}."
+    judged = []
+
+    def echoing(request):
+        if not is_judge(request):
+            return Reply(content=echo, reasoning=echo, served_model=f"m-{API_KEY}", system_fingerprint=API_KEY)
+        judged.append(request)
+        if len(judged) == 1:
+            return Reply(content="x" * 190 + API_KEY)  # no verdict: the row's error quotes the reply's first 200
+        return Reply(content=judge_json(1, rubric_count(request.last_content), rationale=echo), served_model=API_KEY)
+
+    server.handler = echoing
+    out = tmp_path / "out"
+    common = ("--bench", "clbench", "--model", "m", "--outputs-dir", out)
+    stage("infer", *common, "--max-samples", 3, check=0)
+    stage("judge", *common, "--judge-model", "j", "--parse-attempts", 1, check=0)
+    stage("score", *common)
+    for module in (["evalpipe.stages.report", "--outputs-dir", out], ["evalpipe.stages.viewer", out]):
+        proc = subprocess.run([sys.executable, "-m", *map(str, module)], cwd=ROOT, env=stage.env, capture_output=True)
+        assert proc.returncode == 0, proc.stderr
+    written = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert any(p.name == "report.html" for p in written) and any(p.name == "judge.jsonl" for p in written)
+    uploaded = publish.files(out, "clbench", with_prompts=True)
+    for name, data in [*((str(p), d) for p, d in written.items()), *uploaded.items()]:
+        assert API_KEY[:12].encode() not in data, name
+    assert any(b"[REDACTED]" in data for data in written.values())

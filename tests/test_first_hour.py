@@ -209,6 +209,7 @@ def test_sigterm_to_the_runner_stops_the_stage_cleanly(server, env, tmp_path):
         ("WORKERS=many", "WORKERS=many: expected a whole number of 1 or more"),
         ("BENCH=nope", "BENCH=nope: unknown benchmark"),
         ("ARGS=--x 'open", "ARGS=--x 'open: No closing quotation"),
+        ("MAX_COST=inf", "MAX_COST=inf: expected an amount in USD above 0"),  # no cap at all is no amount
     ],
 )
 def test_bad_make_variables_get_one_line_and_exit_2(env, tmp_path, word, message):

@@ -99,3 +99,26 @@ def test_a_retry_after_parse_failure_keeps_the_usage_of_every_call(server, stage
         2,
         {"prompt_tokens": 200, "completion_tokens": 20},
     )
+
+
+def test_replies_that_are_no_verdict_score_zero_and_the_stage_goes_on(server, stage, tmp_path):
+    """Issue 38 rows 5 and 6: fractions, prose, exponents and deep nesting are parse failures (score 0), never a
+    pass and never a RecursionError; every task gets its row and judge exits as usual."""
+    stage.infer("--max-samples", "8", check=0)
+    body = '{"Grading Rationale": "x", "List of Requirement Satisfaction Status": [], "Overall Score": '
+    bad = [body + v + "}" for v in ("1/2", "1 of 3 requirements met", "1e-9", "1e400")]
+    bad += [body + '"1 of 3 requirements met"}', "[" * 3000, '{"a": ' * 3000, body + "1, " + '"x": ' + "[" * 9000]
+    answers = [r["model_output"] for r in read_jsonl(tmp_path / "infer.jsonl")]
+    reply_for = dict(zip(answers, bad, strict=True))  # one kind of non-verdict per task
+
+    def no_verdicts(request):
+        if not is_judge(request):
+            return scripted(request)
+        return Reply(content=next(text for answer, text in reply_for.items() if answer in request.last_content))
+
+    server.handler = no_verdicts
+    proc = stage("judge", "--input", "infer.jsonl", "--judge-model", "j", "--parse-attempts", "1", check=0)
+    assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr
+    rows = judged(tmp_path)
+    assert len(rows) == 8
+    assert {(r["judge_status"], r["score"]) for r in rows.values()} == {("parse_error", 0)}

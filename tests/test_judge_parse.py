@@ -1,6 +1,6 @@
 import json
 
-from evalpipe.benchmarks.clbench import Verdict, parse_judge_reply, rubrics_text
+from evalpipe.benchmarks.clbench import Verdict, parse_error_types, parse_judge_reply, rubrics_text
 
 GOOD = {"Grading Rationale": "all met", "List of Requirement Satisfaction Status": ["yes", "yes"], "Overall Score": 1}
 
@@ -59,3 +59,40 @@ def test_empty_and_prose_only_replies_fail():
 def test_rubrics_become_a_numbered_checklist():
     assert rubrics_text(["a", {"rubric_criteria": " b "}, "", {"other": 1}, "c"]) == "1. a\n2. b\n3. c"
     assert rubrics_text([]) == "No specific rubrics provided."
+
+
+# Verdicts that are not 0 or 1, in every place a score can be read from (issue 38, row 6)
+NOT_A_VERDICT = ("1/2", "1 of 3 requirements met", "1e-9", "1e400", "1e-400", "0.5", "1.00000000000000001", "true")
+
+
+def test_a_score_that_is_not_exactly_0_or_1_is_never_read_as_one():
+    for stated in NOT_A_VERDICT:
+        body = '"Grading Rationale": "x", "List of Requirement Satisfaction Status": ["yes", "yes"], "Overall Score": '
+        for text in (
+            "{" + body + stated + "}",  # the whole reply
+            "{" + body + stated,  # a reply that breaks off after it
+            f"Here it is:\n```json\n{{{body}{stated}}}\n```",  # fenced, in prose
+            "{" + body + json.dumps(stated) + "}",  # as a string
+        ):
+            reason = parse_judge_reply(text, 2)
+            assert isinstance(reason, str) and "0 or 1" in reason, (text, reason)
+    # what the contract allows stays read, salvaged or not
+    for text, score in (('{"Overall Score": 1.0}', 1), ('{"Grading Rationale": "cut', None)):
+        v = parse_judge_reply(text, 0)
+        assert (v.score if isinstance(v, Verdict) else None) == score
+    assert parse_judge_reply('{"Grading Rationale": "ok", "Overall Score": 1\n', 0).how == "score_only"
+    assert parse_judge_reply('{"Grading Rationale": "ok", "Overall Score": "0" }', 0).score == 0
+
+
+def test_deep_or_unclosed_nesting_is_a_parse_failure_not_a_recursion_error():
+    deep = "[" * 5000 + "]" * 5000
+    for text in (
+        "[" * 3000,
+        '{"a": ' * 3000,
+        '{"Overall Score": 1, "x": ' + deep + "}",
+        'Sure: {"Overall Score": 1, "x": ' + deep + "}",
+        '{"Overall Score": 1, "x": ' + "[" * 40 + "]" * 40 + "}",  # deeper than a verdict can be: not salvaged
+    ):
+        reason = parse_judge_reply(text, 1)
+        assert isinstance(reason, str) and "nested deeper than" in reason
+        assert "nested deeper than" in parse_error_types(text)

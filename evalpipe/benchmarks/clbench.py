@@ -130,7 +130,8 @@ class Verdict:
 
 
 _FENCE = re.compile(r"```[a-zA-Z]*\s*\n?(.*?)```", re.DOTALL)
-_SCORE = re.compile(r'"Overall Score"\s*:\s*"?\s*([0-9.]+)')
+_SCORE = re.compile(r'"Overall Score"\s*:([^,}]*)')  # the stated value: up to where a JSON value ends
+_STATED_SCORE = re.compile(r'\s*(?:([01])(?:\.0)?|"([01])(?:\.0)?")\s*')  # 0 or 1 and nothing else: not 1/2, 1e-9
 _RATIONALE = re.compile(r'"Grading Rationale"\s*:\s*"((?:[^"\\]|\\.)*)')
 _STATUS_LIST = re.compile(r'"List of Requirement Satisfaction Status"\s*:\s*\[([^\]]*)')
 
@@ -147,11 +148,12 @@ def _strip_outer_fence(text: str) -> str:
 
 
 def _json_objects(text: str):
-    decoder = json.JSONDecoder()
     pos = text.find("{")
     while pos >= 0:
         try:
-            obj, end = decoder.raw_decode(text, pos)
+            obj, end = judge_format.decode(text, pos)
+        except judge_format.TooDeep:
+            raise  # no verdict nests that deep, and each `{` inside it would be tried as deep again
         except ValueError:
             pos = text.find("{", pos + 1)
             continue
@@ -206,6 +208,8 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
     reasons = []
     try:
         obj = judge_format.loads(_strip_outer_fence(text))
+    except judge_format.TooDeep as exc:
+        return f"not JSON ({exc.msg})"  # a reply nested that deep is no verdict, whatever it states
     except json.JSONDecodeError as exc:
         reasons.append(f"not JSON ({exc.msg})")
     else:
@@ -216,8 +220,11 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
             reasons.append(verdict)
         else:
             reasons.append(f"JSON {type(obj).__name__}, not an object")
-    fenced = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
-    in_prose = [(m, "json_in_prose") for m in _json_objects(text)]
+    try:
+        fenced = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
+        in_prose = [(m, "json_in_prose") for m in _json_objects(text)]
+    except judge_format.TooDeep as exc:
+        return f"JSON in the reply {exc.msg}"
     for obj, how in fenced[::-1] + in_prose[::-1]:  # a fenced block first; the last stated verdict wins
         verdict = _verdict_from(obj, how, n_rubrics)
         if isinstance(verdict, Verdict):
@@ -225,9 +232,10 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
         reasons.append(verdict)
     scores = _SCORE.findall(text)
     if scores:
-        score = _normalize_score(scores[-1])
-        if score is None:
-            return f"'Overall Score' must be 0 or 1, got {scores[-1]!r}"
+        stated = _STATED_SCORE.fullmatch(scores[-1])
+        if stated is None:
+            return f"'Overall Score' must be 0 or 1, got {scores[-1].strip()[:100]!r}"
+        score = int(stated.group(1) or stated.group(2))
         rationale = _RATIONALE.search(text)
         statuses = _STATUS_LIST.search(text)
         obj = {
@@ -407,16 +415,26 @@ def analysis_problems(obj: Any) -> list[str]:
 ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems)
 
 
+def _whole_then_in_prose(text: str) -> list[tuple[Any, str]]:
+    """The reply as JSON, then each JSON object inside it, the last first; judge_format.TooDeep for deep nesting."""
+    whole = []
+    try:
+        whole.append((judge_format.loads(_strip_outer_fence(text)), "json"))
+    except judge_format.TooDeep:
+        raise
+    except ValueError:
+        pass
+    return whole + [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]]
+
+
 def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
     """(types, reason, how) from an analyst's reply, or the reason it could not be read."""
     if not text or not text.strip():
         return "empty reply"
-    candidates = []
     try:
-        candidates.append((judge_format.loads(_strip_outer_fence(text)), "json"))
-    except ValueError:
-        pass
-    candidates += [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]]
+        candidates = _whole_then_in_prose(text)
+    except judge_format.TooDeep as exc:
+        return f"JSON in the reply {exc.msg}"
     reasons = []
     for obj, how in candidates:
         if not isinstance(obj, dict):

@@ -81,18 +81,30 @@ def load_prices(path: Path | None = None) -> Prices:
     if not isinstance(models, dict):
         raise BadInput("the price table needs a 'models' object: {name: {input, output[, cached_input]}}", path)
     for name, price in models.items():
-        ok = isinstance(price, dict) and all(
-            isinstance(price.get(k), (int, float)) and price[k] >= 0 for k in ("input", "output")
-        )
-        if not ok:
-            raise BadInput(f"model {name!r} needs non-negative 'input' and 'output' prices per million tokens", path)
+        if not isinstance(price, dict):
+            raise BadInput(f"model {name!r}: give {{input, output[, cached_input]}} in USD per million tokens", path)
+        for key in ("input", "output", "cached_input"):
+            if key in price or key != "cached_input":
+                _check_amount(price.get(key), f"model {name!r}: {key}", "USD per million tokens, 0 or more", path)
+    discount = table.get("batch_discount", 1.0)
+    _check_amount(discount, "batch_discount", "the share of the price a batch call costs, from 0 to 1", path)
+    if discount > 1:
+        raise BadInput(f"batch_discount is {discount!r}: give the share of the price a batch call costs, 0 to 1", path)
     return Prices(
         models=models,
         as_of=str(table.get("as_of", "?")),
         status=str(table.get("status", "")),
         source=str(path),
-        batch_discount=float(table.get("batch_discount", 1.0)),
+        batch_discount=float(discount),
     )
+
+
+def _check_amount(value, name: str, wanted: str, path: Path) -> None:
+    """A price table's number: finite and not negative (a negative price would make a spending cap unreachable);
+    BadInput naming the file and the field otherwise, before any call."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        shown = "missing" if value is None else f"{value!r}"[:40]
+        raise BadInput(f"{name} is {shown}: give a number, {wanted}", path)
 
 
 def percentiles(values: Sequence[float], points=(50, 90, 99)) -> dict[str, float]:

@@ -20,7 +20,9 @@ The decisions go into the output's manifest (`learned.judge_format`), and the ne
 """
 
 import asyncio
+import decimal
 import json
+import math
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -302,9 +304,55 @@ def _given_budget(client: "ChatClient") -> int | None:
 # ---- validation of replies in a structured mode
 
 
+MAX_DEPTH = 32  # nesting a judge's JSON may have (a verdict has 2); deeper is no verdict, and no row could hold it
+
+
+class TooDeep(json.JSONDecodeError):
+    """JSON nested deeper than MAX_DEPTH."""
+
+
+def _exact_float(text: str) -> float:
+    """A JSON number with a fraction or exponent, except one that rounds to exactly 0 or 1 without being it
+    (`1.00000000000000001`, `1e-400`): NaN, so that no such text is read as a verdict of 0 or 1."""
+    value = float(text)
+    return value if value not in (0.0, 1.0) or decimal.Decimal(text) == value else math.nan
+
+
+_DECODER = json.JSONDecoder(strict=False, parse_float=_exact_float)  # strict=False: control characters in
+# strings allowed (llama-cpp-python's grammar emits them)
+
+
 def loads(text: str) -> Any:
-    """The reply as JSON (control characters inside strings allowed: llama-cpp-python's grammar emits them)."""
-    return json.loads(text, strict=False)
+    """The reply as JSON; json.JSONDecodeError for text that is not, or is nested deeper than MAX_DEPTH."""
+    return decode(text, 0, whole=True)[0]
+
+
+def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
+    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); json.JSONDecodeError
+    for text that is not JSON, TooDeep for JSON nested deeper than MAX_DEPTH (never a RecursionError: 3,000 `[`
+    are a bad reply, not a crash)."""
+    if whole:
+        pos = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        obj, end = _DECODER.raw_decode(text, pos)
+    except RecursionError:
+        raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos) from None
+    if whole and text[end:].strip():
+        raise json.JSONDecodeError("Extra data", text, end)
+    if _depth_over(obj, MAX_DEPTH):
+        raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos)
+    return obj, end
+
+
+def _depth_over(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def check(text: str, validate: Callable[[Any], list[str]]) -> list[str]:

@@ -45,6 +45,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from .. import redact
 from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
+from . import spending
 from .cost import MAX_TOKEN_COUNT
 from .limiter import AdaptiveLimit
 
@@ -68,8 +69,6 @@ if TYPE_CHECKING:
     import httpx2
     import openai
     from openai.types.chat import ChatCompletionMessageParam
-
-    from .spending import SpendingCap
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
@@ -345,7 +344,7 @@ class ChatClient:
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
 
-    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: "SpendingCap | None" = None):
+    def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint = endpoint
         self.limit = limit
         self.cap = cap
@@ -383,14 +382,14 @@ class ChatClient:
         if self.cap is None:
             return await self._attempt(messages, fields)
         params, extra = self.endpoint.call_fields(fields)
-        chars = prompt_chars(messages)
-        reservation = self.cap.reserve(chars, max_tokens_of({**params, **extra}))
+        body = {**params, **extra}
+        reservation = await self.cap.reserve(spending.request_bytes(messages, body), max_tokens_of(body))
         try:
             response = await self._attempt(messages, fields)
         except BaseException:
             self.cap.release(reservation)
             raise
-        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)), chars)
+        self.cap.settle(reservation, usage_dict(getattr(response, "usage", None)))
         return response
 
     async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
@@ -587,17 +586,21 @@ def max_tokens_of(body: dict) -> int:
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int) -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body)."""
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): every text
+    the server sent, with our key taken out (a server may echo it), since this is what rows are made of."""
     choice = response.choices[0]
     message = choice.message
+    served = Served.of(response)
+    if served is not None:
+        served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint)))
     return Completion(
-        text=(message.content if message is not None and message.content else ""),
-        finish_reason=choice.finish_reason,
+        text=redact.secrets(message.content if message is not None and message.content else ""),
+        finish_reason=redact.secrets(choice.finish_reason) if choice.finish_reason else choice.finish_reason,
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
-        reasoning=_reasoning(message),
-        served=Served.of(response),
+        reasoning=redact.secrets(_reasoning(message)),
+        served=served,
     )
 
 

@@ -1,21 +1,28 @@
 """--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass.
 
-Before each call goes out, its worst case is reserved: its prompt tokens (from its characters, at the
-fewest characters per token the replies have shown, and 2 until one has) at the input price, plus the
-completion tokens it may answer (its token cap, else DEFAULT_WORST_COMPLETION) at the output price.
-A call whose reservation would take what was spent plus what is reserved past the cap is not sent:
-the stage stops starting calls, keeps every row it has, and exits 6. When a reply comes, its
-reservation gives way to what its usage costs (cached prompt tokens at their price; a reply without
-usage, or with numbers that are not token counts, costs its reservation); a failed attempt costs
-nothing. So what a run spends passes the cap by at most what the calls in flight cost beyond their
-worst case, which a reply within its token cap cannot.
+Before each call goes out, what it can really cost is reserved: a prompt token per byte of its request
+(the messages and fields as JSON, UTF-8: a tokenizer's token is at least a byte, so no text, CJK and
+emoji included, bills more; characters are no bound, a rare CJK character is 2 or 3 tokens) at the input
+price, plus the completion tokens it may answer (its token cap, else DEFAULT_WORST_COMPLETION) at the
+output price. A call whose reservation would take what was spent plus what is reserved past the cap
+waits while calls are in flight (their replies may leave room), and when none is, is not sent: the
+stage stops starting calls, keeps every row it has, and exits 6. Until a reply has shown what this
+endpoint bills, only FIRST_IN_FLIGHT calls go out at once. When a reply comes, its reservation gives
+way to what its usage costs (cached prompt tokens at their price; a reply without usage, or with
+numbers that are not token counts, costs its reservation); a failed attempt costs nothing. A reply
+that bills more than its reservation (a server billing past the bound, or past the token cap it was
+sent) raises every later reservation by as much.
 
 Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRICES, the bundled one).
 """
 
+import asyncio
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from ..errors import EXIT_SPENDING_CAP, BadInput, StageError
 from . import cost
@@ -24,14 +31,25 @@ from . import cost
 # from what the stages before it spent, so that MAX_COST caps the whole invocation, not each stage.
 LEDGER_ENV = "EVALPIPE_SPENDING_LEDGER"
 DEFAULT_WORST_COMPLETION = 16_384  # completion tokens a call may answer when it sends no cap on them
-FIRST_CHARS_PER_TOKEN = 2.0  # before any reply: fewer characters per token than any real tokenizer averages
-PROMPT_OVERHEAD = 16  # tokens a request adds around its messages (roles, separators)
+PROMPT_OVERHEAD = 16  # tokens a request adds around its messages (a reply's primer)
+FIRST_IN_FLIGHT = 2  # calls in flight until a reply has shown what the endpoint bills
 
 
 class SpendingCapReached(StageError):
     """The next call could pass --max-cost: no new calls; rows kept; a rerun with a higher cap resumes."""
 
     exit_code = EXIT_SPENDING_CAP
+
+
+def request_bytes(messages: list[dict], fields: dict) -> int:
+    """The UTF-8 bytes of a request's messages and body fields as JSON: more than the prompt tokens it can bill."""
+    return len(orjson.dumps(messages, default=str)) + len(orjson.dumps(fields, default=str))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    usd: float  # what is held for the call
+    bound_usd: float  # its worst case before any raise (factor 1)
 
 
 @dataclass
@@ -42,52 +60,69 @@ class SpendingCap:
     ledger: str | None = None  # the runner's ledger (LEDGER_ENV) each reply's cost is appended to, if any
     spent_usd: float = 0.0
     reserved_usd: float = 0.0
-    chars_per_token: float = field(default=FIRST_CHARS_PER_TOKEN)
-    learned: bool = False
+    in_flight: int = 0
+    billed: bool = False  # a reply has shown what the endpoint bills
+    factor: float = 1.0  # raised by a reply that billed more than its reservation
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def worst_case(self, prompt_chars: int, max_tokens: int) -> float:
-        prompt = prompt_chars / self.chars_per_token + PROMPT_OVERHEAD
-        usage = {"prompt_tokens": int(prompt) + 1, "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION}
+    def worst_case(self, request_size: int, max_tokens: int) -> float:
+        usage = {
+            "prompt_tokens": request_size + PROMPT_OVERHEAD,
+            "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
+        }
         return self.prices.cost(self.model, usage) or 0.0
 
-    def reserve(self, prompt_chars: int, max_tokens: int) -> float:
-        """Reserve a call's worst case, or raise SpendingCapReached if it could pass the cap."""
-        worst = self.worst_case(prompt_chars, max_tokens)
-        if self.spent_usd + self.reserved_usd + worst > self.cap_usd:
-            raise SpendingCapReached(
-                f"spending cap reached: ${self.spent_usd:.4f} spent and ${self.reserved_usd:.4f} reserved by the "
-                f"calls in flight leave less than the next call's worst case (${worst:.4f}) under --max-cost "
-                f"${self.cap_usd:g}; rows so far are kept: raise the cap or run again later"
-            )
+    async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
+        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
+        when none is in flight and it could still pass the cap."""
+        bound = self.worst_case(request_size, max_tokens)
+        while True:
+            worst = bound * self.factor
+            fits = self.spent_usd + self.reserved_usd + worst <= self.cap_usd
+            if fits and (self.billed or self.in_flight < FIRST_IN_FLIGHT):
+                break
+            if not self.in_flight:
+                raise SpendingCapReached(
+                    f"spending cap reached: ${self.spent_usd:.4f} spent leaves less than the next call's worst "
+                    f"case (${worst:.4f}) under --max-cost ${self.cap_usd:g}; rows so far are kept: raise the cap "
+                    "or run again later"
+                )
+            await self._changed.wait()
         self.reserved_usd += worst
-        return worst
+        self.in_flight += 1
+        return Reservation(worst, bound)
 
-    def release(self, reservation: float) -> None:
+    def release(self, reservation: Reservation) -> None:
         """A call that got no reply: it cost nothing."""
-        self.reserved_usd -= reservation
+        self.reserved_usd -= reservation.usd
+        self._done()
 
-    def settle(self, reservation: float, usage: dict, prompt_chars: int) -> None:
+    def settle(self, reservation: Reservation, usage: dict) -> None:
         """A reply: its cost replaces its reservation. A reply whose usage says nothing, or nothing that is a token
         count (usage.invalid), counts its reservation, the worst case: an endpoint cannot spend past the cap unseen."""
-        self.reserved_usd -= reservation
+        self.reserved_usd -= reservation.usd
         priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
-        spent = reservation if priced is None else priced
+        spent = reservation.usd if priced is None else priced
         self.spent_usd += spent
+        if spent > reservation.usd and reservation.bound_usd > 0:
+            self.factor = max(self.factor, spent / reservation.bound_usd)
+        self.billed = True
         if self.ledger and spent:
             with open(self.ledger, "a") as f:
                 f.write(f"{spent!r}\n")
-        tokens = usage.get("prompt_tokens")
-        if isinstance(tokens, int) and tokens > PROMPT_OVERHEAD and prompt_chars > 0:
-            seen = prompt_chars / (tokens - PROMPT_OVERHEAD)
-            self.chars_per_token = seen if not self.learned else min(self.chars_per_token, seen)
-            self.learned = True
+        self._done()
+
+    def _done(self) -> None:
+        self.in_flight -= 1
+        self._changed.set()  # wake the calls waiting for room; they check again
+        self._changed = asyncio.Event()
 
 
 def cap_for(max_cost: float | None, prices_path, model: str | None) -> SpendingCap | None:
     """The stage's cap, or None without --max-cost; BadInput (exit 2, before any call) for a model with no price."""
     if max_cost is None:
         return None
-    if max_cost <= 0:
+    if not (math.isfinite(max_cost) and max_cost > 0):
         raise BadInput(f"--max-cost {max_cost:g}: give a positive amount in USD")
     prices = cost.load_prices(prices_path)
     if model is None or prices.price_for(model) is None:
@@ -100,7 +135,19 @@ def cap_for(max_cost: float | None, prices_path, model: str | None) -> SpendingC
 
 
 def spent_before(ledger: str | None) -> float:
-    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one)."""
+    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one). A line that
+    is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed caps nothing."""
     if not ledger or not Path(ledger).exists():
         return 0.0
-    return sum(float(line) for line in Path(ledger).read_text().split() if line)
+    total = 0.0
+    for number, line in enumerate(Path(ledger).read_text().split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            amount = float(line)
+        except ValueError:
+            amount = math.nan
+        if not (math.isfinite(amount) and amount >= 0):
+            raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
+        total += amount
+    return total

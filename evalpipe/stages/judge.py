@@ -33,7 +33,11 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         help="judge JSONL (default: judge.jsonl beside an infer.jsonl input, else outputs/<input-name>_graded.jsonl "
         "as upstream; with --error-analysis, error_analysis.jsonl beside the judge file)",
     )
-    parser.add_argument("--judge-model", default="gpt-5.1", help="judge model (default gpt-5.1, as upstream)")
+    parser.add_argument(
+        "--judge-model",
+        default=cli.DEFAULT_JUDGE_MODEL,
+        help=f"judge model (default {cli.DEFAULT_JUDGE_MODEL}, as upstream)",
+    )
     parser.add_argument(
         "--judge-label",
         metavar="NAME",
