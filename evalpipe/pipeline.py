@@ -12,6 +12,10 @@ VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its ow
 The pipeline's exit code is the first stage's that did not finish: after a 3, a later stage that
 cannot go on (score with no judge file yet) stops the pipeline but leaves the code 3.
 make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
+
+    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
+
+evaluates a served model night after night and exits 8 when something changed (evalpipe/watch.py, docs/watch.md).
 """
 
 import ctypes
