@@ -131,11 +131,11 @@ def _subset(watch: Watch, source: Path) -> Path:
     assert n is not None
     record_path, rows = folder / SAMPLE_RECORD, folder / SAMPLE_FILE
     sha = manifest.sha256_file(source)
-    record = orjson.loads(record_path.read_bytes()) if record_path.exists() else None
-    if record is not None and record["requested"] != n:
+    record = nights.read_json(record_path) or None
+    if record is not None and record.get("requested") != n:
         raise BadInput(
-            f"this watch evaluates a subset of {record['requested']} items (SAMPLE={record['requested']}); another "
-            "SAMPLE starts another watch: give it LABEL=...",
+            f"this watch evaluates a subset of {record.get('requested')} items; another SAMPLE starts another watch: "
+            "give it LABEL=...",
             record_path,
         )
     if record is None:
@@ -155,8 +155,9 @@ def _subset(watch: Watch, source: Path) -> Path:
 def _night_data(watch: Watch, run_dir: Path) -> Path:
     """The file tonight's stages read, fixed at the night's first start (dataset.json records it and its source)."""
     record_path = run_dir / nights.DATASET
-    if record_path.exists():
-        return Path(orjson.loads(record_path.read_bytes())["file"])
+    recorded = nights.read_json(record_path).get("file")
+    if recorded:
+        return Path(recorded)
     source = _source(watch)
     data = _subset(watch, source) if watch.sample else source
     record = {
@@ -219,7 +220,7 @@ def night(watch: Watch) -> int:
         run_dir = folder / f"run-{run}"
         done = run_dir / nights.VERDICT
         if done.exists():  # compared already: the verdict again, in one line
-            verdict = orjson.loads(done.read_bytes())
+            verdict = nights.read_json(done)
             print(f"{nights.summary_line(verdict)} (compared {verdict['compared_at']}; report: {done})")
             return int(verdict["exit_code"])
         baseline = None

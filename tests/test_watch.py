@@ -20,7 +20,7 @@ from evalpipe.errors import (
     EXIT_SPENDING_CAP,
     run_stage,
 )
-from evalpipe.results import nights
+from evalpipe.results import items, nights
 from evalpipe.stages import report
 from evalpipe.store import lock
 
@@ -184,6 +184,12 @@ def test_bad_settings_and_a_held_lock(tmp_path, capsys):
     (folder / watch.SAMPLE_RECORD).write_text(json.dumps({"requested": 50}))
     assert watch.main(["BENCH=coin_flip", "MODEL=m", "NIGHT=2026-01-05", "SAMPLE=80", out]) == EXIT_BAD_INPUT
     assert "another SAMPLE starts another watch: give it LABEL=" in capsys.readouterr().err
+    # a damaged verdict: one line naming the file, exit 2, no traceback
+    (folder / "run-20260105").mkdir()
+    (folder / "run-20260105" / nights.VERDICT).write_text('{"night": "2026-01-05", ')
+    assert watch.main(["BENCH=coin_flip", "MODEL=m", "NIGHT=2026-01-05", out]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert f"{folder / 'run-20260105' / nights.VERDICT}: not valid JSON" in err and "Traceback" not in err
     with lock.exclusive(folder / watch.FOLDER):  # a start still running
         assert watch.main(["BENCH=coin_flip", "MODEL=m", "NIGHT=2026-01-05", out]) == EXIT_LOCKED
     assert "is being written by another run" in capsys.readouterr().err
@@ -220,3 +226,16 @@ def test_make_watch_hands_its_variables_to_the_runner():
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith(f"{sys.executable} -m evalpipe.pipeline watch ")
     assert "'NIGHT=2026-01-01'" in line and "'SAMPLE=50'" in line and "'MODEL=m'" in line
+
+
+def test_a_comparison_within_one_cluster_has_no_interval_instead_of_failing():
+    """A small SAMPLE of CL-bench can leave a category's tasks in one context: compared night against night, it has
+    no degrees of freedom, so no interval and no p (it used to raise in the t quantile)."""
+    figure = benchmarks.get("clbench").figures[1]  # per category
+
+    def night(scores):
+        columns = {"keys": ["a", "b"], "clusters": ["ctx", "ctx"], "groups": {"category": ["c", "c"]}}
+        return items.ModelItems([{**columns, "columns": {"solved": scores}}], "context_id")  # type: ignore[typeddict-item]
+
+    found = items.compare(night([1, 0]), night([0, 0]), figure, "c", None)
+    assert found is not None and found["n_clusters"] == 1 and found["ci95"] is None and found["p_value"] is None

@@ -19,8 +19,9 @@ import orjson
 
 from ..errors import EXIT_CHANGED, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths
-from ..store.rows import row_id
 from . import items, plots, stats, tables
+from .shapes import row_id
+from .viewer.collect import passed
 
 VERDICT = "watch.json"  # a complete night's verdict, in its run folder
 DATASET = "dataset.json"  # what the night was given to read, written by the watch when the night starts
@@ -59,7 +60,8 @@ def night_items(folder: Path) -> items.ModelItems:
     return items.ModelItems([columns], cluster)
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON object the watch wrote ({} when absent); BadInput naming the file when it is damaged."""
     if not path.exists():
         return {}
     try:
@@ -76,13 +78,13 @@ def facts(folder: Path) -> dict:
     """What made a night's rows: the served models and fingerprints its rows record (score.json's `served`), the
     judge, the dataset (the watch's dataset.json and infer's manifest), the settings (the fingerprints) and the
     price table score used."""
-    score = _json(folder / "score.json")
+    score = read_json(folder / "score.json")
     served = score.get("served") or {}
     infer = manifest.read_run(folder / "infer.jsonl") or {}
     judge = manifest.read_run(folder / "judge.jsonl") or {}
     model_settings = dict(infer.get("fingerprint") or {})
     dataset = {"sha256": model_settings.pop("dataset_sha256", infer.get("dataset_sha256"))}
-    dataset |= {k: v for k, v in _json(folder / DATASET).items() if k in ("source", "source_sha256", "revision")}
+    dataset |= {k: v for k, v in read_json(folder / DATASET).items() if k in ("source", "source_sha256", "revision")}
     if infer.get("dataset_source"):
         dataset["revision"] = infer["dataset_source"]
     prices = (score.get("cost") or {}).get("prices") or {}
@@ -144,16 +146,7 @@ def changes(before: dict, after: dict) -> list[dict]:
 
 def passes(folder: Path) -> dict[str, int]:
     """Each task's pass (1) or fail (0) in a night's judge file, last row per task, as the viewer counts them."""
-
-    def passed(row: dict) -> int:
-        score = row.get("score")
-        return 1 if score in (1, "1", True) or (type(score) is float and score == 1.0) else 0
-
-    def key(row: dict) -> str:
-        found = row_id(row)
-        return found if isinstance(found, str) else orjson.dumps(found).decode()
-
-    return jsonl.latest_rows(folder / "judge.jsonl", key, passed)
+    return jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
 
 
 def _moved(result: dict, alpha: float) -> bool:
@@ -283,7 +276,12 @@ def report(verdict: dict, link: str | None) -> str:
         h = c["headline"]
         lines.append(f"Against the {label}, {c['night']}:")
         if h is not None:
-            verdict_word = "beyond noise" if _moved(h, alpha) else "within noise"
+            if _moved(h, alpha):
+                verdict_word = "beyond noise"
+            elif h["p_value"] is None:
+                verdict_word = "every paired task scored alike: nothing to test"
+            else:
+                verdict_word = "within noise"
             lines.append(
                 f"  {h['figure']}: {_pt(h['diff'])} points {_interval(h['ci95'], signed=True)}, "
                 f"{_p_text(h['p_value'])} "
@@ -294,7 +292,8 @@ def report(verdict: dict, link: str | None) -> str:
         else:
             lines.append("  no tasks in common: the headline cannot be compared")
         for change in c["changes"]:
-            mark = " (flags the night)" if change["flags"] else ""
+            # only a change since the previous night flags: the baseline's is the same change, flagged once
+            mark = " (flags the night)" if change["flags"] and c is verdict["previous"] else ""
             if change.get("detail"):
                 lines.append(f"  {change['what']} changed{mark}: " + "; ".join(change["detail"]))
             else:
@@ -332,7 +331,7 @@ def verdicts(model_dir: Path) -> list[dict]:
     found = []
     for folder in model_dir.glob("run-*"):
         if paths.RUN_DIR.match(folder.name) and (folder / VERDICT).exists():
-            found.append(_json(folder / VERDICT))
+            found.append(read_json(folder / VERDICT))
     return sorted(found, key=lambda v: v.get("night", ""))
 
 
@@ -503,7 +502,7 @@ def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -
                 page = model_dir / f"{HISTORY}.md"
                 text = page.read_text(encoding="utf-8")
                 text = re.sub(r"^## ", "### ", text, flags=re.MULTILINE)
-                text = re.sub(r"\]\((history\.\w+)\)", lambda m, at=link: f"]({at}/{m.group(1)})", text)
+                text = text.replace(f"]({HISTORY}.", f"]({link}/{HISTORY}.")
                 out.append(f"## Watch history: {link}\n\n{text}")
     return out
 
