@@ -1,6 +1,7 @@
 """The watch (evalpipe/watch.py, docs/watch.md): a served model night after night, through the real command against
 the loopback server, a night at a time; and its false-alarm rate on real night files (the real score stage)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -142,6 +143,9 @@ def test_quiet_nights_resume_repeat_and_a_re_pointed_snapshot(server, env, tmp_p
     page = (out / "report.md").read_text()
     assert "## Watch history: watch/coin_flip/m" in page and "snapshot-2 (120)" in page
     assert "(watch/coin_flip/m/history.csv)" in page
+    if importlib.util.find_spec("matplotlib") is not None:  # make report draws the plot (the nights do not wait for it)
+        assert "(watch/coin_flip/m/history.png)" in page
+        assert (out / "watch" / "coin_flip" / "m" / "history.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.e2e

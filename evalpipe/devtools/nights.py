@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evalpipe.devtools.nights", description=__doc__.split("\n\n")[0])
     parser.add_argument("--series", type=int, default=10, help="series of 20 unchanged nights (default 10)")
     parser.add_argument("--tasks", type=int, default=1000, help="CoinFlip tasks a night (default 1000)")
-    parser.add_argument("--drops", type=int, default=20, help="nights with an 8-point drop to try (default 20)")
+    parser.add_argument("--drops", type=int, default=20, help="nights with a drop to try (default 20)")
+    parser.add_argument("--drop", type=float, default=0.08, help="the drop of accuracy (default 0.08: 8 points)")
     parser.add_argument("--alpha", type=float, default=watch_nights.DEFAULT_ALPHA)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,16 +159,21 @@ def main(argv: list[str] | None = None) -> int:
             comparisons += len(found)
             worst = max(worst, flagged)
             print(f"series {s}: {flagged} of {len(found)} unchanged nights flagged", flush=True)
-        print(
-            f"false alarms: {false_alarms} of {comparisons} comparisons of unchanged nights "
-            f"({100 * false_alarms / comparisons:.2f}%, alpha {args.alpha:g}); "
-            f"at most {worst} in one series of 20 nights"
-        )
+        if comparisons:
+            print(
+                f"false alarms: {false_alarms} of {comparisons} comparisons of unchanged nights "
+                f"({100 * false_alarms / comparisons:.2f}%, alpha {args.alpha:g}); "
+                f"at most {worst} in one series of 20 nights"
+            )
         detected = 0
         for s in range(args.drops):
-            found = alarms(nights(Path(tmp) / f"drop-{s}", data, [0.8, 0.72], seed=1000 + s), args.alpha)
+            found = alarms(nights(Path(tmp) / f"drop-{s}", data, [0.8, 0.8 - args.drop], seed=1000 + s), args.alpha)
             detected += bool(found[0]["flagged"])
-        print(f"an 8-point drop on {args.tasks} tasks: flagged the night it happened in {detected} of {args.drops}")
+        if args.drops:
+            print(
+                f"a {100 * args.drop:g}-point drop on {args.tasks} tasks: flagged the night it happened in "
+                f"{detected} of {args.drops}"
+            )
     return 0
 
 

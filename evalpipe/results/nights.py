@@ -277,15 +277,15 @@ def report(verdict: dict, link: str | None) -> str:
         lines.append(f"Against the {label}, {c['night']}:")
         if h is not None:
             if _moved(h, alpha):
-                verdict_word = "beyond noise"
+                verdict_word = f"beyond noise at two-sided alpha {alpha:g}"
             elif h["p_value"] is None:
                 verdict_word = "every paired task scored alike: nothing to test"
             else:
-                verdict_word = "within noise"
+                verdict_word = f"within noise at two-sided alpha {alpha:g}"
             lines.append(
                 f"  {h['figure']}: {_pt(h['diff'])} points {_interval(h['ci95'], signed=True)}, "
                 f"{_p_text(h['p_value'])} "
-                f"({verdict_word} at two-sided alpha {alpha:g}), paired on {h['n_items']} tasks"
+                f"({verdict_word}), paired on {h['n_items']} tasks"
                 + (f" in {h['n_clusters']} clusters" if h.get("n_clusters") else "")
                 + (f", {h['n_left_out']} left out" if h.get("n_left_out") else "")
             )
