@@ -243,3 +243,19 @@ def test_a_comparison_within_one_cluster_has_no_interval_instead_of_failing():
 
     found = items.compare(night([1, 0]), night([0, 0]), figure, "c", None)
     assert found is not None and found["n_clusters"] == 1 and found["ci95"] is None and found["p_value"] is None
+
+
+def test_a_changed_dataset_flags_the_night_and_settings_or_prices_are_only_reported(tmp_path):
+    data = simulated.first_lines(100, tmp_path / "data.jsonl")
+    before, after = simulated.nights(tmp_path / "m", data, [0.8, 0.8])
+    for folder, sha in ((before, "a" * 64), (after, "b" * 64)):  # what the watch records when a night starts
+        (folder / nights.DATASET).write_text(json.dumps({"file": str(data), "source_sha256": sha, "revision": None}))
+    found = nights.compare(benchmarks.get("coin_flip").figures, before, after, 0.01)
+    assert "dataset" in found["flagged"]
+    assert any(c["what"] == "dataset" and "source_sha256=" + "b" * 64 in c["after"] for c in found["changes"])
+    settings = nights.changes(
+        {"model settings": {"temperature": 0.0}, "price table": {"as_of": "2026-01-01"}, "served model": {"x": 3}},
+        {"model settings": {"temperature": 0.7}, "price table": {"as_of": "2026-02-01"}, "served model": {"x": 5}},
+    )
+    assert [(c["what"], c["flags"]) for c in settings] == [("model settings", False), ("price table", False)]
+    assert settings[0]["detail"] == ["temperature: 0.0 → 0.7"]

@@ -33,6 +33,7 @@ FLIPS_SHOWN = 10  # flipped task ids named in a change report
 
 # what else may change between two nights; those that flag the night (exit 8) and those only reported
 FLAGGING = ("served model", "judge model", "judge's served model", "dataset")
+SERVED_NAMES = ("served model", "served fingerprint", "judge's served model", "judge's fingerprint")
 REPORTED = ("served fingerprint", "judge's fingerprint", "endpoint", "model settings", "judge settings", "price table")
 
 
@@ -119,21 +120,22 @@ def _shown(value: Any) -> str:
 
 
 def changes(before: dict, after: dict) -> list[dict]:
-    """What differs between two nights' facts, each with whether it flags the night. Served models and judges are
-    compared as sets of names (row counts are shown, not compared); settings flag by key."""
+    """What differs between two nights' facts, each with whether it flags the night. Served models and fingerprints
+    are compared as sets of names (row counts are shown, not compared); settings are listed key by key; the dataset
+    by what both nights recorded of it (sha256, source, revision)."""
     out = []
     for what in (*FLAGGING, *REPORTED):
         old, new = before.get(what), after.get(what)
         if what in ("model settings", "judge settings"):
-            detail = manifest.differences(old or {}, new or {})
+            detail = [_shown(d) for d in manifest.differences(old or {}, new or {})]
             if detail:
                 out.append({"what": what, "before": None, "after": None, "detail": detail, "flags": False})
             continue
-        if isinstance(old, dict) and isinstance(new, dict) and what != "dataset" and what != "price table":
-            differ = set(old) != set(new)
+        if what in SERVED_NAMES:
+            differ = set(old or {}) != set(new or {})
         elif what == "dataset":
-            keys = set(old or {}) & set(new or {})
-            differ = any((old or {})[k] != (new or {})[k] for k in keys)
+            old, new = old or {}, new or {}
+            differ = any(old[k] != new[k] for k in set(old) & set(new))
         else:
             differ = old != new
         if differ:
