@@ -248,10 +248,17 @@ def test_a_comparison_within_one_cluster_has_no_interval_instead_of_failing():
 def test_a_changed_dataset_flags_the_night_and_settings_or_prices_are_only_reported(tmp_path):
     data = simulated.first_lines(100, tmp_path / "data.jsonl")
     before, after = simulated.nights(tmp_path / "m", data, [0.8, 0.8])
-    for folder, sha in ((before, "a" * 64), (after, "b" * 64)):  # what the watch records when a night starts
+    for folder, sha, temperature in ((before, "a" * 64, 0.0), (after, "b" * 64, 0.7)):
+        # what the watch records when a night starts, and what infer's manifest says
         (folder / nights.DATASET).write_text(json.dumps({"file": str(data), "source_sha256": sha, "revision": None}))
-    found = nights.compare(benchmarks.get("coin_flip").figures, before, after, 0.01)
+        (folder / "infer.jsonl.manifest.json").write_text(json.dumps({"fingerprint": {"temperature": temperature}}))
+    figures = benchmarks.get("coin_flip").figures
+    found = nights.compare(figures, before, after, 0.01)
     assert "dataset" in found["flagged"]
+    verdict = nights.verdict(figures, after, before, None, 0.01, {"benchmark": "coin_flip", "model": "m", "night": "x"})
+    assert verdict["exit_code"] == EXIT_CHANGED
+    line = nights.summary_line(verdict)
+    assert ": CHANGED (dataset). F1 " in line and line.endswith("; also changed: model settings")
     assert any(c["what"] == "dataset" and "source_sha256=" + "b" * 64 in c["after"] for c in found["changes"])
     settings = nights.changes(
         {"model settings": {"temperature": 0.0}, "price table": {"as_of": "2026-01-01"}, "served model": {"x": 3}},

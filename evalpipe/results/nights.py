@@ -264,6 +264,9 @@ def summary_line(verdict: dict) -> str:
     served = _shown(verdict["facts"].get("served model")) if verdict["facts"].get("served model") else None
     if served:
         parts.append(f"served {served}")
+    also = [c["what"] for c in (verdict["previous"] or {}).get("changes", []) if not c["flags"]]
+    if also:
+        parts.append("also changed: " + ", ".join(also))
     return f"{where}: {what}. " + "; ".join(parts)
 
 
