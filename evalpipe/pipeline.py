@@ -296,10 +296,10 @@ def _run_with_ledger(plan: Plan, ledger: str) -> int:
 
 def _run(plan: Plan) -> int:
     worst = EXIT_OK
+    runs = plan.run_numbers or list(range(1, plan.runs + 1))
     with _Signals() as signals:
         for stage in plan.stages:
             cmd = command(plan, stage)
-            runs = plan.run_numbers or list(range(1, plan.runs + 1))
             rc = signals.run(cmd) if stage in ("aggregate", "publish") else _over_runs(signals, cmd, runs)
             if signals.received:  # the stage kept what it finished; the user asked to stop, so no next stage
                 print("pipeline: interrupted; rerun the same command to continue", file=sys.stderr)
