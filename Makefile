@@ -29,7 +29,7 @@ UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIAB
 pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
-.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) report data coin-flip-data error-recovery-data chaos bench slurm-check peers clean-venv
+.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) watch report data coin-flip-data error-recovery-data chaos bench slurm-check peers clean-venv
 
 install: $(STAMP)
 
@@ -117,6 +117,12 @@ lint: $(STAMP)
 # infer, judge, error-analysis (CL-bench: why failed solutions failed), score, aggregate.
 $(PIPELINE_STAGES): $(STAMP)
 	@$(if $(filter $@,$(PIPELINE_GOALS)),$(if $(filter $@,$(firstword $(PIPELINE_GOALS))),$(call pipeline,$(PIPELINE_GOALS)),true),$(call pipeline,$@))
+
+# A served model evaluated night after night (docs/watch.md): make watch BENCH=... MODEL=... [JUDGE_MODEL=...
+# SAMPLE=N NIGHT=YYYY-MM-DD BASELINE=YYYY-MM-DD ALPHA=0.01 MAX_COST=...]. make turns its exit 8 (a change) into
+# its own 2, as any failing recipe: in crontab, call the runner, `.venv/bin/python -m evalpipe.pipeline watch ...`.
+watch: $(STAMP)
+	@$(call pipeline,watch)
 
 # publish: a benchmark's results as a Hugging Face Hub dataset, BENCH=... REPO=owner/name (docs/results.md#publish).
 publish: $(DATA_STAMP)

@@ -17,6 +17,7 @@ EXIT_BAD_INPUT = 2  # bad flags or bad input file (argparse also exits 2)
 EXIT_ENDPOINT_REFUSED = 4  # 401/403/404/quota: rerunning will not help until fixed
 EXIT_LOCKED = 5  # another run is writing the same output
 EXIT_SPENDING_CAP = 6  # --max-cost: the next call could pass the cap; rows kept (raise the cap, or run again later)
+EXIT_CHANGED = 8  # watch: tonight's results moved beyond noise, or what answered (model, judge, dataset) changed
 EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: the endpoint never answered (nothing listening, DNS, TLS, no API at that path)
 EXIT_LOCAL_SERVER_DIED = 70  # EX_SOFTWARE: make demo / serve-local: the local model server died or never got ready
 EXIT_UNWRITABLE = 74  # EX_IOERR: an output cannot be written (disk full, read-only, permission denied)

@@ -12,6 +12,10 @@ VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its ow
 The pipeline's exit code is the first stage's that did not finish: after a 3, a later stage that
 cannot go on (score with no judge file yet) stops the pipeline but leaves the code 3.
 make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
+
+    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
+
+evaluates a served model night after night and exits 8 when something changed (evalpipe/watch.py, docs/watch.md).
 """
 
 import argparse
@@ -66,6 +70,8 @@ class UsageError(Exception):
 class Plan:
     stages: list[str]
     settings: dict[str, str] = field(default_factory=dict)
+    run_numbers: list[int] | None = None  # the per-run stages' runs, instead of 1..RUNS (the watch's: one night)
+    ledger: str | None = None  # MAX_COST counts from this file's spending, kept across invocations (a night's)
 
     def get(self, name: str) -> str | None:
         return self.settings.get(name) or None
@@ -281,10 +287,10 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _over_runs(signals: _Signals, cmd: list[str], runs: int) -> int:
-    """A per-run stage for runs 1..runs: 3 and 75 let the other runs go on; anything else stops."""
+def _over_runs(signals: _Signals, cmd: list[str], runs: list[int]) -> int:
+    """A per-run stage for these runs: 3 and 75 let the other runs go on; anything else stops."""
     code, waiting = EXIT_OK, False
-    for k in range(1, runs + 1):
+    for k in runs:
         rc = signals.run([*cmd, "--run", str(k)])
         if rc == EXIT_INCOMPLETE:
             code = EXIT_INCOMPLETE
@@ -306,21 +312,28 @@ def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
     if plan.get("MAX_COST") is None:
         return _run(plan)
+    if plan.ledger is not None:
+        return _run_with_ledger(plan, plan.ledger)
     with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
         # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
-        os.environ[spending.LEDGER_ENV] = os.path.join(folder, "spent")
-        try:
-            return _run(plan)
-        finally:
-            del os.environ[spending.LEDGER_ENV]
+        return _run_with_ledger(plan, os.path.join(folder, "spent"))
+
+
+def _run_with_ledger(plan: Plan, ledger: str) -> int:
+    os.environ[spending.LEDGER_ENV] = ledger
+    try:
+        return _run(plan)
+    finally:
+        del os.environ[spending.LEDGER_ENV]
 
 
 def _run(plan: Plan) -> int:
     worst = EXIT_OK
+    runs = plan.run_numbers or list(range(1, plan.runs + 1))
     with _Signals() as signals:
         for stage in plan.stages:
             cmd = command(plan, stage)
-            rc = signals.run(cmd) if stage in ("aggregate", "publish") else _over_runs(signals, cmd, plan.runs)
+            rc = signals.run(cmd) if stage in ("aggregate", "publish") else _over_runs(signals, cmd, runs)
             if signals.received:  # the stage kept what it finished; the user asked to stop, so no next stage
                 print("pipeline: interrupted; rerun the same command to continue", file=sys.stderr)
                 return EXIT_INTERRUPTED
@@ -352,6 +365,8 @@ def _run(plan: Plan) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["watch"]:  # a served model night after night (evalpipe/watch.py, docs/watch.md)
+        return run_command([sys.executable, "-m", "evalpipe.watch", *argv[1:]])
     if argv in (["-h"], ["--help"]):
         print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
         return EXIT_OK

@@ -433,7 +433,8 @@ def compare(
     if clusters is not None:
         se, n_clusters = diff.se_clustered()
         df = n_clusters - 1
-    q, ci_method = _quantile(figure, clusters is not None, df)
+    # one cluster (a category whose tasks share one context) leaves no degrees of freedom: no interval, no p
+    q, ci_method = _quantile(figure, clusters is not None, df) if df >= 1 else (0.0, None)
     out: dict[str, Any] = {
         "diff": side1.value - side2.value,
         "se": se,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import benchmarks
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
-from ..results import discover, viewer
+from ..results import discover, nights, viewer
 from ..store import jsonl, paths
 from ..store.paths import DEFAULT_ROOT
 from . import aggregate
@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
                 return rc
             code = max(code, rc)
             sections.append(section(args.outputs_dir, root, name))
+    sections += nights.history_sections(results, args.outputs_dir)  # the watched models' nights (docs/watch.md)
     out = args.outputs_dir / "report.md"
     jsonl.atomic_write(out, ("# Results\n\n" + "\n".join(sections)).encode())
     print(f"report: wrote {out}", file=sys.stderr)

@@ -1,0 +1,541 @@
+"""Night after night (the watch, docs/watch.md): a night's facts, two nights compared, and the history page.
+
+A night is one run of a watched model, `run-<YYYYMMDD>/` (its UTC date), with the stage files of any run.
+Once it is complete, the watch writes its verdict beside them (`watch.json`): tonight's headline with its
+interval, the paired comparison with the previous complete night (and a pinned baseline night), what else
+changed (served model, judge, dataset, settings, price table), and the exit code it earned. The history
+page (history.md, .csv, .json, .png beside the nights) is made from the verdicts alone.
+
+Everything here reads files and what the caller hands it (the benchmark's figures), never a benchmark.
+"""
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import EXIT_CHANGED, EXIT_OK, BadInput
+from ..store import jsonl, manifest, paths
+from . import items, plots, stats, tables
+from .shapes import row_id
+from .viewer.collect import passed
+
+VERDICT = "watch.json"  # a complete night's verdict, in its run folder
+DATASET = "dataset.json"  # what the night was given to read, written by the watch when the night starts
+HISTORY = "history"  # history.{md,csv,json,png} beside the nights
+FORMAT = 1
+DEFAULT_ALPHA = 0.01
+MOVES_SHOWN = 5  # the biggest moves of the other figures listed in a change report
+FLIPS_SHOWN = 10  # flipped task ids named in a change report
+
+# what else may change between two nights; those that flag the night (exit 8) and those only reported
+FLAGGING = ("served model", "judge model", "judge's served model", "dataset")
+SERVED_NAMES = ("served model", "served fingerprint", "judge's served model", "judge's fingerprint")
+REPORTED = ("served fingerprint", "judge's fingerprint", "endpoint", "model settings", "judge settings", "price table")
+
+
+def night_name(run: int) -> str:
+    """`2026-11-26` for run 20261126."""
+    text = f"{run:08d}"
+    return f"{text[:4]}-{text[4:6]}-{text[6:]}"
+
+
+def run_number(night: str) -> int:
+    """20261126 for `2026-11-26`: a night's run folder is run-20261126."""
+    return int(night.replace("-", ""))
+
+
+def headline_figure(figures: Sequence[items.ItemFigure]) -> items.ItemFigure:
+    """The figure a night's verdict rests on: the first of the headline table (the leaderboard sorts by it)."""
+    return next(f for f in figures if not f.table and f.by is None)
+
+
+def night_items(folder: Path) -> items.ModelItems:
+    path = paths.items_path(folder / "score.json")
+    if not path.exists():
+        raise BadInput("no items.json: run score again", path)
+    cluster, columns = items.read(path)
+    return items.ModelItems([columns], cluster)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object the watch wrote ({} when absent); BadInput naming the file when it is damaged."""
+    if not path.exists():
+        return {}
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"not valid JSON ({exc})", path) from None
+    return data if isinstance(data, dict) else {}
+
+
+# ---- what answered, and how
+
+
+def facts(folder: Path) -> dict:
+    """What made a night's rows: the served models and fingerprints its rows record (score.json's `served`), the
+    judge, the dataset (the watch's dataset.json and infer's manifest), the settings (the fingerprints) and the
+    price table score used."""
+    score = read_json(folder / "score.json")
+    served = score.get("served") or {}
+    infer = manifest.read_run(folder / "infer.jsonl") or {}
+    judge = manifest.read_run(folder / "judge.jsonl") or {}
+    model_settings = dict(infer.get("fingerprint") or {})
+    dataset = {"sha256": model_settings.pop("dataset_sha256", infer.get("dataset_sha256"))}
+    dataset |= {k: v for k, v in read_json(folder / DATASET).items() if k in ("source", "source_sha256", "revision")}
+    if infer.get("dataset_source"):
+        dataset["revision"] = infer["dataset_source"]
+    prices = (score.get("cost") or {}).get("prices") or {}
+    price_file = Path(prices["file"]) if prices.get("file") else None
+    return {
+        "served model": served.get("model") or {},
+        "served fingerprint": served.get("model_fingerprint") or {},
+        "judge model": (judge.get("fingerprint") or {}).get("judge_model") or judge.get("judge_model"),
+        "judge's served model": served.get("judge") or {},
+        "judge's fingerprint": served.get("judge_fingerprint") or {},
+        "dataset": dataset,
+        "endpoint": infer.get("endpoint"),
+        "model settings": model_settings,
+        "judge settings": {k: v for k, v in (judge.get("fingerprint") or {}).items() if k != "judge_model"},
+        "price table": {
+            "as_of": prices.get("as_of"),
+            "sha256": manifest.sha256_file(price_file) if price_file and price_file.exists() else None,
+        },
+        "cost_usd": (score.get("cost") or {}).get("cost_usd"),
+    }
+
+
+def _shown(value: Any) -> str:
+    """A fact as one short line of plain text (names from an endpoint cannot add lines to a report)."""
+    if isinstance(value, dict) and value and all(isinstance(n, int) for n in value.values()):
+        text = ", ".join(f"{name} ({n})" for name, n in value.items())  # served names with their row counts
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}={v}" for k, v in value.items() if v is not None) or "-"
+    else:
+        text = "-" if value in (None, "") else str(value)
+    return re.sub(r"\s+", " ", "".join(c if c.isprintable() else " " for c in text))[:300]
+
+
+def changes(before: dict, after: dict) -> list[dict]:
+    """What differs between two nights' facts, each with whether it flags the night. Served models and fingerprints
+    are compared as sets of names (row counts are shown, not compared); settings are listed key by key; the dataset
+    by what both nights recorded of it (sha256, source, revision)."""
+    out = []
+    for what in (*FLAGGING, *REPORTED):
+        old, new = before.get(what), after.get(what)
+        if what in ("model settings", "judge settings"):
+            detail = [_shown(d) for d in manifest.differences(old or {}, new or {})]
+            if detail:
+                out.append({"what": what, "before": None, "after": None, "detail": detail, "flags": False})
+            continue
+        if what in SERVED_NAMES:
+            differ = set(old or {}) != set(new or {})
+        elif what == "dataset":
+            old, new = old or {}, new or {}
+            differ = any(old[k] != new[k] for k in set(old) & set(new))
+        else:
+            differ = old != new
+        if differ:
+            out.append({"what": what, "before": _shown(old), "after": _shown(new), "flags": what in FLAGGING})
+    return out
+
+
+# ---- two nights compared
+
+
+def passes(folder: Path) -> dict[str, int]:
+    """Each task's pass (1) or fail (0) in a night's judge file, last row per task, as the viewer counts them."""
+    return jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
+
+
+def _moved(result: dict, alpha: float) -> bool:
+    """Beyond noise: p below alpha, or every paired difference the same and not zero (no spread to test)."""
+    if result.get("p_value") is not None:
+        return result["p_value"] < alpha
+    return result.get("se") == 0 and abs(result.get("diff") or 0.0) > 1e-12
+
+
+def compare(figures: Sequence[items.ItemFigure], before: Path, after: Path, alpha: float) -> dict:
+    """Tonight (`after`) against an earlier complete night (`before`), paired task by task on the tasks both have,
+    clustered where the benchmark clusters (items.compare, as aggregate's comparisons): the headline with its
+    interval and p, the other figures' biggest moves, the tasks that flipped, and what else changed."""
+    tonight, earlier = night_items(after), night_items(before)
+    head = headline_figure(figures)
+    result = items.compare(tonight, earlier, head, head.name, None)
+    headline = None if result is None else {"figure": head.name, **result}
+    moves = []
+    for figure in figures:
+        for name, _ in tonight.subsets(figure):
+            if figure is head:
+                continue
+            other = items.compare(tonight, earlier, figure, name, None)
+            if other is not None:
+                moves.append(
+                    {
+                        "figure": name,
+                        "table": figure.table,
+                        **{k: other[k] for k in ("diff", "ci95", "p_value", "n_items")},
+                        "beyond_noise": _moved(other, alpha),
+                    }
+                )
+    moves.sort(key=lambda m: -abs(m["diff"]))
+    old, new = passes(before), passes(after)
+    paired = [task for task in new if task in old]
+    to_fail = [task for task in paired if old[task] == 1 and new[task] == 0]
+    to_pass = [task for task in paired if old[task] == 0 and new[task] == 1]
+    found = changes(facts(before), facts(after))
+    flagged = [c["what"] for c in found if c["flags"]]
+    if headline is not None and _moved(headline, alpha):
+        flagged.insert(0, "headline")
+    return {
+        "night": night_name(int(paths.RUN_DIR.match(before.name).group(1))),  # type: ignore[union-attr]
+        "headline": headline,
+        "moves": moves[:MOVES_SHOWN],
+        "flips": {
+            "paired": len(paired),
+            "to_fail": len(to_fail),
+            "to_pass": len(to_pass),
+            "first_to_fail": to_fail[:FLIPS_SHOWN],
+            "first_to_pass": to_pass[:FLIPS_SHOWN],
+        },
+        "changes": found,
+        "flagged": flagged,
+    }
+
+
+def estimate(figures: Sequence[items.ItemFigure], folder: Path) -> dict:
+    """A night's headline figure with its interval over tasks (clustered where the benchmark clusters)."""
+    head = headline_figure(figures)
+    found = items.estimate(night_items(folder), head, None, None)
+    interval = items.display_interval(found)
+    return {
+        "figure": head.name,
+        "mean": found["mean"],
+        "se": found["se"],
+        "ci95": list(interval) if interval else None,
+        "n_items": found["n_items"],
+    }
+
+
+# ---- the verdict's words
+
+
+def _pt(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}"
+
+
+def _interval(ci: Sequence[float] | None, signed: bool = False) -> str:
+    if not ci:
+        return "[-]"
+    shown = _pt if signed else tables.pct
+    return f"[{shown(ci[0])}, {shown(ci[1])}]"
+
+
+def _p_text(p: float | None) -> str:
+    return "p -" if p is None else f"p {p:.2g}"
+
+
+def _comparison_text(c: dict) -> str:
+    h = c["headline"]
+    if h is None:
+        return f"vs {c['night']}: no tasks in common"
+    flips = c["flips"]
+    return (
+        f"vs {c['night']} {_pt(h['diff'])} {_interval(h['ci95'], signed=True)} ({_p_text(h['p_value'])}, "
+        f"{h['n_items']} tasks, {flips['to_fail'] + flips['to_pass']} flipped)"
+    )
+
+
+def summary_line(verdict: dict) -> str:
+    """The one line a night prints: what it says, the headline with its interval, the comparisons, the served model."""
+    head = verdict["headline"]
+    where = f"watch: {verdict['benchmark']} {verdict['model']} {verdict['night']}"
+    if verdict["exit_code"]:
+        what = "CHANGED (" + ", ".join(verdict["flagged"]) + ")"
+    elif verdict["previous"] is None:
+        what = "first night, nothing to compare with yet"
+    else:
+        what = "no change"
+    parts = [f"{head['figure']} {tables.pct(head['mean'])} {_interval(head['ci95'])}"]
+    parts += [_comparison_text(c) for c in (verdict["previous"], verdict["baseline"]) if c is not None]
+    served = _shown(verdict["facts"].get("served model")) if verdict["facts"].get("served model") else None
+    if served:
+        parts.append(f"served {served}")
+    also = [c["what"] for c in (verdict["previous"] or {}).get("changes", []) if not c["flags"]]
+    if also:
+        parts.append("also changed: " + ", ".join(also))
+    return f"{where}: {what}. " + "; ".join(parts)
+
+
+def report(verdict: dict, link: str | None) -> str:
+    """The short report of a changed night (cron mails it): what moved, what else changed, the biggest moves of the
+    other figures, the tasks that flipped, and where to look."""
+    lines = [summary_line(verdict), ""]
+    alpha = verdict["alpha"]
+    for label, c in (("previous night", verdict["previous"]), ("baseline", verdict["baseline"])):
+        if c is None:
+            continue
+        h = c["headline"]
+        lines.append(f"Against the {label}, {c['night']}:")
+        if h is not None:
+            if _moved(h, alpha):
+                verdict_word = f"beyond noise at two-sided alpha {alpha:g}"
+            elif h["p_value"] is None:
+                verdict_word = "every paired task scored alike: nothing to test"
+            else:
+                verdict_word = f"within noise at two-sided alpha {alpha:g}"
+            lines.append(
+                f"  {h['figure']}: {_pt(h['diff'])} points {_interval(h['ci95'], signed=True)}, "
+                f"{_p_text(h['p_value'])} "
+                f"({verdict_word}), paired on {h['n_items']} tasks"
+                + (f" in {h['n_clusters']} clusters" if h.get("n_clusters") else "")
+                + (f", {h['n_left_out']} left out" if h.get("n_left_out") else "")
+            )
+        else:
+            lines.append("  no tasks in common: the headline cannot be compared")
+        for change in c["changes"]:
+            # only a change since the previous night flags: the baseline's is the same change, flagged once
+            mark = " (flags the night)" if change["flags"] and c is verdict["previous"] else ""
+            if change.get("detail"):
+                lines.append(f"  {change['what']} changed{mark}: " + "; ".join(change["detail"]))
+            else:
+                lines.append(f"  {change['what']}{mark}: {change['before']} -> {change['after']}")
+        if c["moves"]:
+            lines.append("  biggest moves of the other figures:")
+            for m in c["moves"]:
+                star = " *" if m["beyond_noise"] else ""
+                lines.append(
+                    f"    {m['figure']}: {_pt(m['diff'])} {_interval(m['ci95'], signed=True)} {_p_text(m['p_value'])}"
+                    f"{star}"
+                )
+        flips = c["flips"]
+        lines.append(
+            f"  flipped: {flips['to_fail'] + flips['to_pass']} of {flips['paired']} tasks "
+            f"({flips['to_fail']} pass -> fail, {flips['to_pass']} fail -> pass)"
+        )
+        if flips["first_to_fail"]:
+            lines.append("    pass -> fail: " + ", ".join(map(_shown, flips["first_to_fail"])))
+        if flips["first_to_pass"]:
+            lines.append("    fail -> pass: " + ", ".join(map(_shown, flips["first_to_pass"])))
+    if any(m["beyond_noise"] for c in (verdict["previous"], verdict["baseline"]) if c for m in c["moves"]):
+        lines.append(f"(* beyond noise at alpha {alpha:g}, each figure on its own: only the headline decides)")
+    if link:
+        lines.append(f"Compare the two nights: {link}")
+    lines.append(f"History: {verdict['history']}")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the history page
+
+
+def verdicts(model_dir: Path) -> list[dict]:
+    """Every complete night's verdict under a watched model's folder, oldest first."""
+    found = []
+    for folder in model_dir.glob("run-*"):
+        if paths.RUN_DIR.match(folder.name) and (folder / VERDICT).exists():
+            found.append(read_json(folder / VERDICT))
+    return sorted(found, key=lambda v: v.get("night", ""))
+
+
+def noise(history: list[dict], alpha: float) -> dict | None:
+    """The run-to-run flip rate measured between consecutive nights that flagged nothing (all pairs when none is
+    quiet), and the smallest change in the pass rate it lets a night detect at 80% power at two-sided `alpha`:
+    (z(1 − alpha/2) + z(0.80)) · sqrt(flip rate / tasks), the paired difference of 0/1 scores (unclustered)."""
+    pairs = [v["previous"] for v in history if v.get("previous")]
+    quiet = [c for c in pairs if not c["flagged"]] or pairs
+    flipped = sum(c["flips"]["to_fail"] + c["flips"]["to_pass"] for c in quiet)
+    paired = sum(c["flips"]["paired"] for c in quiet)
+    if not paired:
+        return None
+    rate = flipped / paired
+    tasks = paired / len(quiet)
+    z = stats.z_quantile(1 - alpha / 2) + stats.z_quantile(stats.MDE_POWER)
+    return {
+        "night_pairs": len(quiet),
+        "flipped": flipped,
+        "paired": paired,
+        "flip_rate": rate,
+        "tasks_per_night": round(tasks),
+        "alpha": alpha,
+        "power": stats.MDE_POWER,
+        "mde": z * math.sqrt(rate / tasks),
+    }
+
+
+def _row(v: dict) -> dict:
+    prev = v.get("previous") or {}
+    h = prev.get("headline") or {}
+    flips = prev.get("flips") or {}
+    return {
+        "night": v["night"],
+        "figure": v["headline"]["figure"],
+        "value": v["headline"]["mean"],
+        "ci95": v["headline"]["ci95"],
+        "tasks": v["headline"]["n_items"],
+        "vs_night": prev.get("night"),
+        "diff": h.get("diff"),
+        "diff_ci95": h.get("ci95"),
+        "p_value": h.get("p_value"),
+        "flipped": (flips.get("to_fail", 0) + flips.get("to_pass", 0)) if flips else None,
+        "served_model": _shown(v["facts"].get("served model")),
+        "judge_served": _shown(v["facts"].get("judge's served model")),
+        "cost_usd": v["facts"].get("cost_usd"),
+        "flag": ", ".join(v["flagged"]),
+        "exit_code": v["exit_code"],
+    }
+
+
+def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]:
+    """history.{json,csv,md} from the verdicts under model_dir (and with `plot` and matplotlib, history.png: make
+    report draws it, so that a night does not wait for matplotlib); the files written."""
+    found = verdicts(model_dir)
+    if not found:
+        return []
+    alpha = found[-1].get("alpha", DEFAULT_ALPHA)
+    rows = [_row(v) for v in found]
+    power = noise(found, alpha)
+    base = model_dir / HISTORY
+    written = []
+    body = {"format": FORMAT, "title": title, "noise": power, "nights": rows}
+    jsonl.atomic_write(base.with_suffix(".json"), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    headers = ["night", "figure", "value", "ci_low", "ci_high", "tasks", "vs_night", "diff", "diff_ci_low"]
+    headers += ["diff_ci_high", "p_value", "flipped", "served_model", "judge_served", "cost_usd", "flag", "exit_code"]
+    csv_rows = [
+        [
+            r["night"],
+            r["figure"],
+            r["value"],
+            *(r["ci95"] or ["", ""]),
+            r["tasks"],
+            r["vs_night"] or "",
+            "" if r["diff"] is None else r["diff"],
+            *(r["diff_ci95"] or ["", ""]),
+            "" if r["p_value"] is None else r["p_value"],
+            "" if r["flipped"] is None else r["flipped"],
+            r["served_model"],
+            r["judge_served"],
+            "" if r["cost_usd"] is None else r["cost_usd"],
+            r["flag"],
+            r["exit_code"],
+        ]
+        for r in rows
+    ]
+    jsonl.atomic_write(base.with_suffix(".csv"), tables.csv_text(headers, csv_rows).encode())
+    written += [base.with_suffix(".json"), base.with_suffix(".csv")]
+    png = _plot(base.with_suffix(".png"), title, rows) if plot else None
+    if png is None and base.with_suffix(".png").exists():
+        png = base.with_suffix(".png")  # the last one drawn, until make report draws it again
+    if png is not None:
+        written.append(png)
+    jsonl.atomic_write(base.with_suffix(".md"), _markdown(title, rows, power, png is not None).encode())
+    written.append(base.with_suffix(".md"))
+    return written
+
+
+def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -> str:
+    figure = rows[-1]["figure"]
+    lines = [f"## Watch: {tables.md_escape(title)}", ""]
+    if power is not None:
+        lines.append(
+            f"Run-to-run noise, measured: {power['flipped']} of {power['paired']} paired tasks flipped between "
+            f"{power['night_pairs']} pairs of consecutive nights (flip rate {100 * power['flip_rate']:.1f}%). With "
+            f"{power['tasks_per_night']} tasks a night, the smallest change in the pass rate a night detects at "
+            f"{100 * power['power']:.0f}% power (two-sided alpha {power['alpha']:g}) is {100 * power['mde']:.1f} points"
+            + (" (no task flipped: any change is beyond noise)." if not power["flipped"] else ".")
+        )
+    else:
+        lines.append("Run-to-run noise: not measured yet (it needs two complete nights).")
+    lines.append("")
+    table = [
+        [
+            r["night"],
+            f"{tables.pct(r['value'])} {_interval(r['ci95'])}",
+            "-" if r["diff"] is None else f"{_pt(r['diff'])} {_interval(r['diff_ci95'], signed=True)}",
+            "-" if r["p_value"] is None else f"{r['p_value']:.2g}",
+            "-" if r["flipped"] is None else str(r["flipped"]),
+            r["served_model"],
+            r["judge_served"],
+            r["flag"] or "-",
+        ]
+        for r in reversed(rows)
+    ]
+    headers = ["Night", f"{figure} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
+    lines.append(tables.markdown_table([*headers, "Served model", "Judge served", "Flag"], table))
+    if plotted:
+        lines.append(f"![{tables.md_escape(title)}]({HISTORY}.png)\n")
+    lines.append(f"Also: [CSV]({HISTORY}.csv) · [JSON]({HISTORY}.json)\n")
+    return "\n".join(lines)
+
+
+def _plot(path: Path, title: str, rows: list[dict]) -> Path | None:
+    plt = plots._pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rows) + 3), 3.6))
+    xs = list(range(len(rows)))
+    values = [100 * (r["value"] or 0.0) for r in rows]
+    low = [max(0.0, v - 100 * r["ci95"][0]) if r["ci95"] else 0.0 for v, r in zip(values, rows)]
+    high = [max(0.0, 100 * r["ci95"][1] - v) if r["ci95"] else 0.0 for v, r in zip(values, rows)]
+    ax.errorbar(xs, values, yerr=[low, high], fmt="o-", capsize=3, color="#1f77b4")
+    flagged = [i for i, r in enumerate(rows) if r["exit_code"]]
+    if flagged:
+        ax.scatter(flagged, [values[i] for i in flagged], s=120, facecolors="none", edgecolors="#d62728", zorder=3)
+    step = max(1, len(rows) // 12)
+    ax.set_xticks(xs[::step], [r["night"] for r in rows][::step], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"{rows[-1]['figure']} (%), 95% CI")
+    ax.set_title(f"{title} (red ring: flagged night)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -> list[str]:
+    """report.md's sections for the watched models' history pages under the results roots, each page made again
+    with its plot (make report)."""
+    out = []
+    for root, present in results:
+        for bench in present:
+            for model_dir in sorted((root / bench).iterdir()):
+                if not model_dir.is_dir() or not (model_dir / f"{HISTORY}.md").exists():
+                    continue
+                link = model_dir.relative_to(outputs_dir).as_posix()
+                write_history(model_dir, f"{bench} / {model_dir.name}", plot=True)
+                page = model_dir / f"{HISTORY}.md"
+                text = page.read_text(encoding="utf-8")
+                text = re.sub(r"^## ", "### ", text, flags=re.MULTILINE)
+                text = text.replace(f"]({HISTORY}.", f"]({link}/{HISTORY}.")
+                out.append(f"## Watch history: {link}\n\n{text}")
+    return out
+
+
+def verdict(
+    figures: Sequence[items.ItemFigure],
+    folder: Path,
+    previous: Path | None,
+    baseline: Path | None,
+    alpha: float,
+    about: dict,
+) -> dict:
+    """A complete night's verdict: tonight's headline, the comparisons, and its exit code (8 when the headline moved
+    beyond noise against the previous night or the baseline, or the served model, the judge or the dataset changed
+    since the previous night; else 0). `about`: benchmark, model, night, history (what the verdict names)."""
+    before = compare(figures, previous, folder, alpha) if previous is not None else None
+    pinned = compare(figures, baseline, folder, alpha) if baseline is not None and baseline != previous else None
+    flagged = list(before["flagged"]) if before else []
+    if pinned is not None and pinned["headline"] is not None and _moved(pinned["headline"], alpha):
+        flagged.append("headline vs baseline")
+    return {
+        "format": FORMAT,
+        **about,
+        "alpha": alpha,
+        "headline": estimate(figures, folder),
+        "facts": facts(folder),
+        "previous": before,
+        "baseline": pinned,
+        "flagged": flagged,
+        "exit_code": EXIT_CHANGED if flagged else EXIT_OK,
+    }

@@ -1,0 +1,275 @@
+"""A served model evaluated night after night: one crontab line that says when something changed.
+
+    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
+
+Each night is one run of the model, named by its UTC date: OUTPUTS/watch/<bench>/<model>/run-<YYYYMMDD>/
+(NIGHT=YYYY-MM-DD sets the night, for backfills and tests). Repeating the line the same night resumes that
+night's run (infer, judge, score; a start that finds another one running exits 5); once the night is complete
+it is compared, task by task and paired, with the previous complete night (and with BASELINE=YYYY-MM-DD, a
+pinned night), its verdict is written beside it (watch.json) and the history page is made again
+(history.md, .csv, .json, .png beside the nights). Later starts that night only repeat the verdict's line.
+
+Exit codes: 0 nothing moved (one line on stdout; also the first night, with nothing to compare with yet);
+8 the headline moved beyond noise (two-sided ALPHA, default 0.01), or the served model, the judge or the
+dataset changed (a short report on stdout, for cron's mail); any other code is the stages' own, as the
+pipeline runner gives it (3 incomplete: run again later, 5 locked, 6 spending cap, 69 unreachable, ...).
+The stages' own output goes to stderr. docs/watch.md has the details.
+"""
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import orjson
+
+from . import benchmarks, pipeline
+from .datasets import hub, subset
+from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, run_stage, writing
+from .results import nights, viewer
+from .store import jsonl, lock, manifest, paths
+
+FOLDER = "watch"  # OUTPUTS/watch/ is the watch's results root
+STAGES = ("infer", "judge", "score")
+SETTINGS = {
+    "NIGHT": "the night, a UTC date YYYY-MM-DD (default: today's); its run is run-YYYYMMDD",
+    "BASELINE": "a complete night YYYY-MM-DD that every night is also compared with",
+    "SAMPLE": "evaluate N items only: a fixed subset stratified by category, chosen once, kept in the watch's folder",
+    "ALPHA": f"two-sided significance level of the headline's comparison (default {nights.DEFAULT_ALPHA})",
+}
+# the runner's settings a watch passes on to its stages; the others make no sense for one run a night
+PASSED = ("BENCH", "MODEL", "JUDGE_MODEL", "DATA", "WORKERS", "OUTPUTS", "LABEL", "ARGS", "JUDGE_ARGS", "MAX_COST")
+SAMPLE_FILE = "sample.jsonl"  # the subset's rows, beside the nights
+SAMPLE_RECORD = "sample.json"  # how it was chosen, from which file
+
+
+@dataclass
+class Watch:
+    plan: pipeline.Plan  # the night's stages and the settings passed on (OUTPUTS is the watch's root)
+    night: str
+    baseline: str | None
+    sample: int | None
+    alpha: float
+
+    @property
+    def bench(self) -> benchmarks.Benchmark:
+        return benchmarks.get(self.plan.get("BENCH") or benchmarks.DEFAULT)
+
+    @property
+    def folder(self) -> Path:
+        """The watched model's folder: its nights, its subset, its history."""
+        name = paths.model_dir_name(self.plan.get("MODEL") or "", self.plan.get("LABEL"))
+        return Path(self.plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / self.bench.name / name
+
+
+def _date(value: str, name: str) -> str:
+    try:
+        parsed = time.strptime(value, "%Y-%m-%d")
+    except ValueError:
+        raise pipeline.UsageError(f"{name}={value}: expected a date YYYY-MM-DD") from None
+    return time.strftime("%Y-%m-%d", parsed)
+
+
+def parse(argv: list[str]) -> Watch:
+    """VAR=value words → a checked Watch (raises pipeline.UsageError)."""
+    passed, own = [], {}
+    for word in argv:
+        name, eq, value = word.partition("=")
+        if not eq:
+            raise pipeline.UsageError(f"watch takes VAR=value settings, not {word!r}")
+        if name in SETTINGS:
+            own[name] = value.strip()
+        elif name in PASSED:
+            passed.append(word)
+        elif name in pipeline.SETTINGS:
+            raise pipeline.UsageError(
+                f"{name}: not a watch setting (a night is one run; watch settings: {', '.join([*PASSED, *SETTINGS])})"
+            )
+        else:
+            raise pipeline.UsageError(f"unknown setting {name}; watch settings: {', '.join([*PASSED, *SETTINGS])}")
+    plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST, ARGS as the runner does
+    if not plan.get("MODEL"):
+        raise pipeline.UsageError("name the model to watch: MODEL=...")
+    night = _date(own.get("NIGHT") or time.strftime("%Y-%m-%d", time.gmtime()), "NIGHT")
+    baseline = _date(own["BASELINE"], "BASELINE") if own.get("BASELINE") else None
+    if baseline is not None and baseline >= night:
+        raise pipeline.UsageError(f"BASELINE={baseline}: choose a night before tonight ({night})")
+    sample = own.get("SAMPLE") or None
+    if sample is not None and not (sample.isdigit() and int(sample) >= 2):
+        raise pipeline.UsageError(f"SAMPLE={sample}: expected a whole number of 2 or more")
+    try:
+        alpha = float(own.get("ALPHA") or nights.DEFAULT_ALPHA)
+    except ValueError:
+        alpha = -1.0
+    if not 0 < alpha < 1:
+        raise pipeline.UsageError(f"ALPHA={own.get('ALPHA')}: expected a significance level between 0 and 1")
+    outputs = Path(plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / FOLDER
+    plan.settings["OUTPUTS"] = str(outputs)
+    plan.run_numbers = [nights.run_number(night)]
+    return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
+
+
+# ---- what the night reads
+
+
+def _source(watch: Watch) -> Path:
+    data = watch.plan.get("DATA")
+    if data is None:
+        if watch.bench.default_data is None:
+            raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
+        return watch.bench.default_data
+    return Path(hub.resolve_argv([data])[0])
+
+
+def _subset(watch: Watch, source: Path) -> Path:
+    """The watch's fixed subset (SAMPLE=N): chosen once; copied again, same tasks, when the dataset file changed."""
+    folder, n = watch.folder, watch.sample
+    assert n is not None
+    record_path, rows = folder / SAMPLE_RECORD, folder / SAMPLE_FILE
+    sha = manifest.sha256_file(source)
+    record = nights.read_json(record_path) or None
+    if record is not None and record.get("requested") != n:
+        raise BadInput(
+            f"this watch evaluates a subset of {record.get('requested')} items; another SAMPLE starts another watch: "
+            "give it LABEL=...",
+            record_path,
+        )
+    if record is None:
+        chosen = subset.choose(watch.bench, source, n, seed=f"evalpipe-watch:{watch.bench.name}:{n}")
+        record = {"requested": n, **chosen, "source": str(source), "source_sha256": sha, "updated": []}
+    elif record["source_sha256"] != sha:  # the dataset changed: the same tasks, where they still are
+        record["lines"] = subset.lines_of(watch.bench, source, record["ids"])
+        record["updated"].append({"night": watch.night, "source_sha256": sha, "lines": len(record["lines"])})
+        record["source"], record["source_sha256"] = str(source), sha
+    else:
+        return rows
+    subset.write(source, record["lines"], rows)
+    jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+    return rows
+
+
+def _night_data(watch: Watch, run_dir: Path) -> Path:
+    """The file tonight's stages read, fixed at the night's first start (dataset.json records it and its source)."""
+    record_path = run_dir / nights.DATASET
+    recorded = nights.read_json(record_path).get("file")
+    if recorded:
+        return Path(recorded)
+    source = _source(watch)
+    data = _subset(watch, source) if watch.sample else source
+    record = {
+        "file": str(data),
+        "source": str(source),
+        "source_sha256": manifest.sha256_file(source),
+        "revision": hub.source_of(source),
+    }
+    with writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+    return data
+
+
+# ---- the night
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """The stages' output goes to stderr: stdout is the verdict's alone (cron mails it)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _previous(folder: Path, run: int) -> Path | None:
+    """The last complete night before this one."""
+    earlier = [
+        (int(m.group(1)), p)
+        for p in folder.glob("run-*")
+        if (m := paths.RUN_DIR.match(p.name)) and int(m.group(1)) < run and (p / nights.VERDICT).exists()
+    ]
+    return max(earlier)[1] if earlier else None
+
+
+def _viewer_link(watch: Watch, before: Path, run: int) -> str:
+    """report.html of the watch's root (written now), opened on the two nights side by side, disagreements first."""
+    root = Path(watch.plan.get("OUTPUTS") or "")
+    page = viewer.write(root, benchmarks.sample_views())
+    model = watch.folder.name
+    fragment = (
+        f"v=compare&cb={quote(watch.bench.name)}&am={quote(model)}&ar={before.name.removeprefix('run-')}"
+        f"&bm={quote(model)}&br={run}&cf=disagree"
+    )
+    return f"{page.resolve().as_uri()}#{fragment}"
+
+
+def night(watch: Watch) -> int:
+    folder = watch.folder
+    with writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+    with lock.exclusive(folder / FOLDER):
+        run = nights.run_number(watch.night)
+        run_dir = folder / f"run-{run}"
+        done = run_dir / nights.VERDICT
+        if done.exists():  # compared already: the verdict again, in one line
+            verdict = nights.read_json(done)
+            print(f"{nights.summary_line(verdict)} (compared {verdict['compared_at']}; report: {done})")
+            return int(verdict["exit_code"])
+        baseline = None
+        if watch.baseline is not None:
+            baseline = folder / f"run-{nights.run_number(watch.baseline)}"
+            if not (baseline / nights.VERDICT).exists():
+                raise BadInput(f"BASELINE={watch.baseline}: no complete night of that date in {folder}")
+        watch.plan.settings["DATA"] = str(_night_data(watch, run_dir))
+        if watch.plan.get("MAX_COST") is not None:
+            watch.plan.ledger = str(run_dir / "spent")  # MAX_COST caps the night, over all its starts
+        with _stdout_to_stderr():
+            code = pipeline.run(watch.plan)
+        if code != EXIT_OK:
+            return code
+        previous = _previous(folder, run)
+        about = {
+            "benchmark": watch.bench.name,
+            "model": folder.name,
+            "night": watch.night,
+            "run": run,
+            "history": str(folder / f"{nights.HISTORY}.md"),
+        }
+        verdict = nights.verdict(watch.bench.figures, run_dir, previous, baseline, watch.alpha, about)
+        verdict["compared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        link = None
+        if verdict["exit_code"] != EXIT_OK:
+            with _stdout_to_stderr():
+                link = _viewer_link(watch, previous or baseline or run_dir, run)
+        verdict["viewer"] = link
+        jsonl.atomic_write(done, orjson.dumps(verdict, option=orjson.OPT_INDENT_2) + b"\n")
+        nights.write_history(folder, f"{watch.bench.name} / {folder.name}")
+        print(nights.report(verdict, link) if verdict["exit_code"] != EXIT_OK else nights.summary_line(verdict), end="")
+        if verdict["exit_code"] == EXIT_OK:
+            print()
+        return int(verdict["exit_code"])
+
+
+def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
+        print(f"  and the runner's {', '.join(PASSED)} (python -m evalpipe.pipeline --help)")
+        return EXIT_OK
+    try:
+        watch = parse(argv)
+    except pipeline.UsageError as exc:
+        print(f"watch: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_stage("watch", lambda _: night(watch), [])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
