@@ -2,6 +2,7 @@
 HTTP, for the three benchmarks and the judge. The thinking of every reply holds a decoy: an answer that differs
 from the final one."""
 
+import dataclasses
 import json
 
 import pytest
@@ -252,3 +253,30 @@ def test_the_token_field_the_endpoint_refuses_is_replaced_once_and_recorded(serv
         assert [learned in r.body for r in server.chat_requests()] == [True, True]
     finally:
         server.handler = answer
+
+
+# ---- what the thinking cost, on the leaderboard
+
+
+def test_the_leaderboard_counts_reasoning_tokens_their_cost_and_the_budget_outcome(server, stage):
+    server.handler = lambda request: dataclasses.replace(answer(request), effort_applied="medium")
+    try:
+        run = ("--bench", "coin_flip", "--model", "gpt-5-mini")
+        stage("infer", *run, "--max-samples", N, "--reasoning-effort", "high", "--max-tokens", 48, check=0)
+        stage("judge", *run, check=0)
+        stage("score", *run, check=0)
+        done = stage("aggregate", "--bench", "coin_flip", "--no-plots", check=0)
+    finally:
+        server.handler = answer
+    model = json.loads((stage.cwd / "outputs/coin_flip/aggregate.json").read_text())["models"][0]
+    cost = json.loads((stage.cwd / "outputs/coin_flip/gpt-5-mini/run-1/score.json").read_text())["cost"]
+    infer = cost["stages"]["infer"]
+    assert model["thinking"]["reasoning_tokens_per_task"] == pytest.approx(88 / N)
+    assert model["thinking"]["reasoning_share"] == pytest.approx(infer["reasoning_cost_usd"] / cost["cost_usd"])
+    assert 0 < model["thinking"]["reasoning_share"] < 1 and model["thinking"]["thinking_truncated"] == 2
+    assert model["thinking"]["effort_applied"] == {"medium": N}
+    share = f"{100 * model['thinking']['reasoning_share']:.1f}% of the bill"
+    note = f"gpt-5-mini: 13 reasoning tokens per task, {share}; 2 answers ran out of tokens while thinking"
+    assert note in done.stdout, done.stdout
+    assert "reasoning effort applied, as the endpoint said: medium (7)" in done.stdout
+    assert "reasoning_effort high" in done.stdout  # asked (the generation settings' note)

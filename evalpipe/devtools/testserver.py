@@ -103,6 +103,7 @@ class Reply:
     cached_tokens: int | None = None  # sent as usage.prompt_tokens_details.cached_tokens (PrefixCache sets it)
     served_model: str | None = None  # the reply's `model` (default: the request's, as most servers echo it)
     system_fingerprint: str | None = None  # sent when set, as OpenAI does
+    effort_applied: str | None = None  # sent as the reply's reasoning_effort: the effort a router says it applied
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -167,6 +168,7 @@ def completion_body(request: Request, reply: Reply) -> bytes:
             "created": int(time.time()),
             "model": reply.served_model or (request.body or {}).get("model", "test"),
             **({"system_fingerprint": reply.system_fingerprint} if reply.system_fingerprint else {}),
+            **({"reasoning_effort": reply.effort_applied} if reply.effort_applied else {}),
             "choices": [
                 {
                     "index": 0,

@@ -112,8 +112,9 @@ def provenance_notes(models: list[dict]) -> list[str]:
                 said.append(f"reasoning effort applied, as the endpoint said: {applied}")
             parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
         notes.append(
-            "Thinking (summed over the runs; an answer that ran out of tokens while thinking has no final answer "
-            "and scores 0, as an empty answer): " + ". ".join(parts) + "."
+            "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
+            "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
+            "has no final answer and scores 0, as an empty answer): " + ". ".join(parts) + "."
         )
     lines = []
     for m in models:
