@@ -19,9 +19,7 @@ NO_ANSWER = ("hidden", "unclosed")  # the budget ran out while thinking
 N = len(SHAPES)
 COIN_FLIP = [json.loads(line) for line in (ROOT / "data/coin_flip/test.jsonl").read_text().splitlines()[:N]]
 CLBENCH = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:N]]
-ERROR_RECOVERY = [
-    json.loads(line) for line in (ROOT / "data/error_recovery/sample.jsonl").read_text().splitlines()[:N]
-]
+ERROR_RECOVERY = [json.loads(line) for line in (ROOT / "data/error_recovery/sample.jsonl").read_text().splitlines()[:N]]
 
 
 def secret(i: int) -> str:
@@ -117,7 +115,19 @@ def judged(stage, bench: str, *args: str) -> tuple[list[dict], list[dict], dict,
     infer's and score's stderr."""
     infer = stage("infer", "--bench", bench, "--model", "m", "--output", "infer.jsonl", "--max-samples", N, *args)
     assert infer.returncode == 0, infer.stderr
-    stage("judge", "--bench", bench, "--input", "infer.jsonl", "--output", "judge.jsonl", "--judge-model", "j", *args, check=0)
+    stage(
+        "judge",
+        "--bench",
+        bench,
+        "--input",
+        "infer.jsonl",
+        "--output",
+        "judge.jsonl",
+        "--judge-model",
+        "j",
+        *args,
+        check=0,
+    )
     score = stage("score", "--bench", bench, "--input", "judge.jsonl", check=0)
     cwd = stage.cwd
     return (
@@ -129,6 +139,7 @@ def judged(stage, bench: str, *args: str) -> tuple[list[dict], list[dict], dict,
     )
 
 
+@pytest.mark.e2e
 def test_coin_flip_grades_the_final_answer_whatever_the_shape(server, stage):
     infer_rows, judge_rows, score, infer_err, score_err = judged(stage, "coin_flip")
     for i, (shape, row) in enumerate(zip(SHAPES, judge_rows)):
@@ -153,6 +164,7 @@ def test_coin_flip_grades_the_final_answer_whatever_the_shape(server, stage):
     assert "ran out of tokens while thinking" in score_err.strip().splitlines()[-1], score_err
 
 
+@pytest.mark.e2e
 def test_coin_flip_as_is_reproduces_the_reference_which_reads_the_decoy(server, stage):
     _, judge_rows, score, _, _ = judged(stage, "coin_flip", "--thinking", "as-is")
     predictions = {shape: row["prediction"] for shape, row in zip(SHAPES, judge_rows)}
@@ -165,6 +177,7 @@ def test_coin_flip_as_is_reproduces_the_reference_which_reads_the_decoy(server, 
     assert score["coverage"]["thinking_truncated"] == 1  # hidden only: an unclosed block is an answer there
 
 
+@pytest.mark.e2e
 def test_the_clbench_judge_is_shown_the_final_answer_only(server, stage):
     infer_rows, judge_rows, score, _, _ = judged(stage, "clbench")
     shown = [r.last_content for r in server.chat_requests() if is_judge(r)]
@@ -187,21 +200,34 @@ def test_the_clbench_judge_is_shown_the_final_answer_only(server, stage):
     assert score["overall"]["score_1"] == N - len(NO_ANSWER)
 
 
+@pytest.mark.e2e
 def test_upstream_rows_with_inline_thinking_never_show_it_to_the_judge(server, stage, tmp_path):
     """Rows written by upstream's infer.py (no `thinking` field): the judge is shown their final answer."""
     rows = []
     for i, row in enumerate(CLBENCH[:3]):
         output = f"<think>{secret(i)} DECOY-{i}</think>FINAL-{i}" if i < 2 else f"{secret(i)}</think>FINAL-{i}"
-        rows.append({"idx": row["metadata"]["task_id"], "messages": row["messages"], "model_output": output,
-                     "rubrics": row["rubrics"], "metadata": row["metadata"]})  # fmt: skip
+        upstream = {"idx": row["metadata"]["task_id"], "messages": row["messages"], "model_output": output}
+        rows.append(upstream | {"rubrics": row["rubrics"], "metadata": row["metadata"]})
     (tmp_path / "upstream.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    stage("judge", "--bench", "clbench", "--input", "upstream.jsonl", "--output", "judge.jsonl", "--judge-model", "j", check=0)
+    stage(
+        "judge",
+        "--bench",
+        "clbench",
+        "--input",
+        "upstream.jsonl",
+        "--output",
+        "judge.jsonl",
+        "--judge-model",
+        "j",
+        check=0,
+    )
     shown = [r.last_content for r in server.chat_requests()]
     assert len(shown) == 3 and not [p for p in shown if "SECRET-THINKING" in p]
     assert [row["score"] for row in read_jsonl(tmp_path / "judge.jsonl")] == [1, 1, 1]
     assert [row["model_output"] for row in read_jsonl(tmp_path / "judge.jsonl")] == [r["model_output"] for r in rows]
 
 
+@pytest.mark.e2e
 def test_error_recovery_extracts_and_grades_the_final_answer(server, stage):
     infer_rows, judge_rows, score, _, _ = judged(stage, "error_recovery")
     sent = [r for r in server.chat_requests() if FINAL_ANSWER_PROMPT in r.last_content]
@@ -223,6 +249,7 @@ def test_error_recovery_extracts_and_grades_the_final_answer(server, stage):
     assert len(infer_rows) == 3 * N
 
 
+@pytest.mark.e2e
 def test_slim_rows_leave_the_thinking_out(server, stage):
     stage.infer("--bench", "coin_flip", "--max-samples", N, "--slim", check=0)
     rows = read_jsonl(stage.cwd / "infer.jsonl")
@@ -235,8 +262,11 @@ def test_slim_rows_leave_the_thinking_out(server, stage):
 # ---- the token-limit field, learned per endpoint
 
 
-@pytest.mark.parametrize(("kind", "given", "learned"), [("reasoning", "max_tokens", "max_completion_tokens"),
-                                                         ("legacy", "max_completion_tokens", "max_tokens")])  # fmt: skip
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("kind", "given", "learned"),
+    [("reasoning", "max_tokens", "max_completion_tokens"), ("legacy", "max_completion_tokens", "max_tokens")],
+)
 def test_the_token_field_the_endpoint_refuses_is_replaced_once_and_recorded(server, stage, kind, given, learned):
     server.handler = with_server_kind(kind, answer)
     try:
@@ -258,6 +288,7 @@ def test_the_token_field_the_endpoint_refuses_is_replaced_once_and_recorded(serv
 # ---- what the thinking cost, on the leaderboard
 
 
+@pytest.mark.e2e
 def test_the_leaderboard_counts_reasoning_tokens_their_cost_and_the_budget_outcome(server, stage):
     server.handler = lambda request: dataclasses.replace(answer(request), effort_applied="medium")
     try:

@@ -615,7 +615,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             if row.get("status") == "context_length":
                 why = "the prompt exceeded the model's context: score 0 without a judge call"
             elif row.get("status") == THINKING_TRUNCATED:
-                why = "the token budget ran out while the model was thinking: no final answer, score 0 without a judge call"
+                why = "the token budget ran out while the model was thinking: no final answer, score 0 (no judge call)"
             return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
         assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])

@@ -192,8 +192,9 @@ class Ledger:
                 if c is None:
                     unpriced.add(str(model))
                 else:
-                    cost += c * (prices.batch_discount if batch else 1.0)
-                    reasoning += (prices.reasoning_cost(model, counts) or 0.0) * (prices.batch_discount if batch else 1.0)
+                    discount = prices.batch_discount if batch else 1.0
+                    cost += c * discount
+                    reasoning += (prices.reasoning_cost(model, counts) or 0.0) * discount
             tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
             models = sorted({str(m) for m, _ in tally.usages})
             priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
