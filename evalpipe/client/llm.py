@@ -87,9 +87,6 @@ HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the d
 MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
 HUNG_AFTER_S = 10.0  # a first call unanswered this long has GET /models asked, which gets as long to answer
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
-# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
-_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
 
 
 class Rejected(CallFailed):
@@ -372,6 +369,7 @@ class ChatClient:
     """Calls one model on one endpoint with the retry policy above."""
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
+    token_field_switched = False  # set on the client once the endpoint refused the --max-tokens field in this run
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: "SpendingCap | None" = None):
         self.endpoint = endpoint
@@ -387,7 +385,6 @@ class ChatClient:
             multiplier=endpoint.backoff_initial, max=endpoint.backoff_max, jitter=endpoint.backoff_initial
         )
         self.answered = False  # whether the endpoint has sent any HTTP response in this run
-        self.token_field_switched = False  # whether the endpoint refused the --max-tokens field in this run
         self._hung: asyncio.Future[EndpointUnreachable] | None = None  # set when it answers nothing at all
         self._watchdog: asyncio.Task | None = None
 
@@ -609,6 +606,11 @@ class ChatClient:
 def prompt_chars(messages: list[dict]) -> int:
     """Characters of a request's message contents: with the learned characters per token, its prompt tokens."""
     return sum(len(str(message.get("content") or "")) for message in messages)
+
+
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
+# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
+_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
 
 
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
