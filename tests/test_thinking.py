@@ -201,6 +201,20 @@ def test_the_clbench_judge_is_shown_the_final_answer_only(server, stage):
 
 
 @pytest.mark.e2e
+def test_clbench_as_is_at_infer_alone_shows_the_judge_content_as_sent_as_upstream(server, stage):
+    """One flag reaches the reference: the judge, at its defaults, shows the rows as infer wrote them."""
+    stage("infer", "--bench", "clbench", "--model", "m", "--output", "infer.jsonl", "--max-samples", N,
+          "--thinking", "as-is", check=0)  # fmt: skip
+    stage("judge", "--bench", "clbench", "--input", "infer.jsonl", "--output", "judge.jsonl", "--judge-model", "j",
+          check=0)  # fmt: skip
+    shown = [r.last_content for r in server.chat_requests() if is_judge(r)]
+    # the inline shapes' thinking reaches the judge, and the unclosed block is judged as an answer, as upstream
+    assert len(shown) == N - 1 and len([prompt for prompt in shown if "SECRET-THINKING" in prompt]) == 3
+    statuses = {row["status"] for row in read_jsonl(stage.cwd / "judge.jsonl")}
+    assert statuses == {"ok", "thinking_truncated"}  # hidden reasoning: empty content at the limit, either way
+
+
+@pytest.mark.e2e
 def test_upstream_rows_with_inline_thinking_never_show_it_to_the_judge(server, stage, tmp_path):
     """Rows written by upstream's infer.py (no `thinking` field): the judge is shown their final answer."""
     rows = []
