@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import benchmarks, redact
+from .client import thinking
 from .datasets import hub
 from .errors import BadInput
 from .store.paths import DEFAULT_ROOT
@@ -184,7 +185,7 @@ def _generation_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--reasoning-effort", help="e.g. low, medium, high (sent as reasoning_effort)")
     g.add_argument(
         "--thinking",
-        choices=("separate", "as-is"),
+        choices=thinking.MODES,
         default="separate",
         help="separate (default): a reasoning model's thinking (reasoning_content, <think>…</think>) is kept in the "
         "row's `thinking` field and only its final answer is graded; as-is: content is graded as the server sent "

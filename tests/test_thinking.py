@@ -295,6 +295,13 @@ def test_the_token_field_the_endpoint_refuses_is_replaced_once_and_recorded(serv
         server.requests.clear()
         stage.infer(*args, "--max-samples", 5, check=0)
         assert [learned in r.body for r in server.chat_requests()] == [True, True]
+        # an endpoint that changed its mind is learned again
+        server.handler = with_server_kind("legacy" if kind == "reasoning" else "reasoning", answer)
+        server.requests.clear()
+        stage.infer(*args, "--max-samples", 6, check=0)
+        assert [given in r.body for r in server.chat_requests()] == [False, True]
+        recorded = json.loads((stage.cwd / "infer.jsonl.manifest.json").read_text())
+        assert recorded["learned"]["token_field"] == {f"{server.base_url} m": given}
     finally:
         server.handler = answer
 

@@ -125,12 +125,14 @@ def _seed_token_field(job: Job) -> None:
 
 
 def _learned_token_field(job: Job, args) -> dict:
-    """What the manifest learns when the endpoint took --max-tokens in the other field than --max-tokens-param."""
-    field = job.endpoint.token_field if job.endpoint is not None else None
-    if field is None or field == getattr(args, "max_tokens_param", "max_tokens"):
+    """What the manifest learns of the field the endpoint took --max-tokens in: kept when it is not
+    --max-tokens-param's, or when an earlier run had learned otherwise."""
+    if job.endpoint is None or job.endpoint.token_field is None:
         return {}
-    assert job.endpoint is not None
-    return {"token_field": {**manifest.learned(job.output, "token_field"), _endpoint_key(job.endpoint): field}}
+    learned, key = manifest.learned(job.output, "token_field"), _endpoint_key(job.endpoint)
+    if job.endpoint.token_field == getattr(args, "max_tokens_param", "max_tokens") and key not in learned:
+        return {}
+    return {"token_field": {**learned, key: job.endpoint.token_field}}
 
 
 def _dry_run(job: Job, args) -> int:
