@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import benchmarks, redact
+from .client import thinking
 from .datasets import hub
 from .errors import BadInput
 from .store.paths import DEFAULT_ROOT
@@ -47,7 +48,9 @@ def parser_for(
     args = parser.parse_args(argv)
     if per_run and args.run < 1:
         parser.error("--run must be 1 or more")
-    return type(bench)(options_from(args, bench.Options)), args
+    chosen = type(bench)(options_from(args, bench.Options))
+    chosen.thinking = getattr(args, "thinking", chosen.thinking)
+    return chosen, args
 
 
 def _options(options_type: type, stage: str) -> list[dataclasses.Field]:
@@ -182,6 +185,14 @@ def _generation_args(g: argparse._ArgumentGroup) -> None:
         help="body field that carries --max-tokens (OpenAI reasoning models want max_completion_tokens)",
     )
     g.add_argument("--reasoning-effort", help="e.g. low, medium, high (sent as reasoning_effort)")
+    g.add_argument(
+        "--thinking",
+        choices=thinking.MODES,
+        default="separate",
+        help="separate (default): a reasoning model's thinking (reasoning_content, <think>…</think>) is kept in the "
+        "row's `thinking` field and only its final answer is graded; as-is: content is graded as the server sent "
+        "it, as CL-bench, EvalScope and OpenAI Evals do",
+    )
     g.add_argument(
         "--extra-body",
         help="JSON object merged into the request body for provider-specific fields, "
@@ -356,6 +367,7 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
         base_url_source=base_url_source,
         headers=_sdk_environment_headers(url, base_url_source),
         http_client=args.http_client,
+        thinking=args.thinking,
     )
 
 

@@ -226,6 +226,28 @@ def test_coin_flip_and_error_recovery_details(browser, page, outputs):
     clean(browser)
 
 
+def test_the_thinking_is_folded_above_the_answer(browser, page, outputs):
+    thought = next(s for s in samples(outputs, "coin_flip", model="alpha", run=1) if s["row"]["thinking"])
+    row = thought["row"]
+    assert row["thinking"].startswith(vo.THINKING) and vo.THINKING not in row["model_output"]
+    show(browser, page, v="samples", ob="coin_flip", om="alpha", **{"or": "1"}, ot=row["idx"])
+    folded = browser.run(
+        "const box = document.querySelector('#detail details.thinking');"
+        "const reply = [...document.querySelectorAll('#detail pre.text')].find(p => p.textContent === arguments[0]);"
+        "return box && reply && [box.open, box.querySelector('summary').textContent,"
+        " !!(box.compareDocumentPosition(reply) & Node.DOCUMENT_POSITION_FOLLOWING)];",
+        row["model_output"],
+    )
+    assert folded == [False, f"Thinking · {len(row['thinking']):,} characters", True]
+    browser.run("document.querySelector('#detail details.thinking').open = true")
+    browser.idle()
+    assert text(browser, "#detail details.thinking pre") == row["thinking"]
+    plain = next(s for s in samples(outputs, "coin_flip", model="alpha", run=1) if not s["row"]["thinking"])
+    show(browser, page, v="samples", ob="coin_flip", om="alpha", **{"or": "1"}, ot=plain["row"]["idx"])
+    assert browser.run("return document.querySelector('#detail details.thinking')") is None
+    clean(browser)
+
+
 def test_hostile_strings_are_shown_as_text_and_run_nothing(browser, page, outputs):
     hostile = [s for s in samples(outputs, "clbench") if any(h in s["row"]["model_output"] for h in HOSTILE[:4])]
     assert len(hostile) >= 3

@@ -24,6 +24,7 @@ from .conftest import API_KEY, SAMPLE, rubric_count
 LONG_CONTEXT_CHARS = 30_000
 MODELS = ("alpha", "beta")
 MARKER = "zebra-marker-"  # appears in exactly the answers the tests look for
+THINKING = "thinking-marker-"  # begins the thinking of some CoinFlip replies (a reasoning model's, written inline)
 
 
 def _digest(*parts: str) -> int:
@@ -55,7 +56,8 @@ def handler(request) -> Reply:
     if "coin flip problem" in prompt:
         verdict = ("YES", "NO", "maybe")[seed % 3]
         extra = HOSTILE[seed % len(HOSTILE)] if seed % 4 == 0 else "tracking"
-        return Reply(content=f"{extra}\n{MARKER}{model}-{seed % 5}\nANSWER: {verdict}")
+        thought = f"<think>{THINKING}{seed} The coin ends up... ANSWER: maybe</think>\n" if seed % 4 == 1 else ""
+        return Reply(content=f"{thought}{extra}\n{MARKER}{model}-{seed % 5}\nANSWER: {verdict}")
     if FINAL_ANSWER_PROMPT in prompt:  # Error Recovery's extraction call
         return Reply(content=str(seed % 3 - 1))
     if request.messages and "reasoning" in str(request.messages[0].get("content", "")):  # Error Recovery's reasoning

@@ -54,7 +54,7 @@ class Arithmetic(Benchmark):
         return await one_call(task, model, PROMPT.format(question=task.row["question"]), task.row["answer"])
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        reply = (row.get("model_output") or "").strip()
+        reply = self.graded_text(row).strip()
         if self.options.last_number:
             numbers = _NUMBER.findall(reply)
             reply = numbers[-1] if numbers else ""

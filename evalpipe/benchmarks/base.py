@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
+from ..client import thinking
 from ..errors import ContextTooLong
 from ..results import tables
 from ..results.figures import headline
@@ -22,6 +23,7 @@ from ..results.items import ItemColumns, ItemFigure
 from ..results.shapes import Shape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
+from ..store.rows import THINKING_TRUNCATED
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
@@ -62,17 +64,19 @@ async def one_call(
 
 
 async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
-    """Fill an inference row from one chat call: the answer, or a final context-length failure.
-    `fields`: body fields of this call (ChatClient.complete)."""
+    """Fill an inference row from one chat call: the final answer (its thinking last, in `thinking`), or a final
+    context-length failure. `fields`: body fields of this call (ChatClient.complete)."""
     try:
         done = await model.complete(messages, fields)
     except ContextTooLong as exc:
         out.update(status="context_length", error=str(exc))
         return out
     out["model_output"] = done.text
-    out.update(status="ok", finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
+    status = THINKING_TRUNCATED if done.thinking_truncated else "ok"
+    out.update(status=status, finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
     if done.served is not None:
         out.update(done.served.fields())
+    out["thinking"] = done.thinking
     return out
 
 
@@ -173,6 +177,7 @@ class Benchmark:
     # how report.html facets and details the samples (results/shapes.py), made from the figures
     viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
     item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
+    thinking: str = "separate"  # --thinking (thinking.MODES), set by the stage: what of a row's text is graded
 
     def __init__(self, options: Any = None):
         self.options = self.Options() if options is None else options
@@ -207,6 +212,10 @@ class Benchmark:
         (0/1) and `judge_status` ("ok", or why the score is a conservative 0).
         """
         raise NotImplementedError
+
+    def graded_text(self, row: dict, key: str = "model_output") -> str:
+        """The text of `row[key]` a grade reads: the final answer, never thinking written inline (thinking.py)."""
+        return thinking.text_to_grade(row, key, self.thinking)
 
     # ---- optional, with defaults
 

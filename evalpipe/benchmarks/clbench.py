@@ -20,7 +20,7 @@ from ..results.items import ItemColumns, ItemFigure
 from ..results.shapes import CLBenchShape
 from ..store import jsonl
 from ..store.paths import PROJECT
-from ..store.rows import row_id
+from ..store.rows import THINKING_TRUNCATED, row_id
 from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -627,11 +627,13 @@ class CLBench(ErrorAnalysis, Benchmark):
         return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        output = row.get("model_output") or ""
-        if not isinstance(output, str) or not output.strip():
+        output = self.graded_text(row)
+        if not output.strip():
             why = "empty model output: score 0 without a judge call"
             if row.get("status") == "context_length":
                 why = "the prompt exceeded the model's context: score 0 without a judge call"
+            elif row.get("status") == THINKING_TRUNCATED:
+                why = "the token budget ran out while the model was thinking: no final answer, score 0 (no judge call)"
             return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
         assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
@@ -716,7 +718,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             task=task,
             rubrics="\n".join(rubric_rows) or NO_RUBRICS,
             rationale=judge_row.get("grading_rationale") or "(none)",
-            response=judge_row.get("model_output") or "",
+            response=self.graded_text(judge_row),
         )
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:

@@ -294,7 +294,7 @@ class CoinFlip(Benchmark):
         return row.get("parse_mode") == self.options.parse  # another parse mode: grade again (it is free)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        prediction = parse_answer(row.get("model_output") or "", self.options.parse)
+        prediction = parse_answer(self.graded_text(row), self.options.parse)
         correct = prediction is not None and prediction == row.get("target")
         return {
             **row,

@@ -23,6 +23,7 @@ from ..results.shapes import ErrorRecoveryShape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from ..store.paths import PROJECT
+from ..store.rows import THINKING_TRUNCATED
 from .base import Benchmark, Task, flag
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
@@ -223,6 +224,8 @@ class ErrorRecovery(Benchmark):
                     "latency_s": reply.latency_s,
                     "finish_reason": reply.finish_reason,
                     **(reply.served.fields() if reply.served is not None else {}),
+                    **({"thinking_truncated": True} if reply.thinking_truncated else {}),
+                    "thinking": reply.thinking,
                 },
             )
         return done
@@ -277,24 +280,27 @@ class ErrorRecovery(Benchmark):
         usage: dict = {}
         for call in calls.values():
             cost.add_counts(usage, call.get("usage"))
+        truncated = any(call.get("thinking_truncated") for call in calls.values())
         out.update(
             messages=compat(messages, a.chat_compat),
             model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],
             answer=calls["extraction"]["text"],
-            status="ok",
+            status=THINKING_TRUNCATED if truncated else "ok",
             usage=usage,
             calls={k: _call_record(v) for k, v in calls.items()},
         )
-        for key in ("response_model", "system_fingerprint"):  # the calls' own, joined where they differ
+        for key in ("response_model", "system_fingerprint", "reasoning_effort_applied"):  # joined where they differ
             values = sorted({str(c[key]) for c in calls.values() if c.get(key)})
             if values:
                 out[key] = " + ".join(values)
+        # each call's thinking under its name, the calls in the order they were made
+        out["thinking"] = "\n\n".join(f"[{name}]\n{c['thinking']}" for name, c in calls.items() if c.get("thinking"))
         return out
 
     # ---- how a solution is graded
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        answer, target, task = row.get("answer") or "", str(row.get("target")), row["metadata"]["task"]
+        answer, target, task = self.graded_text(row, "answer"), str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
         return {
             **row,
@@ -404,4 +410,5 @@ class ErrorRecovery(Benchmark):
 
 def _call_record(call: dict) -> dict:
     record = {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
-    return record | {k: call[k] for k in ("response_model", "system_fingerprint") if call.get(k)}
+    kept = ("response_model", "system_fingerprint", "reasoning_effort_applied", "thinking_truncated")
+    return record | {k: call[k] for k in kept if call.get(k)}

@@ -166,7 +166,7 @@ class ReplayClient:
                 raise CallFailed(f"batch output line for {row['custom_id']} is not a chat completion ({exc})") from None
             if not reply.choices:
                 raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
-            return completion_from(reply, None, 1)
+            return completion_from(reply, None, 1, self.endpoint.thinking)
         status = response.get("status_code")
         text = redact.redact(_error_text(response.get("body"), row.get("error")))
         if context_length_error(status, text):

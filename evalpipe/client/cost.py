@@ -2,7 +2,7 @@
 
 Costs are list prices per million tokens. Cached prompt tokens, when the endpoint reports
 them, are priced as cached input; reasoning tokens are already part of completion_tokens (as
-OpenAI reports them) and are shown separately for information only.
+OpenAI reports them): they are shown apart, with what they cost (`reasoning_cost_usd`, at the output price).
 """
 
 import math
@@ -66,6 +66,11 @@ class Prices:
             + cached * price.get("cached_input", price["input"])
             + usage.get("completion_tokens", 0) * price["output"]
         ) / 1e6
+
+    def reasoning_cost(self, model: str | None, usage: dict) -> float | None:
+        """What the reasoning tokens among the completion tokens cost (they are billed as output)."""
+        price = self.price_for(model)
+        return None if price is None else usage.get("reasoning_tokens", 0) * price["output"] / 1e6
 
 
 def load_prices(path: Path | None = None) -> Prices:
@@ -190,7 +195,7 @@ class Ledger:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}
         total, unpriced = 0.0, set()
         for stage, tally in self.stages.items():
-            cost = 0.0
+            cost = reasoning = 0.0
             tokens: dict[str, int] = {}
             for (model, batch), counts in tally.usages.items():
                 for key, value in counts.items():
@@ -199,7 +204,9 @@ class Ledger:
                 if c is None:
                     unpriced.add(str(model))
                 else:
-                    cost += c * (prices.batch_discount if batch else 1.0)
+                    discount = prices.batch_discount if batch else 1.0
+                    cost += c * discount
+                    reasoning += (prices.reasoning_cost(model, counts) or 0.0) * discount
             tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
             models = sorted({str(m) for m, _ in tally.usages})
             priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
@@ -210,6 +217,7 @@ class Ledger:
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
                 "models": models,
                 "cost_usd": round(cost, 6) if priced else None,
+                **({"reasoning_cost_usd": round(reasoning, 6)} if priced and tokens.get("reasoning_tokens") else {}),
                 **({"invalid_usage_calls": tally.invalid_usage} if tally.invalid_usage else {}),
             }
             total += cost

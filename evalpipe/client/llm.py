@@ -45,7 +45,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from .. import redact
 from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
-from . import spending
+from . import spending, thinking
 from .cost import MAX_TOKEN_COUNT
 from .limiter import AdaptiveLimit
 
@@ -125,6 +125,7 @@ class Endpoint:
     # HTTP headers by name, None: never sent (the SDK would otherwise add OPENAI_ORG_ID etc. by itself)
     headers: dict[str, str | None] = field(default_factory=dict, repr=False)
     http_client: str = "aiohttp"  # HTTP_CLIENTS: how requests travel, never what they are (not fingerprinted)
+    thinking: str = "separate"  # thinking.MODES: how a reply's thinking is told from its final answer
 
     OPENAI_URL = "https://api.openai.com/v1"  # not a field: where calls go without a base URL
 
@@ -173,37 +174,68 @@ class Endpoint:
         """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
         return redact.url(self.url)
 
+    @property
+    def token_field(self) -> str | None:
+        """The body field that carries --max-tokens (TOKEN_FIELDS), None when no budget is sent."""
+        return next((name for name in TOKEN_FIELDS if name in self.params), None)
+
+    def use_token_field(self, name: str) -> None:
+        """Send the --max-tokens budget in `name` (one of TOKEN_FIELDS) from now on."""
+        current = self.token_field
+        if current is not None and current != name:
+            params = dict(self.params)
+            params[name] = params.pop(current)
+            self.params = params
+
 
 @dataclass
 class Completion:
-    text: str
+    text: str  # the final answer (thinking.separate): content without inline thinking, unless --thinking as-is
     finish_reason: str | None
     usage: dict[str, int]
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
     reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
     served: "Served | None" = None  # which model the endpoint says answered
+    thinking: str = ""  # the reasoning field and any thinking written inline in content
+    thinking_truncated: bool = False  # no final answer: the token limit was reached while thinking
 
 
 @dataclass(frozen=True)
 class Served:
     """The model a reply says answered (`model`, which a provider may re-point behind the asked name) and its
-    `system_fingerprint`, when one is given: a row records them so that a changed snapshot shows."""
+    `system_fingerprint`, when one is given: a row records them so that a changed snapshot shows; and the
+    reasoning effort the reply says was applied, where it says one."""
 
     model: str | None
     fingerprint: str | None = None
+    effort: str | None = None
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
         model, fingerprint = getattr(response, "model", None), getattr(response, "system_fingerprint", None)
         model = model if isinstance(model, str) and model else None
         fingerprint = fingerprint if isinstance(fingerprint, str) and fingerprint else None
-        return cls(model, fingerprint) if model or fingerprint else None
+        effort = _applied_effort(response)
+        return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
     def fields(self, prefix: str = "") -> dict[str, str]:
-        """The row's keys: `<prefix>response_model`, and `<prefix>system_fingerprint` when given."""
+        """The row's keys: `<prefix>response_model`, and `<prefix>system_fingerprint` and
+        `<prefix>reasoning_effort_applied` when given."""
         out = {f"{prefix}response_model": self.model} if self.model else {}
-        return out | ({f"{prefix}system_fingerprint": self.fingerprint} if self.fingerprint else {})
+        out |= {f"{prefix}system_fingerprint": self.fingerprint} if self.fingerprint else {}
+        return out | ({f"{prefix}reasoning_effort_applied": self.effort} if self.effort else {})
+
+
+def _applied_effort(response: Any) -> str | None:
+    """The reasoning effort a reply says was applied: `reasoning_effort`, or `reasoning.effort` (as the Responses
+    API and some routers echo it); None when it says nothing."""
+    extra = getattr(response, "model_extra", None) or {}
+    effort = extra.get("reasoning_effort")
+    reasoning = extra.get("reasoning")
+    if effort is None and isinstance(reasoning, dict):
+        effort = reasoning.get("effort")
+    return effort[:40] if isinstance(effort, str) and effort else None
 
 
 def _status(exc: BaseException) -> int | None:
@@ -343,6 +375,7 @@ class ChatClient:
     """Calls one model on one endpoint with the retry policy above."""
 
     batched = False  # the batch stand-ins (batch.py) answer one call per task; this client any number
+    token_field_switched = False  # set on the client once the endpoint refused the --max-tokens field in this run
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint = endpoint
@@ -501,6 +534,7 @@ class ChatClient:
         for which `final` is true is not retried and raises Rejected at once."""
         started = time.monotonic()
         attempts = failures = 0
+        sent_field = self.endpoint.token_field
 
         def give_up(state) -> bool:
             # A 429 is the server asking us to wait, not a failure: only the time cap ends those.
@@ -529,6 +563,8 @@ class ChatClient:
             status = _status(exc)
             if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
                 raise Rejected(describe(exc), status, error_text(exc)) from None
+            if self._other_token_field(exc, sent_field, fields):
+                return await self.complete(messages, fields, final)
             if is_context_length(exc):
                 raise ContextTooLong(describe(exc)) from None
             unreachable = self._unreachable_error(exc)
@@ -542,7 +578,24 @@ class ChatClient:
                 tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
                 raise CallFailed(f"{describe(exc)} ({tries})") from None
             raise
-        return completion_from(response, round(time.monotonic() - started, 3), attempts)
+        return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
+
+    def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
+        """Whether a call that sent --max-tokens in `sent` is to be sent again in the other field: the endpoint
+        refused `sent` (OpenAI's reasoning models refuse max_tokens, older servers max_completion_tokens). The
+        endpoint's field is switched once in a run (the stage records it in the manifest); a budget the call's
+        own `fields` carry is the caller's to handle."""
+        if sent is None or any(name in (fields or {}) for name in TOKEN_FIELDS):
+            return False
+        if not token_field_refused(_status(exc), error_text(exc), sent):
+            return False
+        if self.endpoint.token_field != sent:  # another call switched it meanwhile
+            return True
+        if self.token_field_switched:
+            return False  # both fields refused: the error stands
+        self.token_field_switched = True
+        self.endpoint.use_token_field(next(name for name in TOKEN_FIELDS if name != sent))
+        return True
 
     def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
         """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
@@ -576,6 +629,22 @@ def prompt_chars(messages: list[dict]) -> int:
     return sum(len(str(message.get("content") or "")) for message in messages)
 
 
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
+# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
+_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
+
+
+def token_field_refused(status: int | None, text: str, sent: str) -> bool:
+    """Whether an error says the endpoint does not take the token-limit field `sent` (one of TOKEN_FIELDS):
+    `Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens' instead.` (OpenAI's reasoning models),
+    `Unrecognized request argument supplied: max_completion_tokens` (older servers); not a budget too large."""
+    lowered = text.lower()
+    other = next(name for name in TOKEN_FIELDS if name != sent)
+    if status not in (400, 422) or sent not in lowered or "too large" in lowered or context_length_error(status, text):
+        return False
+    return other in lowered or any(hint in lowered for hint in _FIELD_REFUSED_HINTS)
+
+
 def max_tokens_of(body: dict) -> int:
     """The completion tokens a request reserves (OpenAI counts them against its tokens-per-minute limit)."""
     for name in ("max_completion_tokens", "max_tokens"):
@@ -585,22 +654,28 @@ def max_tokens_of(body: dict) -> int:
     return 0
 
 
-def completion_from(response: Any, latency_s: float | None, attempts: int) -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): every text
-    the server sent, with our key taken out (a server may echo it), since this is what rows are made of."""
+def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): the final
+    answer apart from the thinking (`mode`: thinking.MODES), and every text the server sent with our key taken
+    out (a server may echo it), since this is what rows are made of."""
     choice = response.choices[0]
     message = choice.message
+    content = message.content if message is not None and isinstance(message.content, str) else ""
+    reasoning = redact.secrets(_reasoning(message))
+    reply = thinking.separate(redact.secrets(content), reasoning, choice.finish_reason, mode)
     served = Served.of(response)
     if served is not None:
-        served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint)))
+        served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint, served.effort)))
     return Completion(
-        text=redact.secrets(message.content if message is not None and message.content else ""),
+        text=reply.answer,
         finish_reason=redact.secrets(choice.finish_reason) if choice.finish_reason else choice.finish_reason,
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
-        reasoning=redact.secrets(_reasoning(message)),
+        reasoning=reasoning,
         served=served,
+        thinking=reply.thinking,
+        thinking_truncated=reply.truncated,
     )
 
 

@@ -9,7 +9,8 @@ trickled body. Run it in-process (FakeOpenAI, in a background thread) or as
 `with_server_kind(kind, handler)` puts a handler behind the `response_format` behaviour of a real
 server kind (SERVER_KINDS: enforcing, llama-cpp-python's 500, 2024 llama-server's 500, DeepSeek's
 422, rejecting every format with a 400, silently ignoring, an OpenAI reasoning model refusing
-`max_tokens`); `--server-kind` does the same for the command line.
+`max_tokens`, an older server refusing `max_completion_tokens`); `--server-kind` does the same for the command
+line.
 
 `RateLimit(handler, rpm=..., tpm=...)` puts a handler behind OpenAI-style requests- and
 tokens-per-minute limits: 429 (with or without Retry-After) when over, x-ratelimit-* headers on
@@ -95,10 +96,14 @@ class Reply:
     trickle_bytes: int = 16
     finish_reason: str = "stop"
     usage: dict | None = None
-    reasoning: str | None = None  # sent as message.reasoning_content (vLLM, llama.cpp, DeepSeek)
+    reasoning: str | None = None  # sent as message.<reasoning_field> (vLLM, llama.cpp, DeepSeek, routers)
+    reasoning_field: str = "reasoning_content"  # or "reasoning" (vLLM's newer name, OpenRouter)
+    reasoning_tokens: int | None = None  # sent as usage.completion_tokens_details.reasoning_tokens (also counted
+    # in completion_tokens, as OpenAI counts them): hidden reasoning
     cached_tokens: int | None = None  # sent as usage.prompt_tokens_details.cached_tokens (PrefixCache sets it)
     served_model: str | None = None  # the reply's `model` (default: the request's, as most servers echo it)
     system_fingerprint: str | None = None  # sent when set, as OpenAI does
+    effort_applied: str | None = None  # sent as the reply's reasoning_effort: the effort a router says it applied
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -146,11 +151,14 @@ _REASONS = {
 
 def completion_body(request: Request, reply: Reply) -> bytes:
     prompt_chars = sum(len(str(m.get("content", ""))) for m in request.messages)
+    completion = max(1, len(reply.content) // 4) + (reply.reasoning_tokens or 0)
     usage = reply.usage or {
         "prompt_tokens": max(1, prompt_chars // 4),
-        "completion_tokens": max(1, len(reply.content) // 4),
-        "total_tokens": max(1, prompt_chars // 4) + max(1, len(reply.content) // 4),
+        "completion_tokens": completion,
+        "total_tokens": max(1, prompt_chars // 4) + completion,
     }
+    if reply.reasoning_tokens is not None:
+        usage = {**usage, "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}
     if reply.cached_tokens is not None:
         usage = {**usage, "prompt_tokens_details": {"cached_tokens": reply.cached_tokens}}
     return json.dumps(
@@ -160,13 +168,14 @@ def completion_body(request: Request, reply: Reply) -> bytes:
             "created": int(time.time()),
             "model": reply.served_model or (request.body or {}).get("model", "test"),
             **({"system_fingerprint": reply.system_fingerprint} if reply.system_fingerprint else {}),
+            **({"reasoning_effort": reply.effort_applied} if reply.effort_applied else {}),
             "choices": [
                 {
                     "index": 0,
                     "message": {
                         "role": "assistant",
                         "content": reply.content,
-                        **({"reasoning_content": reply.reasoning} if reply.reasoning is not None else {}),
+                        **({reply.reasoning_field: reply.reasoning} if reply.reasoning is not None else {}),
                     },
                     "finish_reason": reply.finish_reason,
                 }
@@ -187,6 +196,7 @@ SERVER_KINDS = {
     "rejecting": "every response_format → HTTP 400 `Unrecognized request argument supplied: response_format`",
     "ignoring": "accepts every response_format and ignores it (HTTP 200, nothing enforced)",
     "reasoning": "like enforcing, and max_tokens → HTTP 400 asking for max_completion_tokens (OpenAI o-series)",
+    "legacy": "like enforcing, and max_completion_tokens → HTTP 400 `Unrecognized request argument` (older servers)",
 }
 _LLAMA_CPP_PYTHON_500 = (
     "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n  Input should be 'text' or "
@@ -208,7 +218,9 @@ def format_gate(kind: str, request: Request) -> Reply | None:
             "Use 'max_completion_tokens' instead.",
             "unsupported_parameter",
         )
-    if kind_of is None or kind in ("enforcing", "ignoring", "reasoning"):
+    if kind == "legacy" and "max_completion_tokens" in body:
+        return Reply.error(400, "Unrecognized request argument supplied: max_completion_tokens")
+    if kind_of is None or kind in ("enforcing", "ignoring", "reasoning", "legacy"):
         return None
     if kind == "rejecting":
         return Reply.error(400, "Unrecognized request argument supplied: response_format")

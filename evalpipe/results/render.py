@@ -96,6 +96,26 @@ def provenance_notes(models: list[dict]) -> list[str]:
             f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
             "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
         )
+    thought = [m for m in models if m.get("thinking")]
+    if thought:
+        parts = []
+        for m in thought:
+            t = m["thinking"]
+            said = []
+            if t["reasoning_tokens_per_task"] is not None:
+                share = "" if t["reasoning_share"] is None else f", {_p(t['reasoning_share'])}% of the {t['share_of']}"
+                said.append(f"{t['reasoning_tokens_per_task']:,.0f} reasoning tokens per task{share}")
+            if t["thinking_truncated"]:
+                said.append(f"{t['thinking_truncated']} answers ran out of tokens while thinking (scored 0)")
+            if t["effort_applied"]:
+                applied = ", ".join(f"{esc(name)} ({n})" for name, n in t["effort_applied"].items())
+                said.append(f"reasoning effort applied, as the endpoint said: {applied}")
+            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
+        notes.append(
+            "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
+            "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
+            "has no final answer and scores 0, as an empty answer): " + ". ".join(parts) + "."
+        )
     lines = []
     for m in models:
         settings = m.get("settings") or {}

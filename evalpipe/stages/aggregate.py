@@ -104,6 +104,38 @@ def served(runs: list[dict]) -> tuple[dict, bool]:
     return total, any(len(total.get(who, {})) > 1 for who in ("model", "judge"))
 
 
+def thinking(runs: list[dict], served_models: dict) -> dict | None:
+    """What a model's thinking cost over its runs (score.json's infer cost and coverage): reasoning tokens per
+    task, their share of the bill (of the completion tokens where there is no price), answers that ran out of
+    tokens while thinking, and the reasoning efforts the endpoint said it applied (None: no reasoning at all)."""
+    reasoning = tasks = truncated = 0
+    completion, reasoning_cost, bill = 0, 0.0, 0.0
+    priced = True
+    for metrics in runs:
+        cost = metrics.get("cost") or {}
+        infer = (cost.get("stages") or {}).get("infer") or {}
+        tokens = infer.get("tokens") or {}
+        reasoning += tokens.get("reasoning_tokens", 0)
+        completion += tokens.get("completion_tokens", 0)
+        tasks += (metrics.get("coverage") or {}).get("expected", 0)
+        truncated += (metrics.get("coverage") or {}).get("thinking_truncated", 0)
+        if cost.get("cost_usd") is None:
+            priced = False
+        else:
+            reasoning_cost += infer.get("reasoning_cost_usd", 0.0)
+            bill += cost["cost_usd"]
+    if not reasoning and not truncated:
+        return None
+    share, of = (reasoning_cost / bill, "bill") if priced and bill else (reasoning / completion, "completion tokens")
+    return {
+        "reasoning_tokens_per_task": reasoning / tasks if tasks else None,
+        "reasoning_share": share if completion or bill else None,
+        "share_of": of,
+        "thinking_truncated": truncated,
+        "effort_applied": served_models.get("reasoning_effort", {}),
+    }
+
+
 def collect(
     bench: Benchmark, root: Path, runs: int | None, models: list[str] | None
 ) -> tuple[list[dict], list[str], list[str]]:
@@ -267,6 +299,7 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             "settings": settings(entry["fingerprints"]),
             "served": served_models,
             "mixed_served_models": mixed,
+            "thinking": thinking(runs, served_models),
         }
         if entry["items"] is not None:
             _item_estimates(bench, model, entry["items"], boot)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..client import batch, batch_backend, cost, dryrun, runner, spending
-from ..client.llm import Endpoint
+from ..client.llm import TOKEN_FIELDS, Endpoint
 from ..errors import EXIT_OK, BadInput
 from ..store import lock, manifest
 
@@ -84,6 +84,7 @@ def run(job: Job, args) -> int:
         if cap is not None and (args.backend == "batch" or args.export_batch or args.import_batch):
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
     with lock.exclusive(job.output):
+        _seed_token_field(job)
         written = job.written()
         in_batches = batch_backend.open_batches(job.output)
         _refuse(job, args, written, in_batches)
@@ -101,8 +102,37 @@ def run(job: Job, args) -> int:
             if args.backend == "batch":
                 return _advance(job, args, work, record, counts)
             summary = _calls(job, args, pending, work, written, cap)
-        record.finish(**counts, written=summary.written, failed=summary.failed, **job.run_counts(summary))
+        extra = job.run_counts(summary)
+        learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
+        extra |= {"learned": learned} if learned else {}
+        record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
     return job.settle(runner.finish(job.label, summary, job.output))
+
+
+def _endpoint_key(endpoint: Endpoint) -> str:
+    """How the manifest's `learned` names an endpoint and model (as judge_format.Formats does)."""
+    return f"{endpoint.host} {endpoint.model}"
+
+
+def _seed_token_field(job: Job) -> None:
+    """Send --max-tokens in the field an earlier run learned this endpoint takes (the manifest's
+    `learned.token_field`)."""
+    if job.endpoint is None:
+        return
+    field = manifest.learned(job.output, "token_field").get(_endpoint_key(job.endpoint))
+    if field in TOKEN_FIELDS:
+        job.endpoint.use_token_field(field)
+
+
+def _learned_token_field(job: Job, args) -> dict:
+    """What the manifest learns of the field the endpoint took --max-tokens in: kept when it is not
+    --max-tokens-param's, or when an earlier run had learned otherwise."""
+    if job.endpoint is None or job.endpoint.token_field is None:
+        return {}
+    learned, key = manifest.learned(job.output, "token_field"), _endpoint_key(job.endpoint)
+    if job.endpoint.token_field == getattr(args, "max_tokens_param", "max_tokens") and key not in learned:
+        return {}
+    return {"token_field": {**learned, key: job.endpoint.token_field}}
 
 
 def _dry_run(job: Job, args) -> int:

@@ -15,6 +15,7 @@ from ..client.llm import Endpoint
 from ..datasets import hub
 from ..store import jsonl, manifest, paths, shards
 from ..store.checkpoint import StepCache
+from ..store.rows import THINKING_TRUNCATED
 from . import engine
 
 
@@ -34,8 +35,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--slim",
         action="store_true",
-        help="leave the copied `messages` out of the rows (much smaller files; `python -m evalpipe.expand` "
-        "joins them back from the dataset for upstream tools)",
+        help="leave the copied `messages` and a reasoning model's `thinking` (null) out of the rows (much smaller "
+        "files; `python -m evalpipe.expand` joins the messages back from the dataset for upstream tools, not the "
+        "thinking)",
     )
     parser.add_argument(
         "--allow-config-change",
@@ -118,6 +120,7 @@ def _job(
         ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers
     )
     prompt_tokens = _PromptTokens()
+    thinking = _ThinkingBudget(args.max_tokens)
 
     def announce(pending: engine.Pending) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
@@ -138,10 +141,10 @@ def _job(
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=tasks.pending,
         announce=announce,
-        session=functools.partial(_solver, bench, args.slim, output, prompt_tokens),
+        session=functools.partial(_solver, bench, args.slim, output, prompt_tokens, thinking),
         also_paid_for=lambda: _has_steps(output),
         run_counts=lambda summary: {"interrupted": summary.interrupted, **prompt_tokens.counts()},
-        settle=prompt_tokens.say,
+        settle=lambda code: thinking.say(prompt_tokens.say(code)),
         prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
     )
 
@@ -196,17 +199,59 @@ def _record(
     }
 
 
+class _ThinkingBudget:
+    """This run's answers that ran out of tokens while thinking, and the completion tokens the others used."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget  # --max-tokens (None: the endpoint's own limit)
+        self.truncated = self.answered = 0
+        self.stopped_at = self.finished_used = 0  # the most completion tokens of a call of each
+
+    def add(self, row: dict) -> None:
+        used = max((_completion_tokens(call.usage) for call in cost.api_calls(row)), default=0)
+        if row.get("status") == THINKING_TRUNCATED:
+            self.truncated += 1
+            self.stopped_at = max(self.stopped_at, used)
+        elif row.get("status") == "ok":
+            self.answered += 1
+            self.finished_used = max(self.finished_used, used)
+
+    def say(self, code: int) -> int:
+        """The stage's last line when answers ran out of tokens while thinking: what to raise --max-tokens to."""
+        if self.truncated:
+            limit = f"--max-tokens {self.budget}" if self.budget else "the endpoint's own limit (no --max-tokens)"
+            given = self.budget or self.stopped_at
+            finished = f"; the answers that finished used up to {self.finished_used:,}" if self.answered else ""
+            print(
+                f"infer: {self.truncated:,} of {self.truncated + self.answered:,} answers ran out of tokens while "
+                f"thinking (no final answer, scored 0): they needed more than the {given:,} completion tokens of "
+                f"{limit}{finished}; raise --max-tokens to {2 * given:,} or more, in a new run (--run N or --label)",
+                file=sys.stderr,
+            )
+        return code
+
+
+def _completion_tokens(usage: dict | None) -> int:
+    value = (usage or {}).get("completion_tokens")
+    return value if type(value) is int else 0
+
+
 @contextmanager
-def _solver(bench: Benchmark, slim: bool, output: Path, prompt_tokens: _PromptTokens, paying: bool):
+def _solver(
+    bench: Benchmark, slim: bool, output: Path, prompt_tokens: _PromptTokens, thinking: _ThinkingBudget, paying: bool
+):
     """Yield the work on one task with the output's step cache (recording new steps when `paying`); close it after."""
     steps = StepCache(output, record=paying)
 
     async def solve(task, client):
-        """The task's inference row (without `messages` with --slim)."""
+        """The task's inference row (with --slim, without `messages`, and its `thinking` null: left out)."""
         row = await bench.solve(task, client, steps)
         prompt_tokens.add(row)
+        thinking.add(row)
         if slim:
             row.pop("messages", None)
+            if "thinking" in row:
+                row["thinking"] = None  # still there: model_output was separated from it (thinking.text_to_grade)
         return row
 
     try:

@@ -19,7 +19,7 @@ from ..results import figures, items
 from ..results.agreement import format_report as agreement_text
 from ..results.items import ItemColumns
 from ..store import jsonl, manifest, paths, shards
-from ..store.rows import Coverage, ShardCoverage
+from ..store.rows import THINKING_TRUNCATED, Coverage, ShardCoverage
 from . import agreement, score_input
 
 
@@ -82,13 +82,14 @@ def coverage(
     (`counted`: the rows' `_distinct`, if known)."""
     rows = judge_rows(tasks, judged)
     statuses: dict[str, int] = {}
-    to_rejudge = 0
+    to_rejudge = truncated = 0
     for row, count in counted if counted is not None else _distinct(rows):
         if row is None:
             continue
         status = row.get("judge_status", "ok")
         statuses[status] = statuses.get(status, 0) + count
         to_rejudge += bench.is_provisional(row) * count
+        truncated += (row.get("status") == THINKING_TRUNCATED) * count
     missing = _missing_ids(tasks, rows)
     graded = len(tasks) - missing[0]
     extra = judged.extra_rows if isinstance(judged, _Judged) else len(judged) - graded
@@ -100,6 +101,8 @@ def coverage(
         "extra_rows_ignored": extra,
         "to_rejudge": to_rejudge,
     }
+    if truncated:
+        covered["thinking_truncated"] = truncated
     return covered, dict(sorted(statuses.items()))
 
 
@@ -161,6 +164,7 @@ SERVED = {
     "model_fingerprint": "system_fingerprint",
     "judge": "judge_response_model",
     "judge_fingerprint": "judge_system_fingerprint",
+    "reasoning_effort": "reasoning_effort_applied",
 }
 
 
@@ -181,7 +185,7 @@ def main(argv: list[str]) -> int:
     judge_path = _judge_path(bench, args)
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
-    fields = (*bench.score_fields, "judge_status", *SERVED.values())
+    fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
     data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
     if data is None:
         tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
@@ -228,7 +232,9 @@ def main(argv: list[str]) -> int:
     if "agreement" in metrics:
         print(agreement_text(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
-    return _exit_code(metrics["coverage"])
+    code = _exit_code(metrics["coverage"])
+    _say_thinking_truncated(metrics["coverage"], judge_path)
+    return code
 
 
 def _require(judge_path: Path) -> None:
@@ -256,6 +262,25 @@ def shard_coverage(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, jud
         "unfinished": shards.of_keys(short, n),
         "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
     }
+
+
+def _say_thinking_truncated(covered: Coverage, judge_path: Path) -> None:
+    """The last line when answers ran out of tokens while thinking: raise infer's --max-tokens, and to what."""
+    truncated = covered.get("thinking_truncated")
+    if not truncated:
+        return
+    params = (manifest.read_run(judge_path.with_name("infer.jsonl")) or {}).get("params") or {}
+    budget = next((params[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(params.get(k), int)), None)
+    needed = (
+        f"they needed more than infer's --max-tokens {budget}: raise it to {2 * budget} or more"
+        if budget
+        else "raise infer's --max-tokens above the endpoint's own limit"
+    )
+    print(
+        f"score: {truncated} of {covered['graded']} graded answers ran out of tokens while thinking (no final answer, "
+        f"scored 0): {needed}, in a new run (--run N or --label)",
+        file=sys.stderr,
+    )
 
 
 def _exit_code(covered: Coverage) -> int:

@@ -7,6 +7,10 @@ CL-bench's keys first (SPEC.md §1.2); each benchmark adds keys of its own after
 
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
+# An inference row's `status` when a call ran out of its token budget while thinking: no final answer (scored 0,
+# as an empty answer), counted apart by score and aggregate.
+THINKING_TRUNCATED = "thinking_truncated"
+
 
 class Usage(TypedDict, total=False):
     prompt_tokens: int
@@ -24,13 +28,14 @@ class InferRow(TypedDict, total=False):
     rubrics: list  # CL-bench
     metadata: dict
     model: str
-    status: str  # "ok" or "context_length"
+    status: str  # "ok", "context_length" or THINKING_TRUNCATED
     error: str
     finish_reason: str | None
     usage: Usage | None
     latency_s: float | None
     calls: dict[str, dict]  # several calls per task (Error Recovery): each one's usage and latency
     batch: bool  # answered through a batch
+    thinking: str  # a reasoning model's thinking, apart from model_output (the final answer); "" when none
 
 
 class JudgeRow(InferRow, total=False):
@@ -70,6 +75,7 @@ class Coverage(TypedDict):
     missing_ids: list  # the first 20 of those
     extra_rows_ignored: int  # judge rows of tasks not selected
     to_rejudge: int  # provisional rows (the judge API failed) that the next judge run redoes
+    thinking_truncated: NotRequired[int]  # graded rows whose answer ran out of tokens while thinking (scored 0)
     shards: NotRequired["ShardCoverage"]  # a run cut into shards: which are unfinished
 
 

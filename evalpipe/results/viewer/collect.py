@@ -181,7 +181,18 @@ DETAIL_KEYS = (
     "judge_attempts",
     "judge_batch",
 )
-_SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", *DETAIL_KEYS}
+_SHOWN = {
+    "idx",
+    "messages",
+    "model_output",
+    "rubrics",
+    "metadata",
+    "model",
+    "grading_rationale",
+    "score",
+    "thinking",
+    *DETAIL_KEYS,
+}
 
 
 def rubric_texts(rubrics: Any) -> list[str]:
@@ -209,6 +220,9 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     f1, f2, group = shape.facet_values(row)
     status = as_text(row.get("judge_status") or "ok") if judged else NO_JUDGE
     detail: dict[str, Any] = {"output": answer}
+    thought = row.get("thinking")
+    if isinstance(thought, str) and thought:  # a reasoning model's thinking, shown folded above the answer
+        detail["thinking"] = texts.ref(thought)
     if "messages" in row:
         detail["messages"] = messages
     else:

@@ -630,6 +630,26 @@
     if (full <= OPEN_CHARS) { box.open = true; load(); } // short enough to read at once
     return box;
   }
+  // a reasoning model's thinking: folded above the answer, loaded when opened
+  function thinkingView(d) {
+    const ranOut = d.status === 'thinking_truncated';
+    if (d.thinking === undefined) {
+      return ranOut ? [h('p', { class: 'muted thinking' }, 'Ran out of tokens while thinking: no final answer (the thinking was not handed back).')] : [];
+    }
+    const ref = d.thinking;
+    const full = typeof ref === 'number' ? META.text_chars[ref] : ref.length;
+    const body = pre('loading…');
+    const box = h('details', { class: 'msg thinking' },
+      h('summary', null, 'Thinking · ' + fmt.format(full) + ' characters' + (ranOut ? ' · ran out of tokens while thinking: no final answer' : '')),
+      body);
+    box.addEventListener('toggle', () => {
+      if (box.open && !box.dataset.loaded) {
+        box.dataset.loaded = '1';
+        guarded(async () => { body.textContent = await textOf(ref); });
+      }
+    });
+    return [box];
+  }
   function conversation(d, title) {
     if (d.slim) return section(title, h('p', { class: 'muted' }, 'Not in the rows: written with --slim (python -m evalpipe.expand joins the messages back).'));
     if (!d.messages || !d.messages.length) return [];
@@ -686,7 +706,7 @@
       parts.push(h('table', { class: 'cf' }, h('tr', null, ['Gold', 'Prediction', 'Correct', 'Parse mode'].map((c) => h('th', null, c))),
         h('tr', null, h('td', null, str(d.target)), h('td', null, d.prediction === null ? 'unparsed' : str(d.prediction)),
           h('td', null, mark(IX.p[i])), h('td', null, str(d.parse_mode)))));
-      parts.push(...section('Raw reply', pre(d.output)));
+      parts.push(...section('Raw reply', thinkingView(d), pre(d.output)));
       if (!compact) parts.push(...conversation(d, 'Prompt as sent'));
     } else if (kind === 'error_recovery') {
       if (!compact && d.question !== undefined) parts.push(...section('Problem', pre(d.question)));
@@ -698,7 +718,7 @@
         parts.push(...section('Given reasoning' + (at >= 0 ? ' (the mistaken step marked)' : ''), box));
       }
       if (compact) {
-        parts.push(...section('Answer', kv([['extracted', d.answer], ['target', d.target], ['exact', str(d.correct)],
+        parts.push(...section('Answer', thinkingView(d), kv([['extracted', d.answer], ['target', d.target], ['exact', str(d.correct)],
           ['normalised', str(d.normalized_correct)]]), h('div', { class: 'role' }, 'model reasoning'), pre(d.output)));
       } else {
         const sibs = await siblings(i);
@@ -707,12 +727,12 @@
             kv([['extracted answer', s.answer], ['target', s.target], ['exact match', str(s.correct)], ['normalised', str(s.normalized_correct)]]),
             h('div', { class: 'role' }, 'model reasoning'), pre(s.output)),
         ))));
-        parts.push(...section('Model reasoning (this sample)', pre(d.output)));
+        parts.push(...section('Model reasoning (this sample)', thinkingView(d), pre(d.output)));
         parts.push(...conversation(d, 'Conversation as sent'));
       }
     } else {
       if (!compact) parts.push(...conversation(d, 'Conversation'));
-      parts.push(...section('Answer', pre(d.output)));
+      parts.push(...section('Answer', thinkingView(d), pre(d.output)));
       parts.push(...rubricBlock(d));
     }
     parts.push(...judgeBlock(d), ...analysisBlock(d));
