@@ -52,20 +52,24 @@ def capitals_model(request):
     return Reply(content=REPLIES[country])
 
 
+def registered_stage(script, *args, env, cwd):
+    """A stage script run with capitals.py in the registry (REGISTERED)."""
+    return subprocess.run(
+        [sys.executable, "-c", REGISTERED, str(ROOT / f"{script}.py"), *map(str, args)],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.e2e
 def test_the_example_through_the_stages(server, env, tmp_path):
     server.handler = capitals_model
-    env = {**env, "PYTHONPATH": str(ROOT)}
-    common = ["--bench", "capitals", "--outputs-dir", str(tmp_path), "--model", "m"]
+    common = ["--bench", "capitals", "--outputs-dir", tmp_path, "--model", "m"]
     for script, flags in (("infer", ["--max-samples", "6"]), ("judge", []), ("score", [])):
-        done = subprocess.run(
-            [sys.executable, "-c", REGISTERED, str(ROOT / f"{script}.py"), *common, *flags],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = registered_stage(script, *common, *flags, env=env, cwd=tmp_path)
         assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     run = tmp_path / "capitals" / "m" / "run-1"
     prompt = read_jsonl(run / "infer.jsonl")[0]["messages"][0]["content"]
@@ -75,6 +79,12 @@ def test_the_example_through_the_stages(server, env, tmp_path):
     assert metrics["score"] == pytest.approx(4 / 6)
     assert metrics["coverage"]["graded"] == 6 and metrics["coverage"]["expected"] == 6
     assert metrics["judge_status"] == {"ok": 5, "unparsed": 1}
+    assert len(server.chat_requests()) == 6
+
+    bad = tmp_path / "bad.jsonl"  # a row without its answer's letter among the choices: one line, exit 2
+    bad.write_text(Capitals.default_data.read_text().replace('"answer": "A"', '"answer": "E"', 1))
+    done = registered_stage("infer", *common, "--input", bad, "--output", tmp_path / "x.jsonl", env=env, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr == f"infer: error: {bad}:2: 'answer' must be one of ABCD, got 'E'\n"
     assert len(server.chat_requests()) == 6
 
 
