@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadInput
-from ..store import jsonl
 from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, one_call
+from .grading import exact_match, read_tasks
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
@@ -35,17 +34,7 @@ class Arithmetic(Benchmark):
     options: ArithmeticOptions
 
     def load(self, path: Path) -> list[Task]:
-        tasks, seen = [], set()
-        for line, row in jsonl.iter_rows(path):
-            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-                raise BadInput("expected 'question' and 'answer' strings", path, line)
-            if not isinstance(row.get("id"), str) or row["id"] in seen:
-                raise BadInput(f"'id' must be a string seen once, got {row.get('id')!r}", path, line)
-            seen.add(row["id"])
-            tasks.append(Task(id=row["id"], row=row, line=line))
-        if not tasks:
-            raise BadInput("no tasks in the file", path)
-        return tasks
+        return read_tasks(path, id=str, question=str, answer=str)
 
     def infer_prompts(self) -> list[str]:
         return [PROMPT]
@@ -58,7 +47,7 @@ class Arithmetic(Benchmark):
         if self.options.last_number:
             numbers = _NUMBER.findall(reply)
             reply = numbers[-1] if numbers else ""
-        return {**row, "score": int(reply == row.get("target")), "judge_status": "ok" if reply else "empty_output"}
+        return exact_match(row, reply, unread="empty_output")
 
     def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
         return {"solved": sum(judged[t.id]["score"] for t in tasks if t.id in judged)}

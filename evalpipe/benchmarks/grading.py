@@ -1,0 +1,132 @@
+"""What rule-graded benchmarks share: reading a dataset into tasks, a multiple-choice prompt and the letter of
+its answer, grading by exact match. docs/adding-a-benchmark.md's worked example (capitals.py) is made of them."""
+
+import json
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ..errors import BadInput
+from ..store import jsonl
+from .base import Task
+
+# simple-evals' QUERY_TEMPLATE_MULTICHOICE, for any number of choices
+MULTIPLE_CHOICE = (
+    "Answer the following multiple choice question. The last line of your response should be of the following "
+    "format: 'Answer: $LETTER' (without quotes) where LETTER is one of {letters}. Think step by step before "
+    "answering.\n\n{question}\n\n{choices}"
+)
+LETTERS = "ABCDEFGHIJ"
+_ANSWER_LINE = re.compile(r"(?i)answer[ \t]*:[ \t*$(]*([A-J])\b")
+_BARE_LETTER = re.compile(r"\(?([A-J])[).]?")
+
+
+def read_tasks(path: Path, **fields: type) -> list[Task]:
+    """The tasks of a dataset file (read_rows) whose every row holds `fields` of the given types, e.g.
+    `read_tasks(path, question=str, answer=str)`; anything else is a BadInput naming the file and line.
+
+    A task's id is the row's `id` (a string or number, each seen once), else its position and a hash of its
+    content: stable under --max-samples, and another file's rows do not match it."""
+    tasks: list[Task] = []
+    seen: set = set()
+    for line, row in read_rows(path):
+        for key, kind in fields.items():
+            if not isinstance(row.get(key), kind):
+                raise BadInput(f"expected {key!r} to be a {kind.__name__}, got {row.get(key)!r:.60}", path, line)
+        if "id" in row:
+            task_id = row["id"]
+            if not isinstance(task_id, str | int) or isinstance(task_id, bool) or task_id in seen:
+                raise BadInput(f"'id' must be a string or number seen once, got {task_id!r}", path, line)
+            seen.add(task_id)
+        else:
+            task_id = f"{len(tasks):05d}-{zlib.crc32(jsonl.dumps(row)):08x}"
+        tasks.append(Task(id=task_id, row=row, line=line))
+    if not tasks:
+        raise BadInput("no tasks in the file", path)
+    return tasks
+
+
+def read_multiple_choice(path: Path) -> list[Task]:
+    """read_tasks of multiple-choice rows: `question`, 2 to 10 `choices` (strings) and `answer`, the letter of
+    the right choice (A for the first)."""
+    tasks = read_tasks(path, question=str, choices=list, answer=str)
+    for task in tasks:
+        choices, answer = task.row["choices"], task.row["answer"]
+        if not 2 <= len(choices) <= len(LETTERS) or not all(isinstance(choice, str) for choice in choices):
+            raise BadInput(f"'choices' must be 2 to {len(LETTERS)} strings, got {choices!r:.60}", path, task.line)
+        if answer not in LETTERS[: len(choices)]:
+            raise BadInput(f"'answer' must be one of {LETTERS[: len(choices)]}, got {answer!r:.20}", path, task.line)
+    return tasks
+
+
+def multiple_choice(question: str, choices: Sequence[str]) -> str:
+    """The MULTIPLE_CHOICE prompt of a question and its choices, lettered A, B, C, ... in order."""
+    lettered = "\n".join(f"{letter}) {choice}" for letter, choice in zip(LETTERS, choices))
+    return MULTIPLE_CHOICE.format(letters=LETTERS[: len(choices)], question=question, choices=lettered)
+
+
+def choice_letter(reply: str) -> str | None:
+    """The letter a reply chose: after its last `Answer:` (any case; `**`, `$` or `(` before the letter
+    allowed), else the whole reply if it is one letter (`B`, `(B)`, `B.`); None if neither."""
+    found = _ANSWER_LINE.findall(reply)
+    if found:
+        return found[-1].upper()
+    bare = _BARE_LETTER.fullmatch(reply.strip())
+    return bare.group(1) if bare else None
+
+
+def exact_match(row: dict, answer: str | None, unread: str = "unparsed") -> dict:
+    """The judge row of an inference row whose answer was read as `answer`: `score` 1 if it equals the row's
+    `target`, `judge_status` "ok", or `unread` when no answer was read (None or empty: scored 0)."""
+    return {
+        **row,
+        "score": int(bool(answer) and answer == row.get("target")),
+        "judge_status": "ok" if answer else unread,
+    }
+
+
+def read_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line, row) for each row of a JSONL file, or of a `.json` file holding one array of objects (the line
+    where each object starts). A line that is not a JSON object is a BadInput naming the file and line."""
+    return _json_array(path) if path.suffix.lower() == ".json" else jsonl.iter_rows(path)
+
+
+def _json_array(path: Path) -> Iterator[tuple[int, dict]]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read: {exc}", path) from None
+    decoder, line, counted = json.JSONDecoder(), 1, 0
+
+    def line_at(at: int) -> int:  # counted from where the last call stopped: each newline once
+        nonlocal line, counted
+        line, counted = line + text.count("\n", counted, at), at
+        return line
+
+    at = _skip(text, 0)
+    if text[at : at + 1] != "[":
+        raise BadInput("expected a JSON array of objects, or JSONL (one object per line)", path, line_at(at))
+    at = _skip(text, at + 1)
+    sep = text[at : at + 1]
+    while sep != "]":
+        start = line_at(at)
+        try:
+            row, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"invalid JSON ({exc.msg})", path, exc.lineno) from None
+        if not isinstance(row, dict):
+            raise BadInput(f"expected a JSON object, got {type(row).__name__}", path, start)
+        yield start, row
+        at = _skip(text, at)
+        sep = text[at : at + 1]
+        if sep not in (",", "]"):
+            raise BadInput("expected ',' or ']' after a row", path, line_at(at))
+        at = _skip(text, at + 1)
+
+
+def _skip(text: str, at: int) -> int:
+    """The position of the first character at or after `at` that is not whitespace."""
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
