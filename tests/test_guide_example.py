@@ -72,7 +72,8 @@ def test_the_example_through_the_stages(server, env, tmp_path):
         done = registered_stage(script, *common, *flags, env=env, cwd=tmp_path)
         assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     run = tmp_path / "capitals" / "m" / "run-1"
-    prompt = read_jsonl(run / "infer.jsonl")[0]["messages"][0]["content"]
+    prompts = [row["messages"][0]["content"] for row in read_jsonl(run / "infer.jsonl")]  # in order of answers
+    [prompt] = [text for text in prompts if "Australia" in text]
     assert prompt.endswith("What is the capital of Australia?\n\nA) Sydney\nB) Canberra\nC) Melbourne\nD) Perth")
     assert "one of ABCD" in prompt
     metrics = json.loads((run / "score.json").read_text())
