@@ -102,6 +102,21 @@ def test_a_long_wait_is_said_and_never_longer_than_the_most_one_wait_gets(server
     assert abs((said_until(lines[0]) - in_seconds(0)).total_seconds()) < 5
 
 
+def test_a_long_pacing_wait_is_said_once(server, monkeypatch, capsys):
+    monkeypatch.setattr(llm, "LONG_WAIT_S", 0.5)
+    # 2 requests refilling over 2 s, none left: each next call waits about a second
+    empty = {
+        "x-ratelimit-limit-requests": "2",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "2s",
+    }
+    server.handler = lambda request: Reply(content="42", headers=empty)
+    done = calls(server, n=3, ceiling=1, max_retry_seconds=30)
+    assert [each.text for each in done] == ["42"] * 3
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("waiting")]
+    assert lines and "pacing to the endpoint's requests limit (limit 2, remaining 0, reset 2s" in lines[0], lines
+
+
 # ---- row 2: a rate limit whose reset is past --max-retry-seconds ends the stage (3) and says when it resets
 
 
@@ -231,6 +246,12 @@ def test_a_gzip_body_within_the_bound_is_read(server):
     [done] = calls(server)
     assert done.text == "42"
     assert server.chat_requests()[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+def test_an_encoding_not_asked_for_is_a_malformed_reply(server):
+    server.handler = lambda request: Reply(body=b"\x0b\x02\x80{}\x03", headers={"Content-Encoding": "br"})
+    [failed] = calls(server, max_retries=0)
+    assert isinstance(failed, llm.CallFailed) and "Content-Encoding br, which was not asked for" in str(failed)
 
 
 def test_a_body_over_the_bound_fails_the_call(server):

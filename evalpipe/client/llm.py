@@ -481,12 +481,12 @@ class ChatClient:
         self._announced_until = float("-inf")  # the end of the last long wait said (monotonic)
 
     def _announce_wait(self, seconds: float, why: str) -> None:
-        """One line on stderr for a wait of LONG_WAIT_S or more: what it waits for and until when (once for
-        many calls waiting for the same)."""
-        until = time.monotonic() + seconds
-        if seconds < LONG_WAIT_S or until <= self._announced_until + 1.0:
+        """One line on stderr for a wait of LONG_WAIT_S or more: what it waits for and until when; none while
+        the last wait said is still on (many calls wait for the same, or one after another)."""
+        now = time.monotonic()
+        if seconds < LONG_WAIT_S or now < self._announced_until:
             return
-        self._announced_until = until
+        self._announced_until = now + seconds
         print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
 
     def _before_sleep(self, state) -> None:
