@@ -71,6 +71,7 @@ def in_seconds(seconds: float) -> datetime.datetime:
 # ---- row 1: a Retry-After past --max-retry-seconds ends the stage (3) at once and says until when
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ahead_s, header", [(86400, "86400"), (3600, "date"), (86400, "date")])
 def test_a_retry_after_past_the_retry_cap_ends_the_stage_with_3_and_says_until_when(stage, server, ahead_s, header):
     def too_busy(request):
@@ -102,7 +103,7 @@ def test_a_long_wait_is_said_and_never_longer_than_the_most_one_wait_gets(server
     assert abs((said_until(lines[0]) - in_seconds(0)).total_seconds()) < 5
 
 
-def test_a_long_pacing_wait_is_said_once(server, monkeypatch, capsys):
+def test_a_long_pacing_wait_is_said(server, monkeypatch, capsys):
     monkeypatch.setattr(llm, "LONG_WAIT_S", 0.5)
     # 2 requests refilling over 2 s, none left: each next call waits about a second
     empty = {
@@ -120,6 +121,7 @@ def test_a_long_pacing_wait_is_said_once(server, monkeypatch, capsys):
 # ---- row 2: a rate limit whose reset is past --max-retry-seconds ends the stage (3) and says when it resets
 
 
+@pytest.mark.e2e
 def test_a_quota_that_resets_past_the_retry_cap_ends_the_stage_with_3_and_says_when(stage, server):
     used_up = {
         "x-ratelimit-limit-requests": "10",
@@ -138,6 +140,7 @@ def test_a_quota_that_resets_past_the_retry_cap_ends_the_stage_with_3_and_says_w
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_a_limit_below_one_request_is_not_paced_to(stage, server):
     nonsense = {
         "x-ratelimit-limit-requests": "1e-300",
@@ -185,6 +188,7 @@ def test_a_broken_body_is_a_malformed_reply_retried_over_each_transport(server, 
     assert isinstance(failed, llm.CallFailed) and "(after 2 attempts)" in str(failed), failed
 
 
+@pytest.mark.e2e
 def test_broken_bodies_fail_their_tasks_keep_the_others_and_a_rerun_works(stage, server):
     hostile = [Reply(raw=BAD_CHUNK), Reply(body=DEEP), None]  # the first three tasks' replies, then answers
     seen: list[str] = []
@@ -260,6 +264,7 @@ def test_a_body_over_the_bound_fails_the_call(server):
     assert isinstance(failed, llm.CallFailed) and "a reply body over 32 MiB" in str(failed), failed
 
 
+@pytest.mark.e2e
 def test_a_huge_model_name_is_cut_before_it_reaches_a_row(stage, server):
     server.handler = lambda request: Reply(content="42", served_model="M" * 10_000_000, system_fingerprint="f" * 300)
     done = stage("infer", *INFER, "--max-samples", 2)
@@ -273,6 +278,7 @@ def test_a_huge_model_name_is_cut_before_it_reaches_a_row(stage, server):
 # ---- row 17: one stray 404 after good answers is a transient failure, not "no API at that URL"
 
 
+@pytest.mark.e2e
 def test_one_stray_404_after_good_answers_does_not_stop_a_healthy_run(stage, server):
     count = iter(range(10**9))
 
@@ -288,6 +294,7 @@ def test_one_stray_404_after_good_answers_does_not_stop_a_healthy_run(stage, ser
     assert len(server.chat_requests()) == 11
 
 
+@pytest.mark.e2e
 def test_a_404_before_any_answer_is_still_no_api_at_that_path(stage, server):
     server.handler = lambda request: Reply(status=404, body=b'{"detail": "Not Found"}')
     done = stage("infer", *INFER, *QUICK_RETRIES, "--max-samples", 2)
@@ -300,6 +307,7 @@ def test_a_404_before_any_answer_is_still_no_api_at_that_path(stage, server):
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[1;1Hinfer: all tasks passed\x9b31m \u202eevil"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("status, code", [(400, 3), (401, 4)])
 def test_escape_sequences_in_error_text_are_shown_escaped(stage, server, status, code):
     server.handler = lambda request: Reply.error(status, ESCAPES)
