@@ -10,7 +10,7 @@ The SDK's own retries are turned off; this module decides what is retried:
   400/413 context length exceeded
                  ContextTooLong: final, the task gets a row with an empty answer
   other 400/422  CallFailed at once (not retried in this run, retried next run)
-  401/403/404, 429 insufficient_quota
+  401/403, a 404 that names a model, 429 insufficient_quota
                  EndpointRefused: the whole run stops
   no connection, while the endpoint has not answered once in this run (refused, unknown host,
   TLS failure, connect timeout), or 404 with no mention of a model (no API at that path)
