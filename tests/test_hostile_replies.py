@@ -57,6 +57,12 @@ def then_answers(times: int, first):
     return lambda request: first(request) if next(count) < times else Reply(content="42")
 
 
+def answers_saying_requests(**said: str):
+    """A handler: plain answers, each with x-ratelimit-{limit,remaining,reset}-requests as given."""
+    headers = {f"x-ratelimit-{name}-requests": value for name, value in said.items()}
+    return lambda request: Reply(content="42", headers=headers)
+
+
 def said_until(stderr: str) -> datetime.datetime:
     """The time a message says a wait lasts until ("until 2026-11-26 15:04:05 UTC")."""
     found = re.search(r"until (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC", stderr)
@@ -106,12 +112,7 @@ def test_a_long_wait_is_said_and_never_longer_than_the_most_one_wait_gets(server
 def test_a_long_pacing_wait_is_said(server, monkeypatch, capsys):
     monkeypatch.setattr(llm, "LONG_WAIT_S", 0.5)
     # 2 requests refilling over 2 s, none left: each next call waits about a second
-    empty = {
-        "x-ratelimit-limit-requests": "2",
-        "x-ratelimit-remaining-requests": "0",
-        "x-ratelimit-reset-requests": "2s",
-    }
-    server.handler = lambda request: Reply(content="42", headers=empty)
+    server.handler = answers_saying_requests(limit="2", remaining="0", reset="2s")
     done = calls(server, n=3, ceiling=1, max_retry_seconds=30)
     assert [each.text for each in done] == ["42"] * 3
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("waiting")]
@@ -123,12 +124,7 @@ def test_a_long_pacing_wait_is_said(server, monkeypatch, capsys):
 
 @pytest.mark.e2e
 def test_a_quota_that_resets_past_the_retry_cap_ends_the_stage_with_3_and_says_when(stage, server):
-    used_up = {
-        "x-ratelimit-limit-requests": "10",
-        "x-ratelimit-remaining-requests": "0",
-        "x-ratelimit-reset-requests": "999999h",
-    }
-    server.handler = lambda request: Reply(content="42", headers=used_up)
+    server.handler = answers_saying_requests(limit="10", remaining="0", reset="999999h")
     started = time.monotonic()
     done = stage("infer", *INFER, "--max-samples", 8, "--workers", 2, "--max-retry-seconds", 30)
     assert done.returncode == 3, done.stderr
@@ -142,12 +138,7 @@ def test_a_quota_that_resets_past_the_retry_cap_ends_the_stage_with_3_and_says_w
 
 @pytest.mark.e2e
 def test_a_limit_below_one_request_is_not_paced_to(stage, server):
-    nonsense = {
-        "x-ratelimit-limit-requests": "1e-300",
-        "x-ratelimit-remaining-requests": "0",
-        "x-ratelimit-reset-requests": "1s",
-    }
-    server.handler = lambda request: Reply(content="42", headers=nonsense)
+    server.handler = answers_saying_requests(limit="1e-300", remaining="0", reset="1s")
     done = stage("infer", *INFER, "--max-samples", 8, "--workers", 2, "--max-retry-seconds", 30, timeout=60)
     assert done.returncode == 0, done.stderr
     assert len(read_jsonl(stage.cwd / "infer.jsonl")) == 8
