@@ -62,6 +62,13 @@ class EndpointUnreachable(EndpointRefused):
     exit_code = EXIT_UNREACHABLE
 
 
+class RetryLater(EndpointRefused):
+    """The endpoint asks us to wait past --max-retry-seconds (a Retry-After, a rate limit that resets later):
+    the run stops, its rows kept, to be run again after the time the message gives."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
 # OS errors that mean an output cannot be written: no space, then no permission.
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 UNWRITABLE_ERRNOS = NO_SPACE_ERRNOS | {errno.EROFS, errno.EACCES, errno.EPERM}
@@ -164,5 +171,5 @@ def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | Non
 
 
 def _error_line(stage: str, exc: StageError) -> int:
-    print(f"{stage}: error: {redact.redact(str(exc))}", file=sys.stderr)
+    print(f"{stage}: error: {redact.printable(redact.redact(str(exc)))}", file=sys.stderr)
     return exc.exit_code

@@ -33,14 +33,21 @@ while it admits the rest. A 429 acts on every attempt (the cut, the pause, the m
 the replies say a limit is reached: the x-ratelimit-remaining-* of the 429 is empty, or 429s are
 frequent (LIMIT_SHARE of the last OUTCOMES attempts, at least LIMIT_REJECTS of them). Otherwise only
 the request answered 429 waits, as its Retry-After says, and the others go on at full speed.
+
+Every wait is bounded by the caller's `max_wait_s` (the user's --max-retry-seconds): an attempt the pacing
+would hold longer (a daily quota used up, a reset of 999999h) raises PacedPastLimit at once, and a long
+wait is told to the caller's `announce`. A limit below one (1e-300) is no limit anyone could pace to: its
+headers are not read.
 """
 
 import asyncio
 import bisect
+import datetime
+import math
 import re
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -92,9 +99,27 @@ def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float
         except ValueError:
             continue
         reset_s = parse_duration(reset)
-        if reset_s is not None and limit_value > 0:
+        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit_value < math.inf:
             found[kind] = (limit_value, max(0.0, remaining_value), reset_s)
     return found
+
+
+def wall_clock(seconds_from_now: float) -> str:
+    """The UTC time `seconds_from_now` from now, as a message says when something happens."""
+    try:
+        when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
+    except OverflowError:
+        return "never (past the year 9999)"
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class PacedPastLimit(Exception):
+    """The pacing would hold an attempt `wait_s` seconds, past the caller's max_wait_s; `said` is what the
+    server said to make it so (for the message)."""
+
+    def __init__(self, wait_s: float, said: str):
+        super().__init__(f"{wait_s:.0f}s: {said}")
+        self.wait_s, self.said = wait_s, said
 
 
 class ServerBudget:
@@ -120,6 +145,16 @@ class ServerBudget:
         self._window_over = float("-inf")  # the end of the last window refilled
         self._last_point: tuple[float, float] | None = None  # the last reply's (reset, remaining)
         self._votes = 0.0  # decayed: +1 for each pair of replies that look like windows, -1 like a bucket
+        self._last_said: tuple[float, float, float, float] | None = None  # limit, remaining, reset_s; when (epoch)
+
+    @property
+    def said(self) -> str:
+        """What the server last said of this limit, for messages."""
+        if self._last_said is None:
+            return "429s"
+        limit, remaining, reset_s, at = self._last_said
+        whole = wall_clock(at + reset_s - time.time())
+        return f"limit {limit:g}, remaining {remaining:g}, reset {reset_s:g}s: whole again {whole}"
 
     @property
     def known(self) -> bool:
@@ -193,6 +228,7 @@ class ServerBudget:
 
     def announced(self, limit: float, remaining: float, reset_s: float, mark: float, sent_at: float, now: float):
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
+        self._last_said = (limit, remaining, reset_s, time.time())
         fitted = self._fitted(remaining, reset_s)
         if fitted == (0.0, 0.0):
             # fixed windows: this one ends `reset_s` after the server counted the attempt (after it was sent)
@@ -282,9 +318,16 @@ class AdaptiveLimit:
             self.in_flight -= 1
             self._changed.notify_all()
 
-    def attempt(self, prompt_chars: int = 0, max_tokens: int = 0) -> "Attempt":
-        """A slot and the server's go-ahead for one HTTP attempt: `async with limit.attempt(...) as attempt`."""
-        return Attempt(self, prompt_chars, max_tokens)
+    def attempt(
+        self,
+        prompt_chars: int = 0,
+        max_tokens: int = 0,
+        max_wait_s: float = math.inf,
+        announce: Callable[[float, str], None] | None = None,
+    ) -> "Attempt":
+        """A slot and the server's go-ahead for one HTTP attempt: `async with limit.attempt(...) as attempt`.
+        A pacing wait past `max_wait_s` raises PacedPastLimit; `announce(seconds, why)` hears of each wait."""
+        return Attempt(self, prompt_chars, max_tokens, max_wait_s, announce)
 
     def estimated_tokens(self, prompt_chars: int, max_tokens: int) -> float:
         return prompt_chars / self.chars_per_token + max_tokens
@@ -378,8 +421,16 @@ class Attempt:
     """One HTTP attempt under an AdaptiveLimit: holds a slot, spends from the announced budgets before
     it starts, and hands the reply's headers back to them."""
 
-    def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int):
+    def __init__(
+        self,
+        limit: AdaptiveLimit,
+        prompt_chars: int,
+        max_tokens: int,
+        max_wait_s: float = math.inf,
+        announce: Callable[[float, str], None] | None = None,
+    ):
         self.limit, self.prompt_chars = limit, prompt_chars
+        self.max_wait_s, self.announce = max_wait_s, announce
         self.costs = {"requests": 1.0, "tokens": limit.estimated_tokens(prompt_chars, max_tokens)}
         self.marks: dict[str, float] = {}
         self.sent_at = 0.0
@@ -393,6 +444,14 @@ class Attempt:
             self.limit._waiting += 1
             try:
                 while (wait := max(budget.wait_s(self.marks[kind], now) for kind, budget in budgets.items())) > 0:
+                    kind = max(budgets, key=lambda kind: budgets[kind].wait_s(self.marks[kind], now))
+                    said = (
+                        f"{kind} limit ({budgets[kind].said})" if kind in LIMITS else "rate measured between its 429s"
+                    )
+                    if wait > self.max_wait_s:
+                        raise PacedPastLimit(wait, said)
+                    if self.announce is not None:
+                        self.announce(wait, f"pacing to the endpoint's {said}")
                     await asyncio.sleep(wait)
                     now = time.monotonic()
             finally:

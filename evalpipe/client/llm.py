@@ -1,19 +1,27 @@
 """OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
 
 The SDK's own retries are turned off; this module decides what is retried:
-  429            wait as the server's Retry-After says (else back off), retry
-  5xx, 408, 409, timeouts, connection errors, malformed bodies
+  429            wait as the server's Retry-After says (at most MAX_RETRY_AFTER; else, or when it says 0,
+                 a negative time or a date past, back off), retry; a Retry-After beyond
+                 max_retry_seconds: RetryLater, the whole run stops (exit 3)
+  5xx, 408, 409, timeouts, connection errors, malformed bodies (not JSON, nested too deep, invalid HTTP,
+  larger than MAX_REPLY_BYTES), a 404 naming no model once the endpoint has answered
                  capped exponential backoff with jitter, retry
   400/413 context length exceeded
                  ContextTooLong: final, the task gets a row with an empty answer
   other 400/422  CallFailed at once (not retried in this run, retried next run)
-  401/403/404, 429 insufficient_quota
+  401/403, a 404 that names a model, 429 insufficient_quota
                  EndpointRefused: the whole run stops
   no connection, while the endpoint has not answered once in this run (refused, unknown host,
   TLS failure, connect timeout), or 404 with no mention of a model (no API at that path)
                  EndpointUnreachable after a few quick tries: the whole run stops in seconds
 Retries are capped in count (max_retries; 429s do not count, the server asked us to wait) and
-in total time (max_retry_seconds).
+in total time (max_retry_seconds). A wait of LONG_WAIT_S or more is said in one line on stderr.
+
+What a reply can hold is bounded: its body (MAX_REPLY_BYTES, on the wire and once decompressed: a
+gzip bomb is cut off, never inflated whole), the short fields copied into rows (model, system_fingerprint,
+finish_reason: MAX_FIELD_CHARS), and text that is not valid Unicode (lone UTF-16 surrogates, which JSON can
+spell) has them replaced by U+FFFD, so rows stay valid UTF-8.
 
 Each attempt has a deadline for the whole call (connect, send, wait, body): Endpoint.timeout, and
 DEADLINE_MARGIN_S for the SDK's own connect and read timeouts to say first what timed out, so a
@@ -30,12 +38,15 @@ then, gets nothing either within min(--timeout, MODELS_PROBE_S). A refused or fa
 import asyncio
 import contextlib
 import email.utils
+import functools
 import importlib.util
+import re
 import socket
 import ssl
 import sys
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -44,10 +55,10 @@ from typing import TYPE_CHECKING, Any, cast
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from .. import redact
-from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable
+from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable, RetryLater
 from . import spending, thinking
 from .cost import MAX_TOKEN_COUNT
-from .limiter import AdaptiveLimit
+from .limiter import AdaptiveLimit, PacedPastLimit, wall_clock
 
 
 def _on_first_use(name: str) -> ModuleType:
@@ -83,7 +94,10 @@ _CONTEXT_LENGTH_HINTS = (
     "input is too long",
 )
 _RETRYABLE_STATUS = {408, 409, 425, 429}
-MAX_RETRY_AFTER = 300.0
+MAX_RETRY_AFTER = 300.0  # the longest one wait a server's Retry-After gets (then the call tries again)
+LONG_WAIT_S = 10.0  # a wait the server asks for (Retry-After, a rate limit's pacing) this long or longer is printed
+MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and decompressed: larger is malformed
+MAX_FIELD_CHARS = 256  # the reply's model, system_fingerprint and finish_reason are cut to this many characters
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
 HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
@@ -107,6 +121,90 @@ class MalformedReply(Exception):
 
 class CallTimedOut(Exception):
     """An attempt that had no complete reply (headers and body) within the endpoint's timeout."""
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:g} MiB"
+
+
+async def _bound_body(response: "httpx2.Response") -> None:
+    """Makes `response` read at most MAX_REPLY_BYTES, on the wire and decompressed (an httpx response hook,
+    run before the body is read): a larger body raises MalformedReply as it comes, never held whole. The
+    body's gzip or deflate is undone here, a piece at a time; any other Content-Encoding (not asked for:
+    the client accepts gzip and deflate) is malformed."""
+    encodings = [
+        value.strip().lower()
+        for value in response.headers.get_list("content-encoding", split_commas=True)
+        if value.strip().lower() != "identity"
+    ]
+    unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
+    if unknown:
+        raise MalformedReply(f"a body in Content-Encoding {', '.join(unknown)}, which was not asked for")
+    response.stream = _bounded_stream_type()(response.stream, encodings)
+    if "content-encoding" in response.headers:
+        del response.headers["content-encoding"]  # undone by the stream: httpx must not decode it again
+
+
+class _Inflater:
+    """Undoes one gzip or deflate layer in pieces of at most 1 MiB."""
+
+    PIECE = 2**20
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding != "deflate" else zlib.MAX_WBITS)
+        self.first = True
+
+    def pieces(self, data: bytes):
+        try:
+            piece = self.inflate.decompress(data, self.PIECE)
+        except zlib.error:
+            if not (self.first and self.encoding == "deflate"):
+                raise MalformedReply(f"a {self.encoding} body that does not decompress") from None
+            self.inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as some servers send it
+            piece = self.inflate.decompress(data, self.PIECE)
+        self.first = False
+        while piece:
+            yield piece
+            piece = self.inflate.decompress(self.inflate.unconsumed_tail, self.PIECE)
+
+
+@functools.cache
+def _bounded_stream_type() -> type:
+    """The stream class _bound_body puts in place (made on first use: httpx2 is loaded only by stages that call)."""
+
+    class BoundedStream(httpx2.AsyncByteStream):
+        def __init__(self, stream: "httpx2.AsyncByteStream", encodings: list[str]):
+            self.stream, self.inflaters = stream, [_Inflater(name) for name in reversed(encodings)]
+
+        async def __aiter__(self):
+            wire = size = 0
+            async for chunk in self.stream:
+                wire += len(chunk)
+                _within_bound(wire)
+                for piece in self._decoded(chunk, 0):
+                    size += len(piece)
+                    _within_bound(size)
+                    yield piece
+
+        def _decoded(self, data: bytes, layer: int):
+            """The pieces `data` decodes to through the inflaters from `layer` on, one at a time (lazily: a
+            piece of the first layer may inflate to far more in the next)."""
+            if layer == len(self.inflaters):
+                yield data
+                return
+            for piece in self.inflaters[layer].pieces(data):
+                yield from self._decoded(piece, layer + 1)
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    return BoundedStream
+
+
+def _within_bound(size: int) -> None:
+    if size > MAX_REPLY_BYTES:
+        raise MalformedReply(f"a reply body over {_megabytes(MAX_REPLY_BYTES)}, the most read")
 
 
 @dataclass
@@ -213,9 +311,10 @@ class Served:
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
+        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them)."""
         model, fingerprint = getattr(response, "model", None), getattr(response, "system_fingerprint", None)
-        model = model if isinstance(model, str) and model else None
-        fingerprint = fingerprint if isinstance(fingerprint, str) and fingerprint else None
+        model = short_field(model) if isinstance(model, str) and model else None
+        fingerprint = short_field(fingerprint) if isinstance(fingerprint, str) and fingerprint else None
         effort = _applied_effort(response)
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
@@ -281,23 +380,34 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
+    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None
+    when it asks for none that can be read, or for none at all (0, a negative time, a date past): then the
+    caller backs off as without one."""
     response = getattr(exc, "response", None)
     if response is None:
         return None
     headers = response.headers
     try:
         if "retry-after-ms" in headers:
-            return float(headers["retry-after-ms"]) / 1000
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return float(value)
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError):
+            seconds = float(headers["retry-after-ms"]) / 1000
+        else:
+            value = headers.get("retry-after")
+            if value is None:
+                return None
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, OverflowError):
         return None
+    return seconds if 0 < seconds < float("inf") else None
+
+
+def _retry_after_header(exc: BaseException) -> str:
+    """The header a retry-after came in, as the server sent it (for messages)."""
+    headers = getattr(getattr(exc, "response", None), "headers", {})
+    name = "retry-after-ms" if "retry-after-ms" in headers else "Retry-After"
+    return f"{name}: {redact.printable(str(headers.get(name)))[:60]}"
 
 
 def connect_failure(exc: BaseException) -> str | None:
@@ -345,13 +455,14 @@ def _mentions_model(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line, key-free description of a failed call."""
+    """A one-line, key-free description of a failed call, safe to print (redact.printable: a server's
+    terminal escapes and control characters are shown escaped, never sent raw)."""
     status = _status(exc)
     prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
-    text = " ".join(str(exc).split())
+    text = str(exc)
     if _mapped_as_timeout(exc):
         prefix, text = "APIConnectionError: ", "Connection error."  # what the httpx transport says
-    return redact.redact(prefix + text)[:500]
+    return redact.printable(redact.redact(prefix + text))[:500]
 
 
 def http_client(kind: str, connections: int, on_response: Callable | None = None) -> httpx2.AsyncClient:
@@ -361,13 +472,16 @@ def http_client(kind: str, connections: int, on_response: Callable | None = None
     Both keep the SDK's defaults (its timeouts, redirects followed by httpx's rules, which drop
     Authorization for another origin); the aiohttp transport itself never follows one. The SDK's own
     pool holds 1,000 connections (aiohttp's connector, left without a number, 100) and keeps 100 open
-    between calls: past those, calls would queue unseen, or connect anew each time."""
+    between calls: past those, calls would queue unseen, or connect anew each time. Each reply's body is
+    bounded (_bound_body); the client accepts gzip and deflate, which it undoes itself."""
     limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
-    hooks = {"response": [on_response] if on_response else []}
+    # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
+    hooks = {"response": [*([on_response] if on_response else []), _bound_body]}
+    headers = {"Accept-Encoding": "gzip, deflate"}
     if kind == "aiohttp":
-        return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks)
+        return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks, headers=headers)
     if kind == "httpx":
-        return openai.DefaultAsyncHttpxClient(limits=limits, event_hooks=hooks)
+        return openai.DefaultAsyncHttpxClient(limits=limits, event_hooks=hooks, headers=headers)
     raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
 
 
@@ -396,6 +510,37 @@ class ChatClient:
         self.heard = False  # whether it has sent the status line and headers of any reply in this run
         self._probe: asyncio.Task[bool] | None = None  # GET /models, asked once when a first call timed out
         self._still_waiting: asyncio.TimerHandle | None = None
+        self._announced_until = float("-inf")  # the end of the last long wait said (monotonic)
+
+    def _announce_wait(self, seconds: float, why: str) -> None:
+        """One line on stderr for a wait of LONG_WAIT_S or more: what it waits for and until when; none while
+        the last wait said is still on (many calls wait for the same, or one after another)."""
+        now = time.monotonic()
+        if seconds < LONG_WAIT_S or now < self._announced_until:
+            return
+        self._announced_until = now + seconds
+        print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
+
+    def _before_sleep(self, state) -> None:
+        """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
+        exc = state.outcome.exception()
+        if exc is not None and retry_after_seconds(exc) is not None:
+            self._announce_wait(
+                state.upcoming_sleep, f"the endpoint asks so (HTTP {_status(exc)}, {_retry_after_header(exc)})"
+            )
+
+    def _too_long_a_wait(self, exc: BaseException | None) -> RetryLater | None:
+        """RetryLater when `exc` asks for a wait past --max-retry-seconds (waiting could only end in failure)."""
+        if exc is None or not is_retryable(exc):
+            return None
+        seconds = retry_after_seconds(exc)
+        if seconds is None or seconds <= self.endpoint.max_retry_seconds:
+            return None
+        return RetryLater(
+            f"{self.endpoint.host} asks us to wait {seconds:.0f}s (HTTP {_status(exc)}, {_retry_after_header(exc)}), "
+            f"until {wall_clock(seconds)}: past --max-retry-seconds {self.endpoint.max_retry_seconds:g}; "
+            "run again after then (the rows written are kept)"
+        )
 
     def _unreachable_so_far(self, exc: BaseException | None) -> bool:
         return not self.answered and exc is not None and connect_failure(exc) is not None
@@ -429,15 +574,36 @@ class ChatClient:
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         params, extra = self.endpoint.call_fields(fields)
-        async with self.limit.attempt(prompt_chars(messages), max_tokens_of({**params, **extra})) as attempt:
-            try:
-                response, headers = await self._request(messages, fields)
-            except openai.RateLimitError as exc:
-                attempt.rate_limited(exc.response.headers, retry_after_seconds(exc))
-                raise
-            prompt_tokens = getattr(getattr(response, "usage", None), "prompt_tokens", None)
-            attempt.succeeded(headers, prompt_tokens if valid_count(prompt_tokens) else None)
-            return response
+        try:
+            async with self.limit.attempt(
+                prompt_chars(messages),
+                max_tokens_of({**params, **extra}),
+                max_wait_s=self.endpoint.max_retry_seconds,
+                announce=self._announce_wait,
+            ) as attempt:
+                return await self._attempt_in(attempt, messages, fields)
+        except PacedPastLimit as exc:
+            raise RetryLater(
+                f"{self.endpoint.host}'s {exc.said} holds the next call {exc.wait_s:.0f}s, until "
+                f"{wall_clock(exc.wait_s)}: past --max-retry-seconds {self.endpoint.max_retry_seconds:g}; "
+                "run again after then (the rows written are kept)"
+            ) from None
+
+    async def _attempt_in(self, attempt: Any, messages: list[dict], fields: dict | None) -> Any:
+        """One HTTP attempt within its slot and pacing (_attempt), telling the limiter how it went."""
+        try:
+            response, headers = await self._request(messages, fields)
+        except openai.RateLimitError as exc:
+            # the other calls pause as the server asks, never longer than one wait; not at all when the run
+            # stops for it (a wait past --max-retry-seconds)
+            hinted = retry_after_seconds(exc)
+            if hinted is not None:
+                hinted = None if hinted > self.endpoint.max_retry_seconds else min(hinted, MAX_RETRY_AFTER)
+            attempt.rate_limited(exc.response.headers, hinted)
+            raise
+        prompt_tokens = getattr(getattr(response, "usage", None), "prompt_tokens", None)
+        attempt.succeeded(headers, prompt_tokens if valid_count(prompt_tokens) else None)
+        return response
 
     async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
         """The parsed chat completion and the reply's headers, within the deadline for the whole call;
@@ -516,8 +682,13 @@ class ChatClient:
         except openai.APIStatusError as exc:
             self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
             raise
+        except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
+            raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
         self.answered = True
-        response = raw.parse()
+        try:
+            response = raw.parse()
+        except RecursionError:
+            raise MalformedReply("a JSON body nested too deep to read") from None
         if isinstance(response, str) or not getattr(response, "choices", None):
             raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
         return response, raw.headers
@@ -546,12 +717,22 @@ class ChatClient:
                 attempts >= UNREACHABLE_TRIES or time.monotonic() - started >= CONNECT_TIMEOUT
             ):
                 return True
-            return failures > self.endpoint.max_retries or time.monotonic() - started >= self.endpoint.max_retry_seconds
+            # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
+            # --max-retry-seconds as a whole, the run stops: _too_long_a_wait)
+            hinted = retry_after_seconds(exc) if exc is not None else None
+            spent = time.monotonic() - started + (hinted or 0.0)
+            return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
-            return is_retryable(exc) and not (final is not None and final(exc))
+            return (is_retryable(exc) or self._stray_404(exc)) and not (final is not None and final(exc))
 
-        retrying = AsyncRetrying(retry=retry_if_exception(retryable), wait=self._wait, stop=give_up, reraise=True)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(retryable),
+            wait=self._wait,
+            stop=give_up,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
         try:
             async for attempt in retrying:
                 with attempt:
@@ -567,10 +748,17 @@ class ChatClient:
                 return await self.complete(messages, fields, final)
             if is_context_length(exc):
                 raise ContextTooLong(describe(exc)) from None
+            too_long = self._too_long_a_wait(exc)
+            if too_long is not None:
+                raise too_long from None
             unreachable = self._unreachable_error(exc)
             if unreachable is not None:
                 raise unreachable from None
-            if status in (401, 403, 404) or (status == 429 and _error_code(exc) == "insufficient_quota"):
+            if (
+                status in (401, 403)
+                or (status == 404 and not self._stray_404(exc))
+                or (status == 429 and _error_code(exc) == "insufficient_quota")
+            ):
                 raise EndpointRefused(
                     f"{self.endpoint.host} refused model {self.endpoint.model!r}: {describe(exc)}"
                 ) from None
@@ -597,6 +785,11 @@ class ChatClient:
         self.endpoint.use_token_field(next(name for name in TOKEN_FIELDS if name != sent))
         return True
 
+    def _stray_404(self, exc: BaseException) -> bool:
+        """A 404 that names no model from an endpoint that has answered before: not 'no API at that path'
+        (a proxy or a balancer that lost its way once), so a transient failure, retried."""
+        return self.answered and _status(exc) == 404 and not _mentions_model(exc)
+
     def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
         """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
         url, source = self.endpoint.host, self.endpoint.base_url_source
@@ -604,7 +797,7 @@ class ChatClient:
             return EndpointUnreachable(
                 f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
             )
-        if _status(exc) == 404 and not _mentions_model(exc):
+        if _status(exc) == 404 and not _mentions_model(exc) and not self.answered:
             path = urllib.parse.urlsplit(url).path.rstrip("/")
             hint = (
                 f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
@@ -654,21 +847,42 @@ def max_tokens_of(body: dict) -> int:
     return 0
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with any lone UTF-16 surrogate (which a JSON \\ud800 escape gives) replaced by U+FFFD: what is
+    left can be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def short_field(text: str) -> str:
+    """A short field of a reply (model, system_fingerprint, finish_reason) as a row keeps it: valid text, at
+    most MAX_FIELD_CHARS characters (a longer one is cut, its last character "…")."""
+    text = valid_text(text)
+    return text if len(text) <= MAX_FIELD_CHARS else text[: MAX_FIELD_CHARS - 1] + "…"
+
+
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
     """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): the final
-    answer apart from the thinking (`mode`: thinking.MODES), and every text the server sent with our key taken
-    out (a server may echo it), since this is what rows are made of."""
+    answer apart from the thinking (`mode`: thinking.MODES); its text made valid (valid_text), its short fields
+    bounded (short_field), and our key taken out of every text (a server may echo it), since rows are made of it."""
     choice = response.choices[0]
     message = choice.message
     content = message.content if message is not None and isinstance(message.content, str) else ""
     reasoning = redact.secrets(_reasoning(message))
-    reply = thinking.separate(redact.secrets(content), reasoning, choice.finish_reason, mode)
+    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, choice.finish_reason, mode)
     served = Served.of(response)
     if served is not None:
         served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint, served.effort)))
+    finish_reason = choice.finish_reason
     return Completion(
         text=reply.answer,
-        finish_reason=redact.secrets(choice.finish_reason) if choice.finish_reason else choice.finish_reason,
+        finish_reason=None if finish_reason is None else redact.secrets(short_field(str(finish_reason))),
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
@@ -687,7 +901,7 @@ def _reasoning(message: Any) -> str:
     for name in ("reasoning_content", "reasoning"):
         value = extra.get(name, getattr(message, name, None))
         if isinstance(value, str) and value.strip():
-            return value
+            return valid_text(value)
     return ""
 
 

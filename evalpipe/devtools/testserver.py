@@ -3,8 +3,9 @@
 It speaks enough HTTP/1.1 (keep-alive, Content-Length or chunked bodies) for the `openai` SDK and
 answers POST /v1/chat/completions with whatever its handler returns for each request: an answer, a
 delay, an HTTP error with headers (Retry-After), a hang, a connection reset, a malformed or
-trickled body. Run it in-process (FakeOpenAI, in a background thread) or as
-`python -m evalpipe.devtools.testserver` (deterministic answers).
+trickled body, or any bytes at all as the response (an invalid chunked body, say). Run it
+in-process (FakeOpenAI, in a background thread) or as `python -m evalpipe.devtools.testserver`
+(deterministic answers).
 
 `with_server_kind(kind, handler)` puts a handler behind the `response_format` behaviour of a real
 server kind (SERVER_KINDS: enforcing, llama-cpp-python's 500, 2024 llama-server's 500, DeepSeek's
@@ -104,6 +105,9 @@ class Reply:
     served_model: str | None = None  # the reply's `model` (default: the request's, as most servers echo it)
     system_fingerprint: str | None = None  # sent when set, as OpenAI does
     effort_applied: str | None = None  # sent as the reply's reasoning_effort: the effort a router says it applied
+    raw: bytes | None = (
+        None  # a whole HTTP response sent as it is (status line, headers, body), then the connection closed
+    )
 
     @classmethod
     def error(cls, status: int, message: str, code: str | None = None, **kw) -> "Reply":
@@ -824,6 +828,10 @@ class FakeOpenAI:
             return False
         if reply.reset:
             writer.transport.abort()
+            return False
+        if reply.raw is not None:
+            writer.write(reply.raw)
+            await writer.drain()
             return False
         body = reply.body if reply.body is not None else completion_body(request, reply)
         await self._send(
