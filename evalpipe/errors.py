@@ -48,6 +48,13 @@ class Locked(StageError):
     exit_code = EXIT_LOCKED
 
 
+class LocksUnsupported(StageError):
+    """The output's file system cannot lock files (flock fails with ENOLCK or EOPNOTSUPP): an output that cannot be
+    written safely."""
+
+    exit_code = EXIT_UNWRITABLE
+
+
 class EndpointRefused(StageError):
     """The endpoint refused us for a reason no retry can fix (auth, permission, model, quota)."""
 
