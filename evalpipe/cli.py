@@ -248,7 +248,9 @@ def _batch_args(g: argparse._ArgumentGroup) -> None:
         default=30.0,
         help="first wait between polls in seconds, doubled up to 300 (default 30)",
     )
-    g.add_argument("--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file (default 50,000)")
+    g.add_argument(
+        "--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file (default 50,000)"
+    )
     g.add_argument(
         "--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
     )

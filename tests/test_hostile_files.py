@@ -112,7 +112,9 @@ def test_folders_pipes_and_devices_where_files_go_are_refused_at_once(stage, ans
         os.mkfifo(run / "infer.jsonl")
         infer = stage.infer("--bench", "coin_flip", "--input", answered, "--output", run / "infer.jsonl", timeout=60)
         one_line(infer, 2, f"{run / 'infer.jsonl'}: a named pipe (FIFO) where an output file goes")
-        judge = stage("judge", "--bench", "coin_flip", "--input", run / "infer.jsonl", "--output", "j.jsonl", timeout=60)
+        judge = stage(
+            "judge", "--bench", "coin_flip", "--input", run / "infer.jsonl", "--output", "j.jsonl", timeout=60
+        )
         one_line(judge, 2, f"{run / 'infer.jsonl'}: a named pipe (FIFO), not a regular file")
     finally:
         os.close(writer)
@@ -193,7 +195,9 @@ def test_absurd_shard_counts_are_refused_and_the_largest_is_reported_briefly(env
     # a shard file of a count no run can have (left by hand, or by an older version): named, not listed
     stray = tmp_path / "judge.shard-0-of-1000000000.jsonl"
     stray.write_bytes(b"")
-    one_line(stage("score", "--bench", "coin_flip", "--input", "judge.jsonl"), 2, f"{stray.name}: a shard file of no run")
+    one_line(
+        stage("score", "--bench", "coin_flip", "--input", "judge.jsonl"), 2, f"{stray.name}: a shard file of no run"
+    )
 
 
 def test_aggregate_replaces_its_plots_whole(tmp_path):

@@ -150,7 +150,9 @@ def test_publish_uploads_nothing_a_link_points_at_outside_the_outputs(fake_hub, 
     assert fake_hub.log == []  # refused before anything was sent
     (run / "judge.jsonl.manifest.json").unlink()
     publish.publish(copy, "coin_flip", REPO)
-    assert head_files(fake_hub)["coin_flip/manifests/model-1/run-1/infer.jsonl.manifest.json"] == b'{"stage": "infer"}\n'
+    assert (
+        head_files(fake_hub)["coin_flip/manifests/model-1/run-1/infer.jsonl.manifest.json"] == b'{"stage": "infer"}\n'
+    )
 
 
 def runner(env: dict, *words: str) -> subprocess.CompletedProcess:

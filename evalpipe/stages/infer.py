@@ -30,7 +30,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)"
     )
-    parser.add_argument("--max-samples", type=cli.whole_number, help="only the first N tasks of the dataset (a prefix, as upstream)")
+    parser.add_argument(
+        "--max-samples", type=cli.whole_number, help="only the first N tasks of the dataset (a prefix, as upstream)"
+    )
     parser.add_argument(
         "--slim",
         action="store_true",

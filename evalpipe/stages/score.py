@@ -36,7 +36,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--data", type=Path, help="dataset the run was selected from (default: as recorded by infer beside the run)"
     )
-    parser.add_argument("--max-samples", type=cli.whole_number, help="the prefix size used by infer (default: as recorded)")
+    parser.add_argument(
+        "--max-samples", type=cli.whole_number, help="the prefix size used by infer (default: as recorded)"
+    )
     parser.add_argument(
         "--prices", type=Path, help="price table JSON (default $EVALPIPE_PRICES, else the bundled dated table)"
     )

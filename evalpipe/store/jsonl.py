@@ -91,7 +91,7 @@ def refuse_unsafe_output(path: str | os.PathLike) -> None:
         return  # absent (or unreadable: the write itself says so)
     if stat.S_ISLNK(mode):
         raise BadInput(
-            f"a symbolic link (to {os.readlink(path)}) where an output file goes: evalpipe never writes through a "
+            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes through a "
             "link; put the file itself there, or remove the link",
             path,
         )

@@ -152,7 +152,9 @@ def shard_files(path: Path) -> dict[Shard, Path]:
             if match and match["stem"] == path.stem and match["suffix"] == path.suffix:
                 k, n = int(match["k"]), int(match["n"])
                 if not k < n <= MAX_SHARDS:
-                    raise BadInput(f"a shard file of no run: shard {k} of {n:,} (at most {MAX_SHARDS:,})", path.parent / name)
+                    raise BadInput(
+                        f"a shard file of no run: shard {k} of {n:,} (at most {MAX_SHARDS:,})", path.parent / name
+                    )
                 found[Shard(k, n)] = path.with_name(name)
     counts = {shard.n for shard in found}
     if len(counts) > 1:
