@@ -124,6 +124,16 @@ def test_folders_pipes_and_devices_where_files_go_are_refused_at_once(stage, ans
     one_line(infer, 2, "folder/infer.jsonl: a folder where an output file goes")
     (tmp_path / "score.json").mkdir()
     one_line(stage("score", "--bench", "coin_flip", "--input", "judge.jsonl"), 2, "score.json: a folder where")
+    (tmp_path / "other" / "infer.jsonl.manifest.json").mkdir(parents=True)
+    infer = stage.infer("--bench", "coin_flip", "--input", answered, "--output", "other/infer.jsonl")
+    assert infer.returncode == 2 and "Traceback" not in infer.stderr  # after the line saying what it would do
+    assert (
+        infer.stderr.splitlines()[-1] == "infer: error: other/infer.jsonl.manifest.json: a folder, not a regular file"
+    )
+    (tmp_path / "outs" / "coin_flip").mkdir(parents=True)
+    (tmp_path / "outs" / "coin_flip" / "m").write_text("")  # a file where the model's folder goes
+    infer = stage("infer", "--model", "m", "--bench", "coin_flip", "--input", answered, "--outputs-dir", "outs")
+    one_line(infer, 2, "outs/coin_flip/m: a file where a folder goes")
 
 
 NO_LOCKS = """

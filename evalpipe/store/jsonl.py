@@ -68,7 +68,8 @@ def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
     try:
         kind = _not_a_file(os.fstat(fd).st_mode)
         if kind is not None:
-            raise BadInput(f"{kind}, not a regular file: give a file (a pipe or a device cannot be read again)", path)
+            why = "" if kind == "a folder" else ": write what it gives to a file, and give that"
+            raise BadInput(f"{kind}, not a regular file{why}", path)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
@@ -91,8 +92,8 @@ def refuse_unsafe_output(path: str | os.PathLike) -> None:
         return  # absent (or unreadable: the write itself says so)
     if stat.S_ISLNK(mode):
         raise BadInput(
-            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes through a "
-            "link; put the file itself there, or remove the link",
+            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes "
+            "through a link; put the file itself there, or remove the link",
             path,
         )
     kind = _not_a_file(mode)

@@ -92,8 +92,10 @@ def read(output: Path) -> dict | None:
     path = path_for(output)
     if not os.path.exists(path):
         return None
+    with jsonl.open_input(path) as f:  # a folder or a pipe there: refused, never waited on
+        raw = f.read()
     try:
-        body = orjson.loads(Path(path).read_bytes())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON ({exc}); delete it to start the record afresh", path) from None
     if not isinstance(body, dict):
