@@ -289,7 +289,12 @@
   }
   function regexHits(q, candidates) {
     if (regex && regex.pending) stopRegexWorker({ stale: true }); // still on an earlier pattern: not wanted any more
-    if (!regex) startRegexWorker();
+    if (!regex) {
+      try { startRegexWorker(); } catch (e) {
+        regex = null;
+        return Promise.resolve({ error: 'regular expressions search in a Web Worker, which this browser refused here: ' + e.message });
+      }
+    }
     return new Promise((resolve) => {
       const id = ++regexId;
       let timer = 0;
