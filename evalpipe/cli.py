@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -57,6 +58,13 @@ def _options(options_type: type, stage: str) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(options_type) if f.metadata.get("stage") == stage]
 
 
+def whole_number(text: str) -> int:
+    """argparse's type for a whole number, in digits 0-9 only: int() also takes other scripts' digits ('٣')."""
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number (digits 0-9)")
+    return int(text)
+
+
 def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Benchmark, stage: str) -> None:
     """The benchmark's own flags for this stage: one per `flag` field of its Options."""
     for option in _options(bench.Options, stage):
@@ -65,6 +73,7 @@ def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Bench
             parser.add_argument(name, action="store_true", help=meta["help"])
             continue
         kind = next((t for t in typing.get_args(option.type) if t is not type(None)), option.type)  # X | None → X
+        kind = whole_number if kind is int else kind
         parser.add_argument(name, type=kind, default=option.default, choices=meta["choices"], help=meta["help"])
 
 
@@ -90,7 +99,7 @@ def _stage_parser(
     )
     if per_run:
         parser.add_argument(
-            "--run", type=int, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)"
+            "--run", type=whole_number, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)"
         )
         parser.add_argument(
             "--label",
@@ -147,7 +156,7 @@ def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | Non
     )
     g.add_argument(
         "--max-retries",
-        type=int,
+        type=whole_number,
         default=6 if upstream_max_retries is None else upstream_max_retries,
         help="retries of a transient failure (429, 5xx, timeout, connection) per call (default %(default)s)",
     )
@@ -177,7 +186,7 @@ def _generation_args(g: argparse._ArgumentGroup) -> None:
         "EvalScope does); `none` sends none",
     )
     g.add_argument("--top-p", type=float)
-    g.add_argument("--max-tokens", type=int, help="cap on generated tokens")
+    g.add_argument("--max-tokens", type=whole_number, help="cap on generated tokens")
     g.add_argument(
         "--max-tokens-param",
         choices=("max_tokens", "max_completion_tokens"),
@@ -252,15 +261,17 @@ def _batch_args(g: argparse._ArgumentGroup) -> None:
         default=30.0,
         help="first wait between polls in seconds, doubled up to 300 (default 30)",
     )
-    g.add_argument("--batch-max-requests", type=int, default=50_000, help="requests per batch file (default 50,000)")
     g.add_argument(
-        "--batch-max-bytes", type=int, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
+        "--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file (default 50,000)"
+    )
+    g.add_argument(
+        "--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
     )
 
 
 def _run_args(g: argparse._ArgumentGroup) -> None:
     """How the run goes: calls in flight, the grace period on a stop, progress."""
-    g.add_argument("--workers", type=int, default=8, help="calls in flight at once (default 8)")
+    g.add_argument("--workers", type=whole_number, default=8, help="calls in flight at once (default 8)")
     g.add_argument(
         "--grace",
         type=float,
@@ -293,7 +304,7 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--shards",
-        type=int,
+        type=whole_number,
         metavar="N",
         help="the number of shards, for a Kubernetes Indexed Job (its JOB_COMPLETION_INDEX is K)",
     )

@@ -49,6 +49,13 @@ class Locked(StageError):
     exit_code = EXIT_LOCKED
 
 
+class LocksUnsupported(StageError):
+    """The output's file system cannot lock files (flock fails with ENOLCK or EOPNOTSUPP): an output that cannot be
+    written safely."""
+
+    exit_code = EXIT_UNWRITABLE
+
+
 class EndpointRefused(StageError):
     """The endpoint refused us for a reason no retry can fix (auth, permission, model, quota)."""
 
@@ -166,8 +173,25 @@ def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | Non
         if isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None:
             # a write no library code wrapped (e.g. a plot): the same line as the wrapped ones
             return _error_line(name, OutputUnwritable(exc.filename, exc))
+        misplaced = _misplaced(exc)
+        if misplaced is not None:
+            return _error_line(name, misplaced)
         print(redact.redact(traceback.format_exc()), file=sys.stderr, end="")
         return 1
+
+
+def _misplaced(exc: Exception) -> BadInput | None:
+    """A folder where a file goes, or a file where a folder goes (in a path no check named first), as bad input."""
+    if not isinstance(exc, OSError) or exc.filename is None:
+        return None
+    if isinstance(exc, IsADirectoryError):
+        return BadInput("a folder where a file goes: move it away, or choose another output", exc.filename)
+    if isinstance(exc, NotADirectoryError) or isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):
+        path = Path(exc.filename)
+        while not path.exists() and path != path.parent:  # the file is the path's first part that exists
+            path = path.parent
+        return BadInput("a file where a folder goes: move it away, or choose another output", path)
+    return None
 
 
 def _error_line(stage: str, exc: StageError) -> int:

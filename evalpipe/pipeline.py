@@ -23,6 +23,7 @@ import ctypes
 import difflib
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -111,8 +112,9 @@ def _nearest(word: str, known) -> str:
 def _check(plan: Plan) -> None:
     for name in _WHOLE_NUMBERS:
         value = plan.get(name)
-        if value is not None and not (value.isdigit() and int(value) >= 1):
-            raise UsageError(f"{name}={value}: expected a whole number of 1 or more")
+        # ASCII digits only: str.isdigit takes '²' (which int() refuses) and int() takes other scripts' digits
+        if value is not None and not (re.fullmatch(r"[0-9]+", value) and int(value) >= 1):
+            raise UsageError(f"{name}={value}: expected a whole number of 1 or more (digits 0-9)")
     bench = plan.get("BENCH") or benchmarks.DEFAULT
     if bench not in benchmarks.REGISTRY:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")

@@ -120,6 +120,41 @@ def test_publish_from_make_and_the_runner(fake_hub, outputs, tmp_path):
     assert f"publish: coin_flip → {fake_hub.endpoint}/datasets/{REPO}/commit/" in done.stderr
 
 
+@pytest.mark.e2e
+def test_publish_uploads_nothing_a_link_points_at_outside_the_outputs(fake_hub, outputs, tmp_path):
+    copy = tmp_path / "outputs"
+    shutil.copytree(outputs, copy)
+    run = copy / "coin_flip" / "model-0" / "run-1"
+    (run / "infer.jsonl.manifest.json").write_text('{"stage": "infer"}\n')
+    (copy / "coin_flip" / "model-1" / "run-1" / "infer.jsonl.manifest.json").symlink_to(
+        run / "infer.jsonl.manifest.json"
+    )  # a link within the outputs: what it points at is published anyway
+    secret = tmp_path / "home" / "secret.json"
+    secret.parent.mkdir()
+    secret.write_text('{"password": "hunter2"}\n')
+    (run / "judge.jsonl.manifest.json").symlink_to(secret)  # on a shared folder, anyone may leave such a link
+    env = {**os.environ, "HF_TOKEN": TOKEN}
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpipe.results.publish", "coin_flip", REPO, "--outputs-dir", str(copy)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"publish: error: {run / 'judge.jsonl.manifest.json'}: a link to {secret}, outside the outputs "
+        f"({copy}): publish uploads only what is in them; put the file itself there, or remove the link"
+    )
+    assert fake_hub.log == []  # refused before anything was sent
+    (run / "judge.jsonl.manifest.json").unlink()
+    publish.publish(copy, "coin_flip", REPO)
+    assert (
+        head_files(fake_hub)["coin_flip/manifests/model-1/run-1/infer.jsonl.manifest.json"] == b'{"stage": "infer"}\n'
+    )
+
+
 def runner(env: dict, *words: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "evalpipe.pipeline", *words],

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -346,3 +347,65 @@ def test_a_large_report_stays_virtual_and_quick(browser, tmp_path):
         f"page: {timings}"
     )
     clean(browser)
+
+
+def _browser_processes(profile: str) -> dict[int, float]:
+    """The processes of the browser with this profile folder, and the CPU seconds each has used."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if profile.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        found[int(pid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return found
+
+
+def _quiet_within(profile: str, seconds: float) -> bool:
+    """Whether the browser's processes use less than a tenth of a core over half a second, before `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        before = _browser_processes(profile)
+        time.sleep(0.5)
+        after = _browser_processes(profile)
+        if sum(after[pid] - before[pid] for pid in after.keys() & before.keys()) < 0.05:
+            return True
+    return False
+
+
+def test_a_regex_that_backtracks_for_ever_is_stopped_and_the_page_stays_live(tmp_path):
+    """A shared link with `(a+)+$` (exponential backtracking on a run of a's not at a line end): the search runs in
+    a worker, the page answers meanwhile, the worker is stopped after its limit, nothing spins, the page searches on."""
+    reason = chrome.unavailable()
+    if reason:
+        pytest.skip(f"no browser: {reason}")
+    root = tmp_path / "outputs"
+    data = fakeruns.coin_flip(root, models=1, runs=1, tasks=20)
+    judged = root / "coin_flip" / "model-0" / "run-1" / "judge.jsonl"
+    rows = [json.loads(line) for line in judged.read_text().splitlines()]
+    rows[3]["model_output"] = "a" * 40 + "!\nANSWER: YES"  # 2^40 ways for (a+)+ to fail at each start
+    judged.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    fakeruns.summarise(root, "coin_flip", data)
+    viewer.write(root, VIEWS)
+    with chrome.Browser(1280, 900) as b:
+        profile = b.profile
+        b.open(root / "report.html", urlencode({"v": "samples", "q": "(a+)+$", "re": "1"}))  # as the page writes it
+        started = time.monotonic()
+        assert b.run("return window.__viewerBusy") > 0  # searching, and answering meanwhile
+        assert time.monotonic() - started < 2
+        b.idle(30)
+        assert time.monotonic() - started > 3  # it was stopped by the limit, not done
+        assert text(b, "#status").startswith("regular expression stopped after 5 s: it would take too long")
+        assert text(b, "#count") == "0 of 20 samples"
+        # chromium ends a worker that does not stop of itself within 2 s of terminate() (its forcible delay)
+        assert _quiet_within(profile, 6), "the browser still runs the pattern"
+        # a new search takes a new worker; the status line is cleared
+        b.run("const q = document.querySelector('#filters input[name=q]'); q.value = arguments[0];", "a{40}!$")
+        b.run("document.querySelector('#filters input[name=q]').dispatchEvent(new Event('input'))")
+        b.wait("window.__viewer.state.q === 'a{40}!$'")
+        b.idle()
+        assert text(b, "#count") == "1 of 20 samples" and text(b, "#status") == ""
+        clean(b)
+    assert _browser_processes(profile) == {}

@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,7 @@ class Browser:
             [str(driver), f"--port={self.port}", "--allowed-ips=127.0.0.1"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, with the browser it starts: close() ends them all
         )
         self.session: str | None = None
         try:
@@ -207,6 +209,10 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self.driver.kill()
                 self.driver.wait()
+        try:  # a browser the driver left behind (a page that never answered its quit): the group is ours alone
+            os.killpg(self.driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self):

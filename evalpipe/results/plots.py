@@ -5,9 +5,11 @@ matplotlib is optional (requirements-report.txt, installed by `make report` and 
 without it aggregate writes its tables and says how to get the plots.
 """
 
+import io
 import re
 from pathlib import Path
 
+from ..store import jsonl
 from .items import display_interval
 
 MISSING = "matplotlib is not installed; `make report` installs it (requirements-report.txt)"
@@ -66,8 +68,10 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, format="png", metadata={"Software": None})
+    png = io.BytesIO()
+    fig.savefig(png, format="png", metadata={"Software": None})
     plt.close(fig)
+    jsonl.atomic_write(path, png.getvalue())  # as every output: a kill leaves the old chart or the new, never half
     return path
 
 

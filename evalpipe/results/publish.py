@@ -72,10 +72,26 @@ def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
             yield model_dir.name, k, run_dir
 
 
-def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool) -> Iterator[bytes]:
+def inside(path: Path, root: Path) -> Path:
+    """`path`, when it is inside `root` (the outputs folder, resolved) once links are followed; else BadInput: a link
+    in a shared folder may point at any file this user can read, and publish uploads only the outputs."""
+    real = path.resolve()
+    if not real.is_relative_to(root):
+        raise BadInput(
+            f"a link to {real}, outside the outputs ({root}): publish uploads only what is in them; "
+            "put the file itself there, or remove the link",
+            path,
+        )
+    return path
+
+
+def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool, root: Path) -> Iterator[bytes]:
     for model, k, run_dir in run_list:
+        judge_path = run_dir / paths.judge_file_name()
+        for part in shards.parts(judge_path):
+            inside(part, root)
         # the last row of a task is the one that counts, as in score
-        for row in jsonl.latest_rows(run_dir / paths.judge_file_name(), rows.row_id).values():
+        for row in jsonl.latest_rows(judge_path, rows.row_id).values():
             yield jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n"
 
 
@@ -105,21 +121,22 @@ def leaderboard(summary: dict) -> Iterator[bytes]:
 def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]:
     """What this benchmark puts in the repo, path → bytes (README.md apart: it covers every benchmark)."""
     bench_dir = paths.bench_dir(outputs_dir, bench)
+    root = outputs_dir.resolve()
     summary_path = bench_dir / "aggregate.json"
     if not summary_path.is_file():
         raise BadInput(f"no aggregate.json: run `make aggregate BENCH={bench}` first", bench_dir)
     run_list = list(runs(bench_dir))
-    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, run_list, with_prompts))}
+    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, run_list, with_prompts, root))}
     if not out[f"{bench}/samples.jsonl"]:
         raise BadInput("no run has a judge.jsonl", bench_dir)
-    out[f"{bench}/aggregate.json"] = summary_path.read_bytes()
+    out[f"{bench}/aggregate.json"] = inside(summary_path, root).read_bytes()
     out[f"{bench}/leaderboard.jsonl"] = b"".join(leaderboard(orjson.loads(out[f"{bench}/aggregate.json"])))
     for name in ("aggregate.md", "aggregate.csv"):
         if (bench_dir / name).is_file():
-            out[f"{bench}/{name}"] = (bench_dir / name).read_bytes()
+            out[f"{bench}/{name}"] = inside(bench_dir / name, root).read_bytes()
     for model, k, run_dir in run_list:
         for manifest in sorted(run_dir.glob("*.manifest.json")):
-            out[f"{bench}/manifests/{model}/run-{k}/{manifest.name}"] = manifest.read_bytes()
+            out[f"{bench}/manifests/{model}/run-{k}/{manifest.name}"] = inside(manifest, root).read_bytes()
     return out
 
 

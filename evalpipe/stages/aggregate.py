@@ -27,7 +27,7 @@ from . import agreement
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
-        "--runs", type=int, help="use runs 1..N of each model (default: every run that has a score.json)"
+        "--runs", type=cli.whole_number, help="use runs 1..N of each model (default: every run that has a score.json)"
     )
     parser.add_argument(
         "--models", nargs="+", help="model folder names to include (default: all under outputs/<bench>/)"
@@ -45,13 +45,13 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     )
     parser.add_argument(
         "--bootstrap",
-        type=int,
+        type=cli.whole_number,
         default=0,
         metavar="B",
         help="cross-check every item-level figure and comparison with B bootstrap replicates that resample "
         "clusters (or tasks), percentile intervals (default 0: off)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed (default 0)")
+    parser.add_argument("--seed", type=cli.whole_number, default=0, help="the bootstrap's random seed (default 0)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
 
 

@@ -31,7 +31,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--output", type=Path, help="output JSONL (default outputs/<bench>/<model>/run-<K>/infer.jsonl)"
     )
-    parser.add_argument("--max-samples", type=int, help="only the first N tasks of the dataset (a prefix, as upstream)")
+    parser.add_argument(
+        "--max-samples", type=cli.whole_number, help="only the first N tasks of the dataset (a prefix, as upstream)"
+    )
     parser.add_argument(
         "--slim",
         action="store_true",
@@ -57,6 +59,7 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
     shard = shards.chosen(args.shard, args.shards)
+    jsonl.require_regular_file(data)  # a pipe or a device would block or never end (every format is read to its end)
     tasks = Selected(bench, Path(data), args.max_samples, shard)  # prefix first, then resume, as upstream
     data_sha = manifest.sha256_file(Path(data))
     gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it

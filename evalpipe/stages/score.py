@@ -2,6 +2,7 @@
 
 import argparse
 import gc
+import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     parser.add_argument(
         "--data", type=Path, help="dataset the run was selected from (default: as recorded by infer beside the run)"
     )
-    parser.add_argument("--max-samples", type=int, help="the prefix size used by infer (default: as recorded)")
+    parser.add_argument(
+        "--max-samples", type=cli.whole_number, help="the prefix size used by infer (default: as recorded)"
+    )
     parser.add_argument(
         "--prices", type=Path, help="price table JSON (default $EVALPIPE_PRICES, else the bundled dated table)"
     )
@@ -52,27 +55,61 @@ def _judge_path(bench: Benchmark, args) -> Path:
     return run_dir / paths.judge_file_name(args.judge_label)
 
 
-def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, int | None, str, str | None]:
-    """The dataset and prefix the run was selected from (None: unknown), how to describe them, and the dataset's
-    sha256 as infer recorded it (None: --data given, or no record)."""
+def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, int | None, str]:
+    """The dataset and prefix the run was selected from (None: unknown) and how to describe them. A dataset that is
+    not the one infer read (its sha256 in infer's manifest) is refused: its gold answers would grade the rows."""
     data, max_samples = args.data, args.max_samples
-    recorded = manifest.read_run(judge_path.with_name("infer.jsonl"))
-    if data is None and recorded is not None:
-        data = Path(recorded["dataset"])
-        if max_samples is None:
-            max_samples = recorded.get("max_samples")
-        if not data.exists():
-            raise BadInput(f"the dataset recorded by infer is gone: {data} (pass --data)")
-        described = f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
-        return data, max_samples, described, recorded.get("dataset_sha256", "")
+    found = manifest.find_run(judge_path.with_name("infer.jsonl"))
+    if found is not None:
+        record_path, recorded = found
+        if data is None:
+            data = _recorded_dataset(record_path, recorded)
+            if max_samples is None:
+                max_samples = recorded.get("max_samples")
+        _refuse_other_dataset(data, record_path, recorded)
+    if data is not None:
+        jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
             "against the judged rows only, so missing tasks cannot be seen",
             file=sys.stderr,
         )
-        return None, None, "judged rows only", None
-    return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else ""), None
+        return None, None, "judged rows only"
+    return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
+
+
+def _recorded_dataset(record_path: Path, recorded: dict) -> Path:
+    """The dataset infer's manifest names (BadInput when it names none, or the file is gone)."""
+    dataset = recorded.get("dataset")
+    if not isinstance(dataset, str) or not dataset:
+        raise BadInput("names no dataset (not infer's manifest?): pass the dataset with --data", record_path)
+    if not os.path.exists(dataset):
+        raise BadInput(f"the dataset recorded by infer is gone: {dataset} (pass --data)", record_path)
+    return Path(dataset)
+
+
+def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None:
+    """BadInput naming `data` when its sha256 is not the one infer recorded (no record: nothing to check)."""
+    expected = recorded.get("dataset_sha256")
+    if not isinstance(expected, str) or not expected:
+        return
+    actual = manifest.sha256_file(data)
+    if actual == expected:
+        return
+    read = recorded.get("dataset")
+    hashes = f"sha256 {actual[:12]}…, where {record_path} records {expected[:12]}…"
+    if isinstance(read, str) and Path(read) != data.resolve():
+        what = f"not the dataset infer read ({read}; {hashes}): score with that one"
+    else:
+        what = (
+            f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
+            "answered; put back the file infer read"
+        )
+    raise BadInput(
+        f"{what}, or run infer and judge again on this one into a new run (--run N)",
+        data,
+    )
 
 
 def coverage(
@@ -186,13 +223,11 @@ def main(argv: list[str]) -> int:
     _require(judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
-    data, max_samples, described, recorded_sha256 = selection(bench, args, judge_path)
+    data, max_samples, described = selection(bench, args, judge_path)
     if data is None:
         tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
         extra = 0
     else:
-        if recorded_sha256 is not None and manifest.sha256_file(data) != recorded_sha256:
-            print(f"score: warning: {data} changed since infer ran (sha256 differs)", file=sys.stderr)
         tasks, rows, extra, ledger = score_input.judged_tasks(bench, data, max_samples, judge_path, fields)
     judged = _Judged(tasks, rows, extra)
     output = args.output or judge_path.with_name(
@@ -283,13 +318,20 @@ def _say_thinking_truncated(covered: Coverage, judge_path: Path) -> None:
     )
 
 
+def _listed(numbers: list[int], shown: int = 20) -> str:
+    """The first `shown` numbers, comma-separated, and how many in all when there are more (score.json has all)."""
+    more = f", … ({len(numbers):,} in all)" if len(numbers) > shown else ""
+    return ", ".join(map(str, numbers[:shown])) + more
+
+
 def _exit_code(covered: Coverage) -> int:
     """0 when every selected task has a final grade; else 3, saying what to rerun."""
     cut = covered.get("shards")
     if cut is not None and cut["unfinished"]:
+        without = cut["without_file"]
         print(
-            f"score: shard(s) {', '.join(map(str, cut['unfinished']))} of {cut['count']} are missing or unfinished "
-            f"(shards without a file: infer {cut['without_file']['infer']}, judge {cut['without_file']['judge']}); "
+            f"score: shard(s) {_listed(cut['unfinished'])} of {cut['count']} are missing or unfinished "
+            f"(shards without a file: infer [{_listed(without['infer'])}], judge [{_listed(without['judge'])}]); "
             f"rerun them (--shard K/{cut['count']})",
             file=sys.stderr,
         )

@@ -13,12 +13,13 @@ A run's file may be cut into shard files (shards.py): `run_rows`, `run_row_chunk
 
 import hashlib
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, count
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import orjson
 
@@ -42,6 +43,64 @@ def _describe_json_error(exc: Exception, raw: bytes) -> str:
     return f"invalid JSON ({exc})"
 
 
+_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _not_a_file(mode: int) -> str | None:
+    """What a file of this mode is when it is no regular file (None: a regular file)."""
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
+    """Open a file to read it, refusing (BadInput naming it) what is no regular file: a pipe blocks until a writer
+    comes and a device such as /dev/zero never ends, where every reader here reads its file to the end, some
+    twice. (Opened without blocking, so that a pipe without a writer is refused, not waited for.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadInput(f"cannot read: {exc.strerror}", path) from None
+    try:
+        kind = _not_a_file(os.fstat(fd).st_mode)
+        if kind is not None:
+            why = "" if kind == "a folder" else ": write what it gives to a file, and give that"
+            raise BadInput(f"{kind}, not a regular file{why}", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def require_regular_file(path: str | os.PathLike) -> None:
+    """BadInput naming `path` unless it is a regular file (or a link to one) that can be read (see `open_input`)."""
+    open_input(path, buffering=0).close()
+
+
+def refuse_unsafe_output(path: str | os.PathLike) -> None:
+    """BadInput naming `path` when something other than a regular file is where an output file goes: a symbolic
+    link (on a shared folder it may point at anyone's file: we never write through one), a folder, a pipe or a
+    device. Nothing there: fine."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # absent (or unreadable: the write itself says so)
+    if stat.S_ISLNK(mode):
+        raise BadInput(
+            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes "
+            "through a link; put the file itself there, or remove the link",
+            path,
+        )
+    kind = _not_a_file(mode)
+    if kind is not None:
+        raise BadInput(f"{kind} where an output file goes: move it away, or choose another output", path)
+
+
 _CHUNK_BYTES = 1 << 16  # lines are parsed a chunk at a time: one call per chunk, not per line
 
 
@@ -57,11 +116,7 @@ def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterato
 
 def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterator[tuple[int, list[dict]]]:
     """`iter_rows` a chunk at a time: (line number of the first row, rows of consecutive lines)."""
-    try:
-        f = open(path, "rb", buffering=1 << 20)  # fewer reads of the file
-    except OSError as exc:
-        raise BadInput(f"cannot read: {exc.strerror}", path) from None
-    with f:
+    with open_input(path, buffering=1 << 20) as f:  # fewer reads of the file
         loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
         before = 0  # lines read before this chunk
         while lines := f.readlines(_CHUNK_BYTES):
@@ -138,7 +193,7 @@ def iter_ids(path: str | os.PathLike, key: Callable[[dict], Any]) -> Iterator[An
 
 
 def _ids(path: Path, key: Callable[[dict], Any]) -> Iterator[Any]:
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for lineno, raw in enumerate(f, 1):
             if raw.startswith(_FAST_ID) and raw.endswith(b"}\n"):
                 end = raw.find(b'"', 8)
@@ -164,6 +219,7 @@ def repair_tail(path: str | os.PathLike) -> str | None:
     """
     if not os.path.exists(path):
         return None
+    refuse_unsafe_output(path)
     with writing(path), open(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
@@ -205,10 +261,12 @@ class Appender:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        refuse_unsafe_output(self.path)
         with writing(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             note = repair_tail(self.path)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # a link made meanwhile
+            self._fd = os.open(self.path, flags, 0o666)
         if note:
             print(f"{self.path}: {note}", file=sys.stderr)
         self._size = os.fstat(self._fd).st_size  # where the last whole row ends
@@ -260,6 +318,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> None
     """Write a whole file so that readers see the old or the new content, never a mix; `data` may come in
     pieces (a large file need not be held whole)."""
     path = Path(path)
+    if os.path.isdir(path) and not os.path.islink(path):  # a link is replaced, never followed
+        raise BadInput("a folder where an output file goes: move it away, or choose another output", path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_via_temp_file(path, [data] if isinstance(data, bytes) else data)

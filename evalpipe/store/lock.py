@@ -1,5 +1,6 @@
 """One writer per output file: an advisory lock the kernel drops when the process dies."""
 
+import errno
 import fcntl
 import os
 import sys
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import Locked, writing
+from ..errors import Locked, LocksUnsupported, writing
 from . import jsonl, shards
 
 
@@ -26,17 +27,15 @@ def exclusive(output: str | os.PathLike):
     """
     lock_path = Path(f"{output}.lock")
     whole = shards.whole(Path(output))
-    with writing(lock_path):
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    jsonl.refuse_unsafe_output(output)  # a link or a pipe there: refused before anything is read or written
+    fd = _open(lock_path)
     run_fd = None
     try:
         if whole == Path(output):
             _take(fd, fcntl.LOCK_EX, output, lambda: "another run" + (" or its shards" if shards.count(whole) else ""))
         else:
             _take(fd, fcntl.LOCK_EX, output, lambda: "another run")
-            with writing(lock_path):
-                run_fd = os.open(f"{whole}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            run_fd = _open(Path(f"{whole}.lock"))
             _take(run_fd, fcntl.LOCK_SH, output, lambda: f"an uncut run on {whole.name}")
         with writing(lock_path):
             os.ftruncate(fd, 0)
@@ -55,13 +54,33 @@ def exclusive(output: str | os.PathLike):
             os.close(run_fd)
 
 
+def _open(lock_path: Path) -> int:
+    """The lock file, made if missing (never through a link: its pid is written into it)."""
+    jsonl.refuse_unsafe_output(lock_path)
+    with writing(lock_path):
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+
+
+# flock's errors on a file system that has no locks (NFS mounted without lockd, some FUSE file systems)
+NO_LOCKS_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
 def _take(fd: int, kind: int, output: str | os.PathLike, by: Callable[[], str]) -> None:
     """flock `fd` at once, or raise Locked naming the holder (`by()`, asked only then: it may list the folder)
-    and its pid (what the lock file says)."""
+    and its pid (what the lock file says); LocksUnsupported where the file system has no locks."""
     try:
         fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         raise Locked(
             f"{output} is being written by {by()} (pid {holder}); this run exits without touching it"
+        ) from None
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS_ERRNOS:
+            raise
+        raise LocksUnsupported(
+            f"cannot lock {output}.lock: {exc.strerror} (the file system holding it has no file locks, e.g. NFS "
+            "without lockd): without a lock two runs could write one file; put the outputs on a file system with "
+            "locks (--outputs-dir, make's OUTPUTS=)"
         ) from None

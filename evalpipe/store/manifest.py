@@ -29,7 +29,7 @@ def path_for(output: Path) -> Path:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with jsonl.open_input(path, buffering=0) as f:  # no pipe or device: it would block or never end
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -75,10 +75,16 @@ def learned(output: Path, key: str) -> dict:
 
 def read_run(output: Path) -> dict | None:
     """The manifest of a run's file however it was cut: its own, else its first shard's (None: neither)."""
+    found = find_run(output)
+    return None if found is None else found[1]
+
+
+def find_run(output: Path) -> tuple[Path, dict] | None:
+    """`read_run`, with the manifest file it was read from."""
     for part in [output, *shards.shard_files(output).values()]:
         recorded = read(part)
         if recorded is not None:
-            return recorded
+            return path_for(part), recorded
     return None
 
 
@@ -86,10 +92,15 @@ def read(output: Path) -> dict | None:
     path = path_for(output)
     if not os.path.exists(path):
         return None
+    with jsonl.open_input(path) as f:  # a folder or a pipe there: refused, never waited on
+        raw = f.read()
     try:
-        return orjson.loads(Path(path).read_bytes())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON ({exc}); delete it to start the record afresh", path) from None
+    if not isinstance(body, dict):
+        raise BadInput("not a manifest (expected a JSON object); delete it to start the record afresh", path)
+    return body
 
 
 class Record:

@@ -21,8 +21,11 @@ from pathlib import Path
 
 from ..errors import BadInput
 
-_SPEC = re.compile(r"(\d+)/(\d+)")
-_NAME = re.compile(r"(?P<stem>.+)\.shard-(?P<k>\d+)-of-(?P<n>\d+)(?P<suffix>\.[^.]+)")
+_SPEC = re.compile(r"([0-9]+)/([0-9]+)")  # ASCII digits (\d would take other scripts' digits too)
+_NAME = re.compile(r"(?P<stem>.+)\.shard-(?P<k>[0-9]+)-of-(?P<n>[0-9]+)(?P<suffix>\.[^.]+)")
+# The most shards a run may be cut into: ten times Slurm's default MaxArraySize (1,001), far more machines than
+# a run of calls to an endpoint can use. score.json lists a run's unfinished shards: this keeps that list short.
+MAX_SHARDS = 10_000
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,14 @@ def parse(spec: str) -> Shard:
     match = _SPEC.fullmatch(spec.strip())
     if not match or not int(match.group(1)) < int(match.group(2)):
         raise BadInput(f"--shard {spec!r}: expected K/N with 0 <= K < N (shards are counted from 0), or all")
-    return Shard(int(match.group(1)), int(match.group(2)))
+    return Shard(int(match.group(1)), _count(int(match.group(2)), f"--shard {spec}"))
+
+
+def _count(n: int, source: str) -> int:
+    """`n`, a number of shards (BadInput naming `source` above MAX_SHARDS)."""
+    if n > MAX_SHARDS:
+        raise BadInput(f"{source}: {n:,} shards; at most {MAX_SHARDS:,}")
+    return n
 
 
 def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.environ) -> Shard | None:
@@ -73,6 +83,8 @@ def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.envi
         return shard
     if count is not None and count < 1:
         raise BadInput(f"--shards {count}: expected 1 or more")
+    if count is not None:
+        _count(count, f"--shards {count}")
     if env.get("SLURM_ARRAY_TASK_ID"):
         return _slurm(env, count)
     if env.get("JOB_COMPLETION_INDEX"):
@@ -90,13 +102,14 @@ def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.envi
 
 
 def _slurm(env: Mapping[str, str], count: int | None) -> Shard:
-    try:
-        task = int(env["SLURM_ARRAY_TASK_ID"])
-        first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-        last = int(env["SLURM_ARRAY_TASK_MAX"]) if env.get("SLURM_ARRAY_TASK_MAX") else None
-        tasks = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else None
-    except ValueError:
-        raise BadInput("SLURM_ARRAY_TASK_ID/MIN/MAX/COUNT: expected whole numbers") from None
+    names = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT")
+    for name in names:
+        if env.get(name) and not _WHOLE.fullmatch(env[name]):
+            raise BadInput(f"{name}={env[name]}: expected a whole number (digits 0-9)")
+    task = int(env["SLURM_ARRAY_TASK_ID"])
+    first = int(env.get("SLURM_ARRAY_TASK_MIN") or "0")
+    last = int(env["SLURM_ARRAY_TASK_MAX"]) if env.get("SLURM_ARRAY_TASK_MAX") else None
+    tasks = int(env["SLURM_ARRAY_TASK_COUNT"]) if env.get("SLURM_ARRAY_TASK_COUNT") else None
     span = None if last is None else last - first + 1
     n = tasks or span or count
     if n is None:
@@ -106,12 +119,15 @@ def _slurm(env: Mapping[str, str], count: int | None) -> Shard:
             f"the Slurm array is not one contiguous range of {n} tasks (indexes {first}..{last}, "
             f"{tasks} tasks{'' if count is None else f', --shards {count}'}): use --array=0-{n - 1}, or --shard K/N"
         )
-    return _checked(str(task - first), n, "SLURM_ARRAY_TASK_ID")
+    return _checked(str(task - first), _count(n, "the Slurm array"), "SLURM_ARRAY_TASK_ID")
+
+
+_WHOLE = re.compile(r"[0-9]+")
 
 
 def _checked(k: str, n: int, source: str) -> Shard:
-    if not k.isdigit() or not int(k) < n:
-        raise BadInput(f"{source}: shard {k} of {n}: expected 0 to {n - 1}")
+    if not _WHOLE.fullmatch(k) or not int(k) < n:
+        raise BadInput(f"{source}: shard {k} of {n}: expected 0 to {n - 1} (digits 0-9)")
     return Shard(int(k), n)
 
 
@@ -134,7 +150,12 @@ def shard_files(path: Path) -> dict[Shard, Path]:
         if name.startswith(prefix):
             match = _NAME.fullmatch(name)
             if match and match["stem"] == path.stem and match["suffix"] == path.suffix:
-                found[Shard(int(match["k"]), int(match["n"]))] = path.with_name(name)
+                k, n = int(match["k"]), int(match["n"])
+                if not k < n <= MAX_SHARDS:
+                    raise BadInput(
+                        f"a shard file of no run: shard {k} of {n:,} (at most {MAX_SHARDS:,})", path.parent / name
+                    )
+                found[Shard(k, n)] = path.with_name(name)
     counts = {shard.n for shard in found}
     if len(counts) > 1:
         raise BadInput(

@@ -227,14 +227,94 @@
     })();
     return searchBuilding;
   }
+  // A search answers, for the samples that pass the other filters (`candidates`), which shared texts hold a hit
+  // (textHit, by text) and which samples' own text does (own(i)); or {error}. Plain text is searched here; a
+  // regular expression in a worker, as one can take for ever (a shared link's `(a+)+$` backtracks without end)
+  // and only a worker can be stopped in the middle of a match.
   function matcher(q, regex) {
     if (regex) {
-      let re;
-      try { re = new RegExp(q, 'im'); } catch (e) { return { error: 'bad regular expression: ' + e.message }; }
-      return { test: (s) => re.test(s) };
+      try { new RegExp(q, 'im'); } catch (e) { return { error: 'bad regular expression: ' + e.message }; }
+      return { hits: (candidates) => regexHits(q, candidates) };
     }
     const needle = q.toLowerCase();
-    return { test: (s) => s.includes(needle) };
+    return {
+      hits: async () => {
+        const textHit = new Uint8Array(search.texts.length);
+        for (let k = 0; k < search.texts.length; k++) textHit[k] = search.texts[k].includes(needle) ? 1 : 0;
+        return { textHit, own: (i) => search.own[i].includes(needle) };
+      },
+    };
+  }
+
+  const REGEX_LIMIT_MS = 5000; // a regular expression's whole search; past it the worker is stopped
+  let regex = null; // the worker: {worker, url, pending: the search it runs, or null}
+  let regexId = 0;
+  let workerPolicy = null;
+  function regexWorkerMain() {
+    // the worker's program: the search strings once, then a pattern at a time
+    let texts = [], own = [];
+    onmessage = (ev) => {
+      const m = ev.data;
+      if (m.texts) { texts = m.texts; own = m.own; return; }
+      const re = new RegExp(m.q, 'im');
+      postMessage({ id: m.id, started: true });
+      const textHit = new Uint8Array(texts.length), ownHit = new Uint8Array(own.length);
+      for (let k = 0; k < texts.length; k++) textHit[k] = re.test(texts[k]) ? 1 : 0;
+      for (const i of m.candidates) ownHit[i] = re.test(own[i]) ? 1 : 0;
+      postMessage({ id: m.id, textHit, ownHit }, [textHit.buffer, ownHit.buffer]);
+    };
+  }
+  function startRegexWorker() {
+    const url = URL.createObjectURL(new Blob(['(' + regexWorkerMain.toString() + ')();'], { type: 'text/javascript' }));
+    if (window.trustedTypes && !workerPolicy) {
+      // the CSP lets this one policy make a script URL: the worker's own blob, nothing else
+      workerPolicy = trustedTypes.createPolicy('viewer-worker', {
+        createScriptURL: (u) => { if (!regex || u !== regex.url) throw new Error('not the search worker'); return u; },
+      });
+    }
+    regex = { worker: null, url, pending: null };
+    regex.worker = new Worker(workerPolicy ? workerPolicy.createScriptURL(url) : url);
+    regex.worker.onmessage = (ev) => { if (regex && regex.pending) regex.pending.message(ev.data); };
+    regex.worker.onerror = (ev) => { ev.preventDefault(); stopRegexWorker({ error: 'regular expression search failed: ' + ev.message }); };
+    regex.worker.postMessage({ texts: search.texts, own: search.own });
+  }
+  function stopRegexWorker(result) {
+    // the worker and its copy of the texts go; the search it ran ends with `result`
+    if (!regex) return;
+    const { worker, url, pending } = regex;
+    regex = null;
+    worker.terminate();
+    URL.revokeObjectURL(url);
+    if (pending) pending.finish(result);
+  }
+  function regexHits(q, candidates) {
+    if (regex && regex.pending) stopRegexWorker({ stale: true }); // still on an earlier pattern: not wanted any more
+    if (!regex) {
+      try { startRegexWorker(); } catch (e) {
+        regex = null;
+        return Promise.resolve({ error: 'regular expressions search in a Web Worker, which this browser refused here: ' + e.message });
+      }
+    }
+    return new Promise((resolve) => {
+      const id = ++regexId;
+      let timer = 0;
+      const pending = {
+        finish: (result) => { clearTimeout(timer); if (regex && regex.pending === pending) regex.pending = null; resolve(result); },
+        message: (data) => {
+          if (data.id !== id) return;
+          if (data.started) {
+            timer = setTimeout(() => stopRegexWorker({
+              error: `regular expression stopped after ${REGEX_LIMIT_MS / 1000} s: it would take too long on these ` +
+                'texts (nested repetition such as (a+)+ backtracks without end); simplify it',
+            }), REGEX_LIMIT_MS);
+            return;
+          }
+          pending.finish({ textHit: data.textHit, own: (i) => data.ownHit[i] === 1 });
+        },
+      };
+      regex.pending = pending;
+      regex.worker.postMessage({ id, q, candidates });
+    });
   }
 
   // ------------------------------------------------------------------ filtering
@@ -251,14 +331,12 @@
     const s = state.s ? indexOfString(state.s) : -1;
     const ei = state.e ? META.error_types.indexOf(state.e) : -1;
     const e = state.e ? (ei < 0 ? -1 : (1 << Math.min(ei, 30))) : 0;
-    let test = null, textHit = null;
+    let found = null;
+    if (searchSaid) searchStatus('');
     if (state.q) {
-      const found = matcher(state.q, state.re === '1');
-      if (found.error) { setStatus(found.error); return new Int32Array(0); }
+      found = matcher(state.q, state.re === '1');
+      if (found.error) { searchStatus(found.error); return new Int32Array(0); }
       await buildSearch();
-      test = found.test;
-      textHit = new Uint8Array(search.texts.length);
-      for (let k = 0; k < search.texts.length; k++) textHit[k] = test(search.texts[k]) ? 1 : 0;
     }
     const out = new Int32Array(N);
     let n = 0;
@@ -272,15 +350,23 @@
       if (p !== 9 && X.p[i] !== p) continue;
       if (s !== -1 && X.s[i] !== s) continue;
       if (e !== 0 && (e === -1 || (X.e[i] & e) === 0)) continue;
-      if (test) {
-        let hit = test(search.own[i]);
-        if (!hit) for (const ref of search.refs[i]) if (textHit[ref]) { hit = true; break; }
-        if (!hit) continue;
-      }
       out[n++] = i;
     }
-    return out.slice(0, n);
+    if (!found) return out.slice(0, n);
+    const hits = await found.hits(out.subarray(0, n));
+    if (hits.stale) return new Int32Array(0); // a later search replaced it (its result is never shown)
+    if (hits.error) { searchStatus(hits.error); return new Int32Array(0); }
+    let kept = 0;
+    for (let k = 0; k < n; k++) {
+      const i = out[k];
+      let hit = hits.own(i);
+      if (!hit) for (const ref of search.refs[i]) if (hits.textHit[ref]) { hit = true; break; }
+      if (hit) out[kept++] = i;
+    }
+    return out.slice(0, kept);
   }
+  let searchSaid = false; // the status line says what became of a search
+  function searchStatus(text) { setStatus(text); searchSaid = Boolean(text); }
 
   function sampleKey(i) {
     return { ob: META.benches[IX.b[i]].key, om: META.models[IX.m[i]], or: String(IX.r[i]), ot: S(IX.i[i]) };
