@@ -107,16 +107,16 @@ def make(env, *words, timeout=300):
     )
 
 
+def module(env, name, *args, cwd=ROOT, timeout=300):
+    """`python -m name args` run as a user would, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", name, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def runner(env, *words, timeout=300):
     """The pipeline runner (what make's stage targets call) with these stages and variables."""
-    return subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", *map(str, words)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return module(env, "evalpipe.pipeline", *words, timeout=timeout)
 
 
 def read_jsonl(path):

@@ -14,7 +14,7 @@ from evalpipe.devtools import fakeruns
 from evalpipe.devtools.hubserver import FakeHub
 from evalpipe.results import publish
 
-from .conftest import ROOT
+from .conftest import ROOT, module
 
 TOKEN = "hf_test_SECRET_publish_0123456789"
 REPO = "team/evals"
@@ -134,14 +134,7 @@ def test_publish_uploads_nothing_a_link_points_at_outside_the_outputs(fake_hub, 
     secret.write_text('{"password": "hunter2"}\n')
     (run / "judge.jsonl.manifest.json").symlink_to(secret)  # on a shared folder, anyone may leave such a link
     env = {**os.environ, "HF_TOKEN": TOKEN}
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.results.publish", "coin_flip", REPO, "--outputs-dir", str(copy)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = module(env, "evalpipe.results.publish", "coin_flip", REPO, "--outputs-dir", copy, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         f"publish: error: {run / 'judge.jsonl.manifest.json'}: a link to {secret}, outside the outputs "

@@ -2,8 +2,6 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -11,7 +9,7 @@ from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import BadInput
 from evalpipe.stages import report
 
-from .conftest import ROOT, read_jsonl
+from .conftest import ROOT, module, read_jsonl
 
 N = 16  # CoinFlip questions per run
 QUESTIONS = [r["question"] for r in read_jsonl(ROOT / "data" / "coin_flip" / "test.jsonl")[:N]]
@@ -59,14 +57,7 @@ def run_pipeline(stage, root, model, runs):
 
 
 def leaderboard_run(env, cwd, outputs):
-    return subprocess.run(
-        [sys.executable, "-m", "evalpipe.stages.report", "--outputs-dir", str(outputs)],
-        cwd=cwd,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return module({**env, "PYTHONPATH": str(ROOT)}, "evalpipe.stages.report", "--outputs-dir", outputs, cwd=cwd)
 
 
 @pytest.mark.e2e

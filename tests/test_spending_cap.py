@@ -9,7 +9,7 @@ import pytest
 
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 
-from .conftest import ROOT
+from .conftest import ROOT, runner
 
 pytestmark = pytest.mark.e2e
 
@@ -214,14 +214,7 @@ def test_max_cost_with_a_judge_model_without_price_is_refused_before_infer_spend
         (["MAX_COST=1"], "'gpt-5.1'"),  # judge.py's default judge
         (["MAX_COST=1", "JUDGE_ARGS=--judge-model other"], "'other'"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "evalpipe.pipeline", *base, *words],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = runner(env, *base, *words, timeout=60)
         assert done.returncode == 2, done.stderr
         assert f"judge: --max-cost needs a price for {missing}" in done.stderr
     assert server.chat_requests() == []
