@@ -63,3 +63,11 @@ def text_to_grade(row: dict, key: str, mode: str) -> str:
     if mode == "as-is" or "thinking" in row:
         return text
     return _split_inline(text)[0]
+
+
+def budget_advice(tokens: int | None) -> str:
+    """What to do about answers that ran out of tokens while thinking, given the completion tokens they had
+    (None or 0: not known, the endpoint's own limit)."""
+    if not tokens:
+        return "raise --max-tokens above the endpoint's own limit"
+    return f"they needed more than {tokens:,} completion tokens: raise --max-tokens to {2 * tokens:,} or more"

@@ -126,10 +126,14 @@ def thinking(runs: list[dict], served_models: dict) -> dict | None:
             bill += cost["cost_usd"]
     if not reasoning and not truncated:
         return None
-    share, of = (reasoning_cost / bill, "bill") if priced and bill else (reasoning / completion, "completion tokens")
+    share: float | None
+    if priced and bill:
+        share, of = reasoning_cost / bill, "bill"
+    else:
+        share, of = (reasoning / completion if completion else None), "completion tokens"
     return {
         "reasoning_tokens_per_task": reasoning / tasks if tasks else None,
-        "reasoning_share": share if completion or bill else None,
+        "reasoning_share": share,
         "share_of": of,
         "thinking_truncated": truncated,
         "effort_applied": served_models.get("reasoning_effort", {}),

@@ -12,6 +12,7 @@ from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..client import cost
 from ..client.llm import Endpoint
+from ..client.thinking import budget_advice
 from ..datasets import hub
 from ..store import jsonl, manifest, paths, shards
 from ..store.checkpoint import StepCache
@@ -223,12 +224,11 @@ class _ThinkingBudget:
         """The stage's last line when answers ran out of tokens while thinking: what to raise --max-tokens to."""
         if self.truncated:
             limit = f"--max-tokens {self.budget}" if self.budget else "the endpoint's own limit (no --max-tokens)"
-            given = self.budget or self.stopped_at
             finished = f"; the answers that finished used up to {self.finished_used:,}" if self.answered else ""
             print(
                 f"infer: {self.truncated:,} of {self.truncated + self.answered:,} answers ran out of tokens while "
-                f"thinking (no final answer, scored 0): they needed more than the {given:,} completion tokens of "
-                f"{limit}{finished}; raise --max-tokens to {2 * given:,} or more, in a new run (--run N or --label)",
+                f"thinking under {limit} (no final answer, scored 0){finished}: "
+                f"{budget_advice(self.budget or self.stopped_at)}, in a new run (--run N or --label)",
                 file=sys.stderr,
             )
         return code

@@ -15,6 +15,7 @@ from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
 from ..client import cost
+from ..client.thinking import budget_advice
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..results import figures, items
 from ..results.agreement import format_report as agreement_text
@@ -306,14 +307,9 @@ def _say_thinking_truncated(covered: Coverage, judge_path: Path) -> None:
         return
     params = (manifest.read_run(judge_path.with_name("infer.jsonl")) or {}).get("params") or {}
     budget = next((params[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(params.get(k), int)), None)
-    needed = (
-        f"they needed more than infer's --max-tokens {budget}: raise it to {2 * budget} or more"
-        if budget
-        else "raise infer's --max-tokens above the endpoint's own limit"
-    )
     print(
         f"score: {truncated} of {covered['graded']} graded answers ran out of tokens while thinking (no final answer, "
-        f"scored 0): {needed}, in a new run (--run N or --label)",
+        f"scored 0): {budget_advice(budget)} at infer, in a new run (--run N or --label)",
         file=sys.stderr,
     )
 
