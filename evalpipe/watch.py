@@ -17,6 +17,7 @@ The stages' own output goes to stderr. docs/watch.md has the details.
 """
 
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -92,6 +93,7 @@ def parse(argv: list[str]) -> Watch:
         else:
             raise pipeline.UsageError(f"unknown setting {name}; watch settings: {', '.join([*PASSED, *SETTINGS])}")
     plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST, ARGS as the runner does
+    pipeline.check_prices(plan)  # with MAX_COST, every model of the night priced before infer spends
     if not plan.get("MODEL"):
         raise pipeline.UsageError("name the model to watch: MODEL=...")
     night = _date(own.get("NIGHT") or time.strftime("%Y-%m-%d", time.gmtime()), "NIGHT")
@@ -99,8 +101,8 @@ def parse(argv: list[str]) -> Watch:
     if baseline is not None and baseline >= night:
         raise pipeline.UsageError(f"BASELINE={baseline}: choose a night before tonight ({night})")
     sample = own.get("SAMPLE") or None
-    if sample is not None and not (sample.isdigit() and int(sample) >= 2):
-        raise pipeline.UsageError(f"SAMPLE={sample}: expected a whole number of 2 or more")
+    if sample is not None and not (re.fullmatch(r"[0-9]+", sample) and int(sample) >= 2):
+        raise pipeline.UsageError(f"SAMPLE={sample}: expected a whole number of 2 or more (digits 0-9)")
     try:
         alpha = float(own.get("ALPHA") or nights.DEFAULT_ALPHA)
     except ValueError:

@@ -352,7 +352,6 @@ def noise(history: list[dict], alpha: float) -> dict | None:
         return None
     rate = flipped / paired
     tasks = paired / len(quiet)
-    z = stats.z_quantile(1 - alpha / 2) + stats.z_quantile(stats.MDE_POWER)
     return {
         "night_pairs": len(quiet),
         "flipped": flipped,
@@ -361,7 +360,7 @@ def noise(history: list[dict], alpha: float) -> dict | None:
         "tasks_per_night": round(tasks),
         "alpha": alpha,
         "power": stats.MDE_POWER,
-        "mde": z * math.sqrt(rate / tasks),
+        "mde": stats.minimum_detectable(math.sqrt(rate / tasks), level=1 - alpha),
     }
 
 
@@ -488,9 +487,7 @@ def _plot(path: Path, title: str, rows: list[dict]) -> Path | None:
     ax.set_ylabel(f"{rows[-1]['figure']} (%), 95% CI")
     ax.set_title(f"{title} (red ring: flagged night)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return path
+    return plots.save(plt, fig, path, dpi=110)
 
 
 def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -> list[str]:

@@ -68,10 +68,16 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    return save(plt, fig, path)
+
+
+def save(plt, fig, path: Path, **options) -> Path:
+    """Write `fig` as a PNG at `path` and close it; as every output, a kill leaves the old chart or the new,
+    never half of one."""
     png = io.BytesIO()
-    fig.savefig(png, format="png", metadata={"Software": None})
+    fig.savefig(png, format="png", metadata={"Software": None}, **options)
     plt.close(fig)
-    jsonl.atomic_write(path, png.getvalue())  # as every output: a kill leaves the old chart or the new, never half
+    jsonl.atomic_write(path, png.getvalue())
     return path
 
 
