@@ -16,15 +16,13 @@ def secrets(text: str) -> str:
     """The registered secrets replaced, and nothing else: for what a server answered, which becomes rows (a model's
     answer that explains `Bearer <token>` keeps it; our key, if a server echoes it, does not)."""
     for secret in sorted(_secrets, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, "[REDACTED]")
+        text = text.replace(secret, "[REDACTED]")
     return text
 
 
 def redact(text: str) -> str:
-    for secret in sorted(_secrets, key=len, reverse=True):
-        text = text.replace(secret, "[REDACTED]")
-    return _BEARER.sub(r"\1[REDACTED]", text)
+    """The registered secrets and any bearer token replaced: for what we print or log."""
+    return _BEARER.sub(r"\1[REDACTED]", secrets(text))
 
 
 # What a terminal would act on rather than show: C0 and C1 controls (ESC starts a sequence that can retitle the

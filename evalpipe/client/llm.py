@@ -334,7 +334,7 @@ def _applied_effort(response: Any) -> str | None:
     reasoning = extra.get("reasoning")
     if effort is None and isinstance(reasoning, dict):
         effort = reasoning.get("effort")
-    return effort[:40] if isinstance(effort, str) and effort else None
+    return valid_text(effort[:40]) if isinstance(effort, str) and effort else None
 
 
 def _status(exc: BaseException) -> int | None:

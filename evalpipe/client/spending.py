@@ -17,6 +17,7 @@ Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRI
 """
 
 import asyncio
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ class SpendingCapReached(StageError):
 
 def request_bytes(messages: list[dict], fields: dict) -> int:
     """The UTF-8 bytes of a request's messages and body fields as JSON: more than the prompt tokens it can bill."""
-    return len(orjson.dumps(messages, default=str)) + len(orjson.dumps(fields, default=str))
+    try:
+        return len(orjson.dumps(messages, default=str)) + len(orjson.dumps(fields, default=str))
+    except TypeError:  # what orjson refuses (an integer past 64 bits, a lone surrogate): as escaped ASCII, longer
+        return len(json.dumps([messages, fields], default=str))
 
 
 @dataclass(frozen=True)
