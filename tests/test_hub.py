@@ -33,6 +33,8 @@ def fake_hub(tmp_path, monkeypatch):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        # read by huggingface_hub at its import, as in a stage's process where the environment is set before
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         monkeypatch.setenv("EVALPIPE_HUB_DIR", str(tmp_path / "data" / "hf"))
         yield server

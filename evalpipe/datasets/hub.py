@@ -1,21 +1,11 @@
-"""Real datasets from the Hugging Face Hub, fetched once into data/hf/ and locked by commit and sha256.
+"""Real datasets from the Hugging Face Hub, fetched once into data/hf/ and locked by commit and sha256
+(docs/usage.md#real-datasets-make-data-and-hf-inputs).
 
     python -m evalpipe.datasets.hub                          # every benchmark's published data (make data)
     python -m evalpipe.datasets.hub clbench --revision REV   # one benchmark, another revision
     python -m evalpipe.datasets.hub hf://owner/name@REV/FILE-OR-SPLIT
 
-A file lands at data/hf/<owner>/<name>/<path in the repo>; `hf-lock.json` beside it records, per
-file, the revision asked for, the commit it resolved to, the size and the sha256, so that a later
-run can prove it reads the same bytes. The stages take `--input hf://<repo>[@<revision>]/<file or
-split>` (also `--data`, `--fewshot-data`): `resolve_argv` turns each such word into the local file
-through the same code. A file already fetched at a pinned commit is used offline. A branch or tag
-is asked of the Hub each time: if it now points elsewhere than the lock records, the run stops and
-says how to take the new data or keep the old. Downloads go through `huggingface_hub` (its cache,
-HF_ENDPOINT, HF_TOKEN or `hf auth login` for gated repos) and are copied into place atomically:
-nothing half-written is ever left in data/.
-
-The download needs the optional `huggingface_hub` (requirements-data.txt, installed by `make data`);
-reading an already-fetched file does not.
+Downloads go through the optional `huggingface_hub` (requirements-data.txt); reading a fetched file does not.
 """
 
 import argparse
@@ -25,6 +15,8 @@ import re
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -37,7 +29,6 @@ from ..store.paths import PROJECT
 
 SCHEME = "hf://"
 LOCK_NAME = "hf-lock.json"
-DEFAULT_ENDPOINT = "https://huggingface.co"
 
 # tencent/CL-bench: the newest commit we could identify without network ("Update README.md", with
 # CL-bench.jsonl); --revision (make data REVISION=...) takes another.
@@ -51,7 +42,6 @@ class Source:
     repo: str
     revision: str
     targets: tuple[str, ...]
-    note: str = ""
 
 
 SOURCES: dict[str, Source] = {
@@ -95,11 +85,12 @@ class Ref:
     target: str
 
     def __str__(self) -> str:
-        return f"{SCHEME}{self.repo}@{urllib.parse.quote(self.revision, safe='')}/{self.target}"
+        return f"{SCHEME}{self.repo}@{_quoted(self.revision)}/{self.target}"
 
 
 def parse_ref(text: str) -> Ref:
-    """The Ref of `hf://owner/name[@revision]/file-or-split` (a revision with `/` is written %2F)."""
+    """The Ref of `hf://owner/name[@revision]/file-or-split` (a revision with `/` is written %2F; none: the
+    benchmark's pinned one, else `main`)."""
     body = text[len(SCHEME) :] if text.startswith(SCHEME) else text
     parts = body.split("/", 2)
     if len(parts) < 3 or not all(parts):
@@ -109,12 +100,8 @@ def parse_ref(text: str) -> Ref:
     if not all(_NAME.fullmatch(part) for part in (owner, name)) or ".." in target.split("/"):
         raise BadInput(f"{text}: not a dataset repo and file of the Hub (owner/name, letters, digits, -_.)")
     repo = f"{owner}/{name}"
-    return Ref(repo, urllib.parse.unquote(revision) if revision else default_revision(repo), target.strip("/"))
-
-
-def default_revision(repo: str) -> str:
-    """The pinned revision of a benchmark's repo, else `main`."""
-    return next((s.revision for s in SOURCES.values() if s.repo == repo), "main")
+    pinned = next((s.revision for s in SOURCES.values() if s.repo == repo), "main")
+    return Ref(repo, urllib.parse.unquote(revision) if revision else pinned, target.strip("/"))
 
 
 def root() -> Path:
@@ -122,16 +109,12 @@ def root() -> Path:
     return Path(os.environ.get("EVALPIPE_HUB_DIR") or PROJECT / "data" / "hf")
 
 
-def repo_dir(repo: str, base: Path | None = None) -> Path:
-    return (base or root()).joinpath(*repo.split("/"))
-
-
 # ---- the stages' --input hf://...
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
-    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names,
-    fetched first when needed."""
+    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first
+    when needed."""
     out = []
     for word in argv:
         flag, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
@@ -145,34 +128,40 @@ def resolve_argv(argv: list[str]) -> list[str]:
 def source_of(path: Path) -> str | None:
     """hf://<repo>@<commit>/<file> when `path` is a fetched file whose bytes match its lock, else None."""
     try:
-        base = root().resolve()
-        parts = path.resolve().relative_to(base).parts
+        parts = path.resolve().relative_to(root().resolve()).parts
     except (OSError, ValueError):
         return None
     if len(parts) < 3:  # <owner>/<name>/<file...>
         return None
     repo, file = "/".join(parts[:2]), "/".join(parts[2:])
-    entry = _read_lock(repo_dir(repo, base)).get("files", {}).get(file)
+    entry = _read_lock(root().resolve().joinpath(*parts[:2])).get("files", {}).get(file)
     return f"{SCHEME}{repo}@{entry['commit']}/{file}" if entry and _matches(path, entry) else None
 
 
 # ---- fetching
 
 
-def fetch(ref: Ref, base: Path | None = None) -> Path:
-    """The local copy of `ref`, fetched and locked when it is not here yet (or no longer matches)."""
-    folder = repo_dir(ref.repo, base)
+def fetch(ref: Ref) -> Path:
+    """The local copy of `ref`, fetched and locked when it is not here yet (or no longer matches). A branch or
+    tag is asked of the Hub each time: if it moved since the lock, the run stops and says what to choose."""
+    folder = root().joinpath(*ref.repo.split("/"))
     lock = _read_lock(folder)
     files = lock.setdefault("files", {})
-    known = _entry_for(files, ref.target)
+    by_split = (f for f, e in files.items() if e.get("split") == ref.target)
+    known = ref.target if ref.target in files else next(by_split, None)  # the file, or the file of that split
     if known is not None:
         path, entry = folder / known, files[known]
         if entry.get("revision") == ref.revision and _COMMIT.fullmatch(ref.revision) and _matches(path, entry):
             return path  # a commit never moves: no need to ask
+    hub = _hub()
     try:
-        commit, listing, card = _resolve(ref)
+        with _answers(ref):
+            info = hub.HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision, timeout=30)
+        if not info.sha:
+            raise HubUnreachable(f"{_endpoint()} did not say which commit {ref.revision} is (not a Hub endpoint?)")
     except HubUnreachable as exc:
         return _offline(ref, folder, files, known, exc)
+    commit = info.sha
     if known is not None and files[known].get("revision") == ref.revision and files[known].get("commit") != commit:
         old = files[known]["commit"]
         raise BadInput(
@@ -180,7 +169,8 @@ def fetch(ref: Ref, base: Path | None = None) -> Path:
             f"to take the new data ask for --revision {commit} (hf://{ref.repo}@{commit}/{ref.target}), "
             f"to keep the old one --revision {old}"
         )
-    file = _file_for(ref, listing, card)
+    card = info.card_data.to_dict() if info.card_data is not None else {}
+    file = _file_for(ref, [s.rfilename for s in info.siblings or []], card)
     path = folder / file
     entry = files.get(file)
     split = ref.target if ref.target != file else (entry or {}).get("split")  # asked by name: keep its split
@@ -189,38 +179,36 @@ def fetch(ref: Ref, base: Path | None = None) -> Path:
             entry.update(revision=ref.revision, split=split)
             _write_lock(folder, ref.repo, lock)
         return path
-    cached = _download(ref, file, commit)
-    size, sha256 = _copy_into_place(cached, path)
+    with _answers(Ref(ref.repo, commit, ref.target), file):  # its own retries resume a broken connection
+        cached = Path(hub.hf_hub_download(ref.repo, file, repo_type="dataset", revision=commit, endpoint=_endpoint()))
+    _verify(cached, file)
+    data = cached.read_bytes()
+    jsonl.atomic_write(path, data)  # a temp file beside it, then a rename: never half-written in data/
+    size, sha256 = len(data), hashlib.sha256(data).hexdigest()
     for other in [k for k, v in files.items() if k != file and split and v.get("split") == split]:
         files[other]["split"] = None  # the split now lives in another file
-    files[file] = {
-        "revision": ref.revision,
-        "commit": commit,
-        "split": split,
-        "size": size,
-        "sha256": sha256,
-        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    fetched_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    files[file] = dict(
+        revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256, fetched_at=fetched_at
+    )
     _write_lock(folder, ref.repo, lock)
     print(f"hub: {ref.repo}@{commit[:12]} {file} → {path} ({size:,} bytes, sha256 {sha256[:16]}…)", file=sys.stderr)
     return path
 
 
-def _entry_for(files: dict, target: str) -> str | None:
-    """The locked file that `target` names: the file itself, or the file of that split."""
-    if target in files:
-        return target
-    return next((f for f, e in files.items() if e.get("split") == target), None)
-
-
 def _matches(path: Path, entry: dict) -> bool:
-    """Whether the local file has the locked size and sha256."""
     try:
-        if path.stat().st_size != entry.get("size"):
-            return False
+        return path.stat().st_size == entry.get("size") and manifest.sha256_file(path) == entry.get("sha256")
     except OSError:
         return False
-    return manifest.sha256_file(path) == entry.get("sha256")
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def _quoted(revision: str) -> str:
+    return urllib.parse.quote(revision, safe="")
 
 
 def _hub():
@@ -235,60 +223,39 @@ def _hub():
     return huggingface_hub
 
 
-def _endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def _cache_dir() -> str:
-    """huggingface_hub's cache, read from the environment now (its own constants are read at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return os.path.join(os.path.expanduser(home), "hub")
-
-
-def _page(ref: Ref) -> str:
-    return f"{_endpoint()}/datasets/{ref.repo}/tree/{urllib.parse.quote(ref.revision, safe='')}"
-
-
-def _resolve(ref: Ref) -> tuple[str, list[str], dict]:
-    """The commit `ref.revision` points to now, the repo's file list there, and its card's metadata."""
-    hub = _hub()
+@contextmanager
+def _answers(ref: Ref, file: str | None = None) -> Iterator[None]:
+    """The Hub's errors as one line: BadInput for what is not there, HubUnreachable for the rest."""
     from huggingface_hub import errors
 
     try:
-        info = hub.HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision, timeout=30)
+        yield
     except errors.RevisionNotFoundError:
         raise BadInput(f"{ref.repo} has no revision {ref.revision!r} on the Hub ({_endpoint()})") from None
     except errors.GatedRepoError:
-        raise BadInput(_gated(ref)) from None
+        raise BadInput(
+            f"{ref.repo} is gated: accept its terms at {_endpoint()}/datasets/{ref.repo} and log in "
+            "(`hf auth login`, or HF_TOKEN); the token is never written anywhere by evalpipe"
+        ) from None
     except errors.RepositoryNotFoundError:
         raise BadInput(
             f"no dataset {ref.repo} on the Hub ({_endpoint()}), or it is private or gated: check the name, "
             "and log in (`hf auth login`, or HF_TOKEN) if it needs an account"
         ) from None
+    except errors.RemoteEntryNotFoundError:
+        raise BadInput(f"{ref.repo}@{ref.revision[:12]} lists {file} but the Hub has no such file (HTTP 404)") from None
     except errors.HFValidationError as exc:
         raise BadInput(f"{ref}: {exc}") from None
+    except errors.LocalEntryNotFoundError as exc:  # huggingface_hub's word for "could not reach the Hub"
+        raise HubUnreachable(f"{exc.__cause__ or exc}".splitlines()[0]) from None
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
-        raise HubUnreachable(f"the Hub answered HTTP {status}") from None
-    except OSError as exc:  # connection refused, DNS, TLS, timeouts (httpx's errors are OSErrors or not: below)
-        raise HubUnreachable(f"{type(exc).__name__}: {exc}") from None
-    except Exception as exc:
-        if type(exc).__module__.startswith(("httpx", "httpcore")):
-            raise HubUnreachable(f"{type(exc).__name__}: {exc}") from None
-        raise
-    if not info.sha:
-        raise HubUnreachable(f"{_endpoint()} did not say which commit {ref.revision} is (not a Hub endpoint?)")
-    card = info.card_data.to_dict() if info.card_data is not None else {}
-    return info.sha, [s.rfilename for s in info.siblings or []], card
-
-
-def _gated(ref: Ref) -> str:
-    return (
-        f"{ref.repo} is gated: accept its terms at {_endpoint()}/datasets/{ref.repo} and log in "
-        "(`hf auth login`, or HF_TOKEN); the token is never written anywhere by evalpipe"
-    )
+        raise HubUnreachable(f"the Hub answered HTTP {status}" + (f" while sending {file}" if file else "")) from None
+    except Exception as exc:  # connection refused, DNS, TLS, timeouts: OSErrors, or its transport's (httpx) own
+        if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("httpx", "httpcore")):
+            raise
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise HubUnreachable(f"the download of {file} broke off ({why})" if file else why) from None
 
 
 def _file_for(ref: Ref, listing: list[str], card: dict) -> str:
@@ -329,42 +296,9 @@ def split_files(split: str, listing: list[str], card: dict | None = None) -> lis
     return sorted(exact or [f for f in data if set(words) & set(_SEPARATORS.split(f))])
 
 
-def _download(ref: Ref, file: str, commit: str) -> Path:
-    """The file at `commit` in huggingface_hub's cache (its own retries resume a broken connection)."""
-    hub = _hub()
-    from huggingface_hub import errors
-
-    try:
-        cached = hub.hf_hub_download(
-            ref.repo,
-            file,
-            repo_type="dataset",
-            revision=commit,
-            cache_dir=_cache_dir(),
-            endpoint=_endpoint(),
-        )
-    except errors.GatedRepoError:
-        raise BadInput(_gated(ref)) from None
-    except errors.RemoteEntryNotFoundError:
-        raise BadInput(f"{ref.repo}@{commit[:12]} lists {file} but the Hub has no such file (HTTP 404)") from None
-    except errors.LocalEntryNotFoundError as exc:  # huggingface_hub's word for "could not reach the Hub"
-        raise HubUnreachable(f"{exc.__cause__ or exc}".splitlines()[0]) from None
-    except errors.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        raise HubUnreachable(f"the Hub answered HTTP {status} while sending {file}") from None
-    except OSError as exc:
-        raise HubUnreachable(f"the download of {file} broke off ({str(exc).splitlines()[0]})") from None
-    except Exception as exc:
-        if type(exc).__module__.startswith(("httpx", "httpcore")):
-            raise HubUnreachable(f"the download of {file} broke off ({type(exc).__name__}: {exc})") from None
-        raise
-    _verify(Path(cached), file)
-    return Path(cached)
-
-
 def _verify(cached: Path, file: str) -> None:
-    """The bytes against the Hub's own id of them: the blob is named by its ETag, the sha256 of an LFS
-    file or the git blob id of a small one."""
+    """The bytes against the Hub's own id of them (huggingface_hub checks only the size): the blob is named by
+    its ETag, the sha256 of an LFS file or the git blob id of a small one."""
     name = Path(os.path.realpath(cached)).name
     if re.fullmatch(r"[0-9a-f]{64}", name):
         actual, what = manifest.sha256_file(cached), "sha256"
@@ -378,30 +312,22 @@ def _verify(cached: Path, file: str) -> None:
         raise HubUnreachable(f"{file} arrived corrupted ({what} {actual[:12]}…, the Hub says {name[:12]}…)")
 
 
-def _copy_into_place(source: Path, target: Path) -> tuple[int, str]:
-    """Write `source`'s bytes to `target` atomically (a temp file beside it, then a rename); return the
-    size and sha256."""
-    data = source.read_bytes()
-    jsonl.atomic_write(target, data)
-    return len(data), hashlib.sha256(data).hexdigest()
-
-
 def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnreachable) -> Path:
-    """No answer from the Hub: a locked file that still matches is used (a moved branch cannot be seen);
-    else a file placed by hand where it belongs; else one line saying what to download and where to put it."""
+    """No answer from the Hub: a locked file that still matches is used (a moved branch cannot be seen); else a
+    file placed by hand where it belongs; else one line saying what to download and where to put it."""
     if known is not None and _matches(folder / known, files[known]):
-        entry = files[known]
         print(
             f"hub: warning: cannot reach the Hub ({why}); using {folder / known}, locked at commit "
-            f"{entry['commit'][:12]} (whether {ref.revision} moved since cannot be checked)",
+            f"{files[known]['commit'][:12]} (whether {ref.revision} moved since cannot be checked)",
             file=sys.stderr,
         )
         return folder / known
+    placed, changed = [], ""
     if known is not None:  # locked, but the copy here was changed or removed: never used unchecked
-        placed, changed = [], f" (the copy at {folder / known} no longer matches {LOCK_NAME})"
-    else:
-        placed, changed = [folder / ref.target] if (folder / ref.target).is_file() else [], ""
-    if not placed and known is None and folder.is_dir():
+        changed = f" (the copy at {folder / known} no longer matches {LOCK_NAME})"
+    elif (folder / ref.target).is_file():
+        placed = [folder / ref.target]
+    elif folder.is_dir():
         local = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != LOCK_NAME]
         placed = [folder / f for f in split_files(ref.target, local)]
     if len(placed) == 1:
@@ -412,11 +338,12 @@ def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnr
         )
         return placed[0]
     if "." in Path(ref.target).name:
-        url = f"{_endpoint()}/datasets/{ref.repo}/resolve/{urllib.parse.quote(ref.revision, safe='')}/{ref.target}"
+        url = f"{_endpoint()}/datasets/{ref.repo}/resolve/{_quoted(ref.revision)}/{ref.target}"
         where = f"download {url} and put it at {folder / ref.target}"
     else:
+        page = f"{_endpoint()}/datasets/{ref.repo}/tree/{_quoted(ref.revision)}"
         where = (
-            f"download the {ref.target} split's file from {_page(ref)} and put it under {folder}/ "
+            f"download the {ref.target} split's file from {page} and put it under {folder}/ "
             f"(keeping its name, which says {ref.target})"
         )
     raise HubUnreachable(f"cannot reach the Hugging Face Hub to fetch {ref} ({why}){changed}: {where}, then run again")
@@ -455,9 +382,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--revision", help="revision (commit, branch or tag) instead of the pinned one")
     args = parser.parse_args(argv)
-    wanted = args.what or [*SOURCES, *ELSEWHERE]
     refs: list[Ref] = []
-    for word in wanted:
+    for word in args.what or [*SOURCES, *ELSEWHERE]:
         if word.startswith(SCHEME):
             refs.append(parse_ref(word))
         elif word in SOURCES:
@@ -473,16 +399,10 @@ def main(argv: list[str]) -> int:
         raise BadInput("--revision names a revision of one repo: give one benchmark with it (BENCH=...)")
     for ref in refs:
         path = fetch(ref)
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         note = " (reading Parquet needs pyarrow: .venv/bin/pip install pyarrow)" if path.suffix == ".parquet" else ""
-        print(f"{ref} → {_shown(path)}{note}")
+        print(f"{ref} → {shown}{note}")
     return 0
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 if __name__ == "__main__":
