@@ -12,18 +12,6 @@ __version__ = "0.1.0"
 DEPENDENCIES = ("openai", "orjson", "tenacity", "tqdm")
 
 
-def _outside_environment_message(missing):
-    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    venv_python = _shown_path(os.path.join(project, ".venv", "bin", "python"))
-    activate = _shown_path(os.path.join(project, ".venv", "bin", "activate"))
-    name, command = _program()
-    return (
-        f"{name}: the pipeline's dependencies ({', '.join(missing)}) are not installed for {sys.executable}; "
-        f"run it with the project's environment: {' '.join([venv_python] + command)} ... (or `. {activate}`); "
-        "`make install` creates it"
-    )
-
-
 def _program():
     """The name to print and the arguments that start this program again (the script, or -m module)."""
     first = sys.argv[0] if sys.argv else ""
@@ -36,16 +24,21 @@ def _program():
     return os.path.basename(first), [first]
 
 
-def _shown_path(path):
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
-
-
 def _require_dependencies():
     missing = [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
-    if missing:
-        print(_outside_environment_message(missing), file=sys.stderr)
-        raise SystemExit(2)
+    if not missing:
+        return
+    venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv", "bin")
+    if not os.path.relpath(venv).startswith(".."):  # shown relative only below the current folder
+        venv = os.path.relpath(venv)
+    name, command = _program()
+    print(
+        f"{name}: the pipeline's dependencies ({', '.join(missing)}) are not installed for {sys.executable}; "
+        f"run it with the project's environment: {' '.join([os.path.join(venv, 'python')] + command)} ... "
+        f"(or `. {os.path.join(venv, 'activate')}`); `make install` creates it",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 
 _require_dependencies()

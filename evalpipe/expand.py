@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import benchmarks
 from .datasets import hub
-from .errors import BadInput, StageError
+from .errors import BadInput, run_stage
 from .store import jsonl
 
 
@@ -31,28 +31,19 @@ def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) 
     return written
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY))
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--input", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
-    try:
-        args = parser.parse_args(hub.resolve_argv(sys.argv[1:]))  # --data/--input may be hf://...
-    except StageError as exc:
-        print(f"expand: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    args = parser.parse_args(hub.resolve_argv(argv))  # --data/--input may be hf://...
     if args.output.exists():
-        print(f"expand: error: {args.output} exists; choose a new file", file=sys.stderr)
-        return 2
-    try:
-        n = expand(benchmarks.get(args.bench), args.data, args.input, args.output)
-    except BadInput as exc:
-        print(f"expand: error: {exc}", file=sys.stderr)
-        return 2
+        raise BadInput(f"{args.output} exists; choose a new file")
+    n = expand(benchmarks.get(args.bench), args.data, args.input, args.output)
     print(f"expand: wrote {n} rows to {args.output}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("expand", main))

@@ -195,7 +195,7 @@ class Benchmark:
         raise NotImplementedError
 
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
-        """How a task is solved: make its inference row (rows.InferRow), calling `model`.
+        """How a task is solved: make its inference row (docs/outputs.md#rows), calling `model`.
 
         Called by infer once per pending task, concurrently with others. Raises llm.CallFailed
         (from `model`) to leave the task pending; a context-length failure is final and becomes a
@@ -205,7 +205,7 @@ class Benchmark:
         raise NotImplementedError
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
-        """How a solution is graded: make the judge row (rows.JudgeRow) for one inference row.
+        """How a solution is graded: make the judge row (docs/outputs.md#rows) for one inference row.
 
         Called by judge once per inference row not yet judged. `judge` is the judge model when
         `judge_uses_llm`, else None (a rule). The row keeps the inference keys and adds `score`
@@ -356,7 +356,7 @@ class ErrorAnalysis:
         raise NotImplementedError
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        """Make the analysis row (rows.AnalysisRow) for one failed solution, calling `judge`."""
+        """Make the analysis row (docs/outputs.md#rows) for one failed solution, calling `judge`."""
         raise NotImplementedError
 
     def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:

@@ -1,9 +1,5 @@
-"""Paid-for intermediate results of tasks that need several calls, kept beside the output.
-
-A task such as an error-recovery variation makes a reasoning call and then an extraction call.
-Each finished call is appended to `<output>.steps.jsonl` at once, so a rerun after a crash or a
-failed second call repeats only the calls that never finished.
-"""
+"""Paid-for calls of tasks that need several (Error Recovery: reasoning, then extraction), appended to
+`<output>.steps.jsonl` as each finishes, so that a rerun repeats only the calls that never finished."""
 
 from pathlib import Path
 
@@ -20,7 +16,7 @@ class StepCache:
         self.path = self.path_for(output)
         self.record = record
         if record:
-            jsonl.repair_tail(self.path)
+            jsonl.repair_tail(self.path)  # also refuses a link there before it is read
         self._done: dict[tuple, dict] = {}
         if self.path.exists():
             for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):
@@ -32,12 +28,10 @@ class StepCache:
 
     def put(self, task_id, step: str, value: dict) -> dict:
         row = {"idx": task_id, "step": step, **value}
-        if not self.record:
-            self._done[(task_id, step)] = row
-            return row
-        if self._out is None:
-            self._out = jsonl.Appender(self.path)
-        self._out.append(row)
+        if self.record:
+            if self._out is None:
+                self._out = jsonl.Appender(self.path)
+            self._out.append(row)
         self._done[(task_id, step)] = row
         return row
 

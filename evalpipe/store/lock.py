@@ -14,16 +14,12 @@ from . import jsonl, shards
 
 @contextmanager
 def exclusive(output: str | os.PathLike):
-    """Hold `<output>.lock` for the duration; raise Locked at once if another run holds it.
+    """Hold `<output>.lock` for the duration (raise Locked at once if another run holds it), then add to the output
+    the rows an earlier run could not write (jsonl.rescue_path), so that what follows sees them as done.
 
     A shard's output (shards.py) also holds its run file's lock shared: shards of a run write side by side,
-    but never beside an uncut run on the same run file, which would do their tasks too.
-
-    Holding it, first add to the output the rows an earlier run could not write (jsonl.rescue_path),
-    so that what follows sees them as done.
-
-    The lock file is left in place on exit: removing it would let two runs lock two
-    different files of the same name.
+    but never beside an uncut run on the same run file, which would do their tasks too. The lock file is left
+    in place on exit: removing it would let two runs lock two different files of the same name.
     """
     lock_path = Path(f"{output}.lock")
     whole = shards.whole(Path(output))
@@ -67,8 +63,7 @@ NO_LOCKS_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
 def _take(fd: int, kind: int, output: str | os.PathLike, by: Callable[[], str]) -> None:
-    """flock `fd` at once, or raise Locked naming the holder (`by()`, asked only then: it may list the folder)
-    and its pid (what the lock file says); LocksUnsupported where the file system has no locks."""
+    """flock `fd` at once, or raise Locked naming the holder (`by()`, asked only then: it may list the folder)."""
     try:
         fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:

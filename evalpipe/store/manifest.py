@@ -1,9 +1,5 @@
-"""What made an output: written beside it as `<output>.manifest.json`.
-
-A stage writes the manifest when it starts (what it runs with) and again when it ends (when,
-and how many rows). Each invocation on the same output is kept in `history`, so a run that was
-resumed five times says so.
-"""
+"""What made an output: `<output>.manifest.json`, written when a stage starts (what it runs with) and again when it
+ends (when, how many rows); `history` keeps each invocation on the output, so a run resumed five times says so."""
 
 import functools
 import hashlib
@@ -28,11 +24,8 @@ def path_for(output: Path) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with jsonl.open_input(path, buffering=0) as f:  # no pipe or device: it would block or never end
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_texts(texts: Iterable[str]) -> str:
@@ -46,21 +39,12 @@ def sha256_texts(texts: Iterable[str]) -> str:
 @functools.cache
 def git_commit() -> str | None:
     """The project's commit, with `-dirty` when tracked files differ from it; None outside git."""
+    describe = ["git", "-C", str(PROJECT), "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"]
     try:
-        head = subprocess.run(
-            ["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        done = subprocess.run(describe, capture_output=True, text=True, timeout=5)  # --exclude: no tag names
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _now() -> str:
@@ -132,11 +116,11 @@ class Record:
         self._write()
 
     def finish(self, **counts) -> None:
-        """Record the end; a `learned` count (e.g. the judge's response_format per endpoint) is kept at the
-        top level instead, merged into what earlier runs learned, for the next run to start from."""
-        learned = counts.pop("learned", None)
-        if learned:
-            self.info["learned"] = {**(self.info.get("learned") or {}), **learned}
+        """Record the end; a `learned` count ({what: {endpoint: value}}, e.g. the judge's response_format) is kept
+        at the top level instead, merged per endpoint into what earlier runs learned, for the next run to start from."""
+        for what, value in (counts.pop("learned", None) or {}).items():
+            earlier = self.info.setdefault("learned", {}).get(what)
+            self.info["learned"][what] = {**(earlier if isinstance(earlier, dict) else {}), **value}
         pending = counts.get("pending", 0)
         added = counts.get("written", 0) or pending - counts.get("still_pending", pending)
         if self.new_fingerprint is not None and added:
@@ -189,10 +173,9 @@ OPERATIONAL = {
 
 
 def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
-    """What makes the rows what they are: `inputs` (content hashes of the dataset and the prompt
-    templates) and every flag that shapes a request (model, generation parameters, benchmark
-    options). Endpoint, concurrency and retry settings, and the --max-samples prefix (resuming a
-    longer prefix is the same run), are left out, as are the `ignore`d flags."""
+    """What makes the rows what they are: `inputs` (content hashes of the dataset and the prompt templates) and
+    every flag but the OPERATIONAL and `ignore`d ones (the --max-samples prefix among them: resuming a longer
+    prefix is the same run)."""
     skip = OPERATIONAL | set(ignore)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in skip}
     if flags.get("max_tokens") is None:

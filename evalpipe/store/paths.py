@@ -20,8 +20,7 @@ MAX_DIR_NAME = 200  # bytes of a model's folder name: file systems take 255, the
 
 
 def model_dir_name(model: str, label: str | None = None) -> str:
-    """The folder (and leaderboard row) of a model, or of a labelled variant of it: `<model>@<label>`.
-    Raises BadInput when that name is too long for a folder."""
+    """The folder (and leaderboard row) of a model, or of a labelled variant of it: `<model>@<label>`."""
     name = slug(model) + (f"@{slug(label)}" if label else "")
     if len(name.encode()) > MAX_DIR_NAME:
         what = "--model and --label (MODEL, LABEL)" if label else "--model (MODEL)"
@@ -61,20 +60,15 @@ def bench_dir(root: Path, bench: str) -> Path:
 
 # A second opinion's judge file: judge-<label>.jsonl beside judge.jsonl (judge.py --judge-label).
 JUDGE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
-_LABELLED_JUDGE = re.compile(r"judge-([A-Za-z0-9][A-Za-z0-9.-]*)\.jsonl")
+_LABELLED_JUDGE = re.compile(rf"judge-({JUDGE_LABEL.pattern})\.jsonl")
 
 
 def judge_file_name(label: str | None = None) -> str:
-    """judge.jsonl, or judge-<label>.jsonl for a labelled second opinion."""
     return f"judge-{label}.jsonl" if label else "judge.jsonl"
 
 
 def labelled_judge_files(folder: Path) -> dict[str, Path]:
-    """The labelled judge files in a run folder, by label (judge-<label>.jsonl, also where only its shard files
-    are there; not their analyses)."""
-    found = {}
-    for path in sorted({shards.whole(path) for path in folder.glob("judge-*.jsonl")}):
-        match = _LABELLED_JUDGE.fullmatch(path.name)
-        if match:
-            found[match.group(1)] = path
-    return found
+    """The labelled judge files in a run folder, by label (also where only their shard files are; not their
+    analyses)."""
+    wholes = sorted({shards.whole(path) for path in folder.glob("judge-*.jsonl")})
+    return {m.group(1): path for path in wholes if (m := _LABELLED_JUDGE.fullmatch(path.name))}

@@ -1,69 +1,11 @@
-"""The shapes of what the stages pass along: rows (plain dicts on disk) and what score reports.
-
-These are type descriptions only: a `TypedDict` is a plain dict at run time, so rows are read
-and written with orjson as before. `total=False` keys may be absent. Rows keep upstream
-CL-bench's keys first (SPEC.md §1.2); each benchmark adds keys of its own after them.
-"""
+"""What the stages pass along beside the rows themselves (docs/outputs.md#rows): a row's task id, the status of
+an answer that ran out of tokens while thinking, score's coverage and the API calls a row records."""
 
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
 # An inference row's `status` when a call ran out of its token budget while thinking: no final answer (scored 0,
 # as an empty answer), counted apart by score and aggregate.
 THINKING_TRUNCATED = "thinking_truncated"
-
-
-class Usage(TypedDict, total=False):
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cached_tokens: int
-
-
-class InferRow(TypedDict, total=False):
-    """One line of infer.jsonl: a task's answer, or why there is none."""
-
-    idx: Any  # the task id
-    messages: list[dict]  # the conversation sent (left out with --slim)
-    model_output: str
-    rubrics: list  # CL-bench
-    metadata: dict
-    model: str
-    status: str  # "ok", "context_length" or THINKING_TRUNCATED
-    error: str
-    finish_reason: str | None
-    usage: Usage | None
-    latency_s: float | None
-    calls: dict[str, dict]  # several calls per task (Error Recovery): each one's usage and latency
-    batch: bool  # answered through a batch
-    thinking: str  # a reasoning model's thinking, apart from model_output (the final answer); "" when none
-
-
-class JudgeRow(InferRow, total=False):
-    """One line of judge.jsonl: the inference row plus its grade."""
-
-    score: int  # 0 or 1
-    judge_status: str  # "ok", or why the score is a conservative 0 (each benchmark lists its own)
-    grading_rationale: str  # CL-bench (upstream's judge keys)
-    requirement_status: list
-    judge_model: str
-    judge_usage: Usage | None
-    judge_latency_s: float | None
-    judge_attempts: int
-    judge_batch: bool
-
-
-class AnalysisRow(TypedDict, total=False):
-    """One line of error_analysis.jsonl (CL-bench): why a failed solution failed."""
-
-    idx: Any
-    error_types: list[str]
-    error_reason: str
-    analysis_status: str
-    analysis_model: str
-    analysis_usage: Usage | None
-    analysis_latency_s: float | None
-    analysis_attempts: int
-    analysis_batch: bool
 
 
 class Coverage(TypedDict):
@@ -92,7 +34,7 @@ class ApiCall(NamedTuple):
 
     stage: str  # "infer", "judge" or "error_analysis"
     model: str | None
-    usage: dict | None  # a Usage
+    usage: dict | None  # prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens
     latency_s: float | None
     calls: int  # attempts it took
     via_batch: bool
