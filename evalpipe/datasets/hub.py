@@ -1,12 +1,6 @@
-"""Real datasets from the Hugging Face Hub, fetched once into data/hf/ and locked by commit and sha256
-(docs/usage.md#real-datasets-make-data-and-hf-inputs).
-
-    python -m evalpipe.datasets.hub                          # every benchmark's published data (make data)
-    python -m evalpipe.datasets.hub clbench --revision REV   # one benchmark, another revision
-    python -m evalpipe.datasets.hub hf://owner/name@REV/FILE-OR-SPLIT
-
-Downloads go through the optional `huggingface_hub` (requirements-data.txt); reading a fetched file does not.
-"""
+"""Real datasets from the Hugging Face Hub (`make data`, `hf://` inputs), fetched once into data/hf/ and locked by
+commit and sha256 (docs/usage.md#real-datasets-make-data-and-hf-inputs). Downloading needs the optional
+huggingface_hub (requirements-data.txt); reading a fetched file does not."""
 
 import argparse
 import hashlib
@@ -212,7 +206,6 @@ def _quoted(revision: str) -> str:
 
 
 def _hub():
-    """huggingface_hub, or a one-line error saying how to install it."""
     try:
         import huggingface_hub
     except ImportError:
@@ -299,12 +292,13 @@ def split_files(split: str, listing: list[str], card: dict | None = None) -> lis
 def _verify(cached: Path, file: str) -> None:
     """The bytes against the Hub's own id of them (huggingface_hub checks only the size): the blob is named by
     its ETag, the sha256 of an LFS file or the git blob id of a small one."""
+    from huggingface_hub.utils.sha import git_hash
+
     name = Path(os.path.realpath(cached)).name
     if re.fullmatch(r"[0-9a-f]{64}", name):
         actual, what = manifest.sha256_file(cached), "sha256"
     elif re.fullmatch(r"[0-9a-f]{40}", name):
-        data = cached.read_bytes()
-        actual, what = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest(), "git blob id"
+        actual, what = git_hash(cached.read_bytes()), "git blob id"
     else:
         return  # a copy without its blob name (no symlinks): huggingface_hub checked the size
     if actual != name:
@@ -315,15 +309,11 @@ def _verify(cached: Path, file: str) -> None:
 def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnreachable) -> Path:
     """No answer from the Hub: a locked file that still matches is used (a moved branch cannot be seen); else a
     file placed by hand where it belongs; else one line saying what to download and where to put it."""
+    placed, changed, how = [], "", ""
     if known is not None and _matches(folder / known, files[known]):
-        print(
-            f"hub: warning: cannot reach the Hub ({why}); using {folder / known}, locked at commit "
-            f"{files[known]['commit'][:12]} (whether {ref.revision} moved since cannot be checked)",
-            file=sys.stderr,
-        )
-        return folder / known
-    placed, changed = [], ""
-    if known is not None:  # locked, but the copy here was changed or removed: never used unchecked
+        placed = [folder / known]
+        how = f", locked at commit {files[known]['commit'][:12]} (whether {ref.revision} moved since cannot be checked)"
+    elif known is not None:  # locked, but the copy here was changed or removed: never used unchecked
         changed = f" (the copy at {folder / known} no longer matches {LOCK_NAME})"
     elif (folder / ref.target).is_file():
         placed = [folder / ref.target]
@@ -331,11 +321,10 @@ def _offline(ref: Ref, folder: Path, files: dict, known: str | None, why: HubUnr
         local = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != LOCK_NAME]
         placed = [folder / f for f in split_files(ref.target, local)]
     if len(placed) == 1:
-        print(
-            f"hub: warning: cannot reach the Hub ({why}); using {placed[0]} as placed by hand "
-            f"(sha256 {manifest.sha256_file(placed[0])}, not checked against the Hub, not locked)",
-            file=sys.stderr,
-        )
+        if not how:
+            sha256 = manifest.sha256_file(placed[0])
+            how = f" as placed by hand (sha256 {sha256}, not checked against the Hub, not locked)"
+        print(f"hub: warning: cannot reach the Hub ({why}); using {placed[0]}{how}", file=sys.stderr)
         return placed[0]
     if "." in Path(ref.target).name:
         url = f"{_endpoint()}/datasets/{ref.repo}/resolve/{_quoted(ref.revision)}/{ref.target}"
