@@ -11,13 +11,13 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
 
 import orjson
 
-from ..errors import EXIT_UNREACHABLE, BadInput, StageError
+from ..errors import EXIT_UNREACHABLE, BadInput, StageError, run_stage
 from ..store import jsonl, manifest
 from ..store.paths import PROJECT
 
@@ -30,19 +30,23 @@ CLBENCH_REVISION = "6f5df61d91c8f0e861b031f84cc1cb5bfbe4c20e"
 
 
 @dataclass(frozen=True)
-class Source:
-    """Where a benchmark's real data is published: a dataset repo, a revision, and its files or splits."""
+class Ref:
+    """hf://<repo>[@<revision>]/<target>: a file path in a dataset repo, or a split name."""
 
     repo: str
     revision: str
-    targets: tuple[str, ...]
+    target: str
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.repo}@{_quoted(self.revision)}/{self.target}"
 
 
-SOURCES: dict[str, Source] = {
-    "clbench": Source("tencent/CL-bench", CLBENCH_REVISION, ("CL-bench.jsonl",)),
+# Where each benchmark's real data is published: its files or splits in a dataset repo, at a revision.
+SOURCES: dict[str, list[Ref]] = {
+    "clbench": [Ref("tencent/CL-bench", CLBENCH_REVISION, "CL-bench.jsonl")],
     # No commit of this repo could be read from here: `main` is asked once, and the lock pins the
     # commit it resolved to (docs/benchmarks.md#coinflip).
-    "coin_flip": Source("extraordinarylab/coin-flip", "main", ("test", "validation")),
+    "coin_flip": [Ref("extraordinarylab/coin-flip", "main", split) for split in ("test", "validation")],
 }
 # Benchmarks whose real data is elsewhere: what to do instead.
 ELSEWHERE = {
@@ -70,18 +74,6 @@ class HubUnreachable(StageError):
     exit_code = EXIT_UNREACHABLE
 
 
-@dataclass(frozen=True)
-class Ref:
-    """hf://<repo>[@<revision>]/<target>: a file path in a dataset repo, or a split name."""
-
-    repo: str
-    revision: str
-    target: str
-
-    def __str__(self) -> str:
-        return f"{SCHEME}{self.repo}@{_quoted(self.revision)}/{self.target}"
-
-
 def parse_ref(text: str) -> Ref:
     """The Ref of `hf://owner/name[@revision]/file-or-split` (a revision with `/` is written %2F; none: the
     benchmark's pinned one, else `main`)."""
@@ -94,7 +86,7 @@ def parse_ref(text: str) -> Ref:
     if not all(_NAME.fullmatch(part) for part in (owner, name)) or ".." in target.split("/"):
         raise BadInput(f"{text}: not a dataset repo and file of the Hub (owner/name, letters, digits, -_.)")
     repo = f"{owner}/{name}"
-    pinned = next((s.revision for s in SOURCES.values() if s.repo == repo), "main")
+    pinned = next((r.revision for refs in SOURCES.values() for r in refs if r.repo == repo), "main")
     return Ref(repo, urllib.parse.unquote(revision) if revision else pinned, target.strip("/"))
 
 
@@ -376,8 +368,7 @@ def main(argv: list[str]) -> int:
         if word.startswith(SCHEME):
             refs.append(parse_ref(word))
         elif word in SOURCES:
-            src = SOURCES[word]
-            refs += [Ref(src.repo, args.revision or src.revision, t) for t in src.targets]
+            refs += [replace(r, revision=args.revision or r.revision) for r in SOURCES[word]]
         elif word in ELSEWHERE:
             print(f"hub: {word}: {ELSEWHERE[word]}", file=sys.stderr)
             if args.what:
@@ -395,6 +386,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from ..errors import run_stage
-
     sys.exit(run_stage("hub", main))
