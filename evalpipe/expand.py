@@ -1,10 +1,6 @@
-"""Join the `messages` of slim rows (infer.py --slim) back from the dataset, for upstream tools.
-
-    python -m evalpipe.expand --data CL-bench.jsonl --input infer.jsonl --output infer-full.jsonl
-
-Works for benchmarks whose messages are the dataset's own (CL-bench); rows keep their key order
-with `messages` back in second place.
-"""
+"""`python -m evalpipe.expand --data CL-bench.jsonl --input infer.jsonl --output infer-full.jsonl`: the `messages`
+of slim rows (infer.py --slim) joined back from the dataset, for upstream tools, in their second place. For
+benchmarks whose messages are the dataset's own (CL-bench)."""
 
 import argparse
 import sys
@@ -32,7 +28,7 @@ def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="Join the messages of slim rows back from the dataset.")
     parser.add_argument("--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY))
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--input", type=Path, required=True)
