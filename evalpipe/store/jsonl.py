@@ -13,7 +13,6 @@ A run's file may be cut into shard files (shards.py): `run_rows`, `run_row_chunk
 
 import hashlib
 import os
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +24,7 @@ import orjson
 
 from ..errors import BadInput, OutputUnwritable, as_unwritable, writing
 from . import shards
+from .paths import not_a_file, open_output, refuse_unsafe_output
 
 BOM = b"\xef\xbb\xbf"
 
@@ -43,20 +43,6 @@ def _describe_json_error(exc: Exception, raw: bytes) -> str:
     return f"invalid JSON ({exc})"
 
 
-_KINDS = {
-    stat.S_IFDIR: "a folder",
-    stat.S_IFIFO: "a named pipe (FIFO)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-}
-
-
-def _not_a_file(mode: int) -> str | None:
-    """What a file of this mode is when it is no regular file (None: a regular file)."""
-    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-
-
 def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
     """Open a file to read it, refusing (BadInput naming it) what is no regular file: a pipe blocks until a writer
     comes and a device such as /dev/zero never ends, where every reader here reads its file to the end, some
@@ -66,7 +52,7 @@ def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
     except OSError as exc:
         raise BadInput(f"cannot read: {exc.strerror}", path) from None
     try:
-        kind = _not_a_file(os.fstat(fd).st_mode)
+        kind = not_a_file(os.fstat(fd).st_mode)
         if kind is not None:
             why = "" if kind == "a folder" else ": write what it gives to a file, and give that"
             raise BadInput(f"{kind}, not a regular file{why}", path)
@@ -80,25 +66,6 @@ def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
 def require_regular_file(path: str | os.PathLike) -> None:
     """BadInput naming `path` unless it is a regular file (or a link to one) that can be read (see `open_input`)."""
     open_input(path, buffering=0).close()
-
-
-def refuse_unsafe_output(path: str | os.PathLike) -> None:
-    """BadInput naming `path` when something other than a regular file is where an output file goes: a symbolic
-    link (on a shared folder it may point at anyone's file: we never write through one), a folder, a pipe or a
-    device. Nothing there: fine."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return  # absent (or unreadable: the write itself says so)
-    if stat.S_ISLNK(mode):
-        raise BadInput(
-            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes "
-            "through a link; put the file itself there, or remove the link",
-            path,
-        )
-    kind = _not_a_file(mode)
-    if kind is not None:
-        raise BadInput(f"{kind} where an output file goes: move it away, or choose another output", path)
 
 
 _CHUNK_BYTES = 1 << 16  # lines are parsed a chunk at a time: one call per chunk, not per line
@@ -261,12 +228,8 @@ class Appender:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        refuse_unsafe_output(self.path)
-        with writing(self.path):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            note = repair_tail(self.path)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # a link made meanwhile
-            self._fd = os.open(self.path, flags, 0o666)
+        note = repair_tail(self.path)
+        self._fd = open_output(self.path, os.O_WRONLY | os.O_APPEND)
         if note:
             print(f"{self.path}: {note}", file=sys.stderr)
         self._size = os.fstat(self._fd).st_size  # where the last whole row ends

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import Locked, LocksUnsupported, writing
-from . import jsonl, shards
+from . import jsonl, paths, shards
 
 
 @contextmanager
@@ -23,15 +23,15 @@ def exclusive(output: str | os.PathLike):
     """
     lock_path = Path(f"{output}.lock")
     whole = shards.whole(Path(output))
-    jsonl.refuse_unsafe_output(output)  # a link or a pipe there: refused before anything is read or written
-    fd = _open(lock_path)
+    paths.refuse_unsafe_output(output)  # a link or a pipe there: refused before anything is read or written
+    fd = paths.open_output(lock_path, os.O_RDWR)  # never through a link: the pid is written into it
     run_fd = None
     try:
         if whole == Path(output):
             _take(fd, fcntl.LOCK_EX, output, lambda: "another run" + (" or its shards" if shards.count(whole) else ""))
         else:
             _take(fd, fcntl.LOCK_EX, output, lambda: "another run")
-            run_fd = _open(Path(f"{whole}.lock"))
+            run_fd = paths.open_output(Path(f"{whole}.lock"), os.O_RDWR)
             _take(run_fd, fcntl.LOCK_SH, output, lambda: f"an uncut run on {whole.name}")
         with writing(lock_path):
             os.ftruncate(fd, 0)
@@ -48,14 +48,6 @@ def exclusive(output: str | os.PathLike):
         os.close(fd)
         if run_fd is not None:
             os.close(run_fd)
-
-
-def _open(lock_path: Path) -> int:
-    """The lock file, made if missing (never through a link: its pid is written into it)."""
-    jsonl.refuse_unsafe_output(lock_path)
-    with writing(lock_path):
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
 
 
 # flock's errors on a file system that has no locks (NFS mounted without lockd, some FUSE file systems)

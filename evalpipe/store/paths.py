@@ -1,9 +1,12 @@
-"""Where results live: outputs/<bench>/<model-slug>/run-<K>/{infer.jsonl,judge.jsonl,score.json}."""
+"""Where results live: outputs/<bench>/<model-slug>/run-<K>/{infer.jsonl,judge.jsonl,score.json}; and what may
+stand where an output goes."""
 
+import os
 import re
+import stat
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import BadInput, writing
 from . import shards
 
 DEFAULT_ROOT = Path("outputs")
@@ -72,3 +75,44 @@ def labelled_judge_files(folder: Path) -> dict[str, Path]:
     analyses)."""
     wholes = sorted({shards.whole(path) for path in folder.glob("judge-*.jsonl")})
     return {m.group(1): path for path in wholes if (m := _LABELLED_JUDGE.fullmatch(path.name))}
+
+
+_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def not_a_file(mode: int) -> str | None:
+    """What a file of this mode is when it is no regular file (None: a regular file)."""
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def refuse_unsafe_output(path: str | os.PathLike) -> None:
+    """BadInput naming `path` when something other than a regular file is where an output file goes: a symbolic
+    link (on a shared folder it may point at anyone's file: we never write through one), a folder, a pipe or a
+    device. Nothing there: fine."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # absent (or unreadable: the write itself says so)
+    if stat.S_ISLNK(mode):
+        raise BadInput(
+            f"a symbolic link (to {os.readlink(os.fspath(path))}) where an output file goes: evalpipe never writes "
+            "through a link; put the file itself there, or remove the link",
+            path,
+        )
+    kind = not_a_file(mode)
+    if kind is not None:
+        raise BadInput(f"{kind} where an output file goes: move it away, or choose another output", path)
+
+
+def open_output(path: Path, flags: int) -> int:
+    """An output file opened with `flags`, made if missing (and its folder), after `refuse_unsafe_output`."""
+    refuse_unsafe_output(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)  # nor a link made meanwhile
