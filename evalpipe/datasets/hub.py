@@ -95,9 +95,6 @@ def root() -> Path:
     return Path(os.environ.get("EVALPIPE_HUB_DIR") or PROJECT / "data" / "hf")
 
 
-# ---- the stages' --input hf://...
-
-
 def resolve_argv(argv: list[str]) -> list[str]:
     """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first
     when needed."""
@@ -122,9 +119,6 @@ def source_of(path: Path) -> str | None:
     repo, file = "/".join(parts[:2]), "/".join(parts[2:])
     entry = _read_lock(root().resolve().joinpath(*parts[:2])).get("files", {}).get(file)
     return f"{SCHEME}{repo}@{entry['commit']}/{file}" if entry and _matches(path, entry) else None
-
-
-# ---- fetching
 
 
 def fetch(ref: Ref) -> Path:
@@ -346,9 +340,6 @@ def _read_lock(folder: Path) -> dict:
 def _write_lock(folder: Path, repo: str, lock: dict) -> None:
     body = {"repo": repo, "repo_type": "dataset", "files": dict(sorted(lock.get("files", {}).items()))}
     jsonl.atomic_write(folder / LOCK_NAME, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
-
-
-# ---- the command line (make data)
 
 
 def main(argv: list[str]) -> int:

@@ -92,9 +92,8 @@ def not_a_file(mode: int) -> str | None:
 
 
 def refuse_unsafe_output(path: str | os.PathLike) -> None:
-    """BadInput naming `path` when something other than a regular file is where an output file goes: a symbolic
-    link (on a shared folder it may point at anyone's file: we never write through one), a folder, a pipe or a
-    device. Nothing there: fine."""
+    """BadInput naming `path` when a symbolic link (on a shared folder it may point at anyone's file: we never write
+    through one), a folder, a pipe or a device is where an output file goes; nothing there is fine."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
