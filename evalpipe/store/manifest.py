@@ -24,8 +24,11 @@ def path_for(output: Path) -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
     with jsonl.open_input(path, buffering=0) as f:  # no pipe or device: it would block or never end
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def sha256_texts(texts: Iterable[str]) -> str:
