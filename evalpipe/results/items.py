@@ -1,16 +1,9 @@
-"""Item-level uncertainty: how well each figure is known given the tasks drawn, and paired model comparisons.
+"""Item-level uncertainty: each figure a ratio of item means (a task averaged over the runs that graded it) with a
+delta-method standard error, clustered where the benchmark names a cluster; paired model comparisons.
+docs/statistics.md explains the methods.
 
-score writes one run's per-item values (`items.json`, a few columns per task); aggregate merges a
-model's runs into item means (each task averaged over the runs in which it was graded), then
-every figure becomes a ratio of item means with a delta-method standard error, clustered where
-the benchmark names a cluster (CL-bench: tasks sharing a context). docs/statistics.md explains
-the methods and how to read them.
-
-Items are counted, not listed: an item is its cluster, its group labels and its profile (every
-run's value of every column), and identical items are one entry with a weight. A million
-CoinFlip tasks over three runs are a few hundred distinct profiles, so every figure, comparison
-and projection costs one pass over the items to count them.
-"""
+Items are counted, not listed: identical items (cluster, group labels, every run's value of every column) are one
+entry with a weight, so a million CoinFlip tasks over three runs are a few hundred entries."""
 
 import math
 import random
@@ -103,12 +96,7 @@ def read(path: Path) -> tuple[str | None, ItemColumns]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f"not an items file of format {FORMAT}; run score again", path)
     try:
-        columns: ItemColumns = {
-            "keys": data["keys"],
-            "clusters": data["clusters"],
-            "groups": data["groups"],
-            "columns": data["columns"],
-        }
+        columns = cast(ItemColumns, {key: data[key] for key in ("keys", "clusters", "groups", "columns")})
     except KeyError as exc:
         raise BadInput(f"no {exc} in the items file; run score again", path) from None
     return data.get("cluster"), columns
@@ -284,12 +272,9 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
     }
     if ratio.value is None:
         return out
-    se, df = out["se_naive"], n - 1
-    if clusters is not None:
-        se, c = ratio.se_clustered()
-        out["n_clusters"], df = c, c - 1
-        if se is not None and out["se_naive"]:
-            out["design_effect"] = (se / out["se_naive"]) ** 2
+    se, out["n_clusters"], df = ratio.se_df()
+    if clusters is not None and se is not None and out["se_naive"]:
+        out["design_effect"] = (se / out["se_naive"]) ** 2
     out["se"] = se
     if se is not None:
         q, out["ci_method"] = _quantile(figure, clusters is not None, df)
@@ -428,11 +413,7 @@ def compare(
     if side1.value is None or side2.value is None:
         return None
     diff = stats.RatioEstimate([p - q for p, q in zip(side1.psi, side2.psi)], None, clusters, weights)
-    se, df = diff.se_naive(), n - 1
-    n_clusters = None
-    if clusters is not None:
-        se, n_clusters = diff.se_clustered()
-        df = n_clusters - 1
+    se, n_clusters, df = diff.se_df()
     # one cluster (a category whose tasks share one context) leaves no degrees of freedom: no interval, no p
     q, ci_method = _quantile(figure, clusters is not None, df) if df >= 1 else (0.0, None)
     out: dict[str, Any] = {
