@@ -108,8 +108,7 @@ Entry = tuple[Hashable, float, float, int, int]  # (cluster, a, b, runs that gra
 
 
 class ModelItems:
-    """A model's runs aligned by item key, each item coded by its profile (every run's value of
-    every column); figures read item means from the profiles."""
+    """A model's runs aligned by item key, each item coded by its profile (every run's value of every column)."""
 
     def __init__(self, runs: Sequence[ItemColumns], cluster: str | None):
         if not runs:
@@ -145,8 +144,8 @@ class ModelItems:
             raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
-        """Per profile code: (a, b, k), the item means of num and den over the k runs where both
-        were graded. An item graded in no run counts as 0 in a plain mean and adds nothing to a ratio."""
+        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k. An item graded
+        in no run counts as 0 in a plain mean and adds nothing to a ratio."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
@@ -300,8 +299,7 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
 
 
 def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
-    """From the spread between an item's runs (0/1 scores): the run-to-run std it predicts and
-    the minimum detectable difference with other numbers of runs per item."""
+    """From the spread within items (0/1 scores): the run-to-run std it predicts, the MDE with other runs per item."""
     graded = {e[3] for e in entries}
     if not graded or min(graded) < 2:
         return {}
@@ -445,8 +443,7 @@ def compare(
 
 
 def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, tuple[Counter, Counter]]:
-    """Items of both models counted by (model's cluster, model's group label, model's code, baseline's
-    code), and each model's items the other lacks, counted by (label, code)."""
+    """Items of both by (cluster, label, model's code, baseline's code); those one lacks by (label, code)."""
     labels = model.groups.get(by) if by else None
     clusters = model.clusters or repeat(None)
     if model.keys == baseline.keys:

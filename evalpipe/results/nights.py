@@ -1,6 +1,4 @@
-"""Night after night (the watch, docs/watch.md): a night's facts, two nights compared, the verdict (watch.json in
-the night's run folder) and the history page, made from the verdicts alone. Reads files and the figures the caller
-hands it, never a benchmark."""
+"""The watch's nights (docs/watch.md): facts, two nights compared, the verdict, the history page; never a benchmark."""
 
 import math
 import re
@@ -47,8 +45,7 @@ def headline_figure(figures: Sequence[items.ItemFigure]) -> items.ItemFigure:
 
 
 class Night:
-    """A complete night's files, read once: its items, its facts and each task's pass (1) or fail (0) in its judge
-    file (last row per task, as the viewer counts them)."""
+    """A complete night's files, read once: items, facts, each task's pass (1) or fail (0) as the viewer counts."""
 
     def __init__(self, folder: Path):
         path = paths.items_path(folder / "score.json")
@@ -75,9 +72,7 @@ def read_json(path: Path) -> dict:
 
 
 def facts(folder: Path) -> dict:
-    """What made a night's rows: the served models and fingerprints its rows record (score.json's `served`), the
-    judge, the dataset (the watch's dataset.json and infer's manifest), the settings (the fingerprints) and the
-    price table score used."""
+    """What made a night's rows: served models, judge, dataset, settings (the manifests' fingerprints), price table."""
     score = read_json(folder / "score.json")
     served = score.get("served") or {}
     infer = manifest.read_run(folder / "infer.jsonl") or {}
@@ -153,9 +148,7 @@ def _moved(result: dict, alpha: float) -> bool:
 
 
 def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, alpha: float) -> dict:
-    """Tonight (`after`) against an earlier complete night, paired task by task (items.compare, as aggregate's
-    comparisons): the headline with its interval and p, the other figures' biggest moves, the tasks that flipped,
-    and what else changed."""
+    """Tonight (`after`) against an earlier night, paired task by task: headline, biggest moves, flips, changes."""
     tonight, earlier = after.items, before.items
     head = headline_figure(figures)
     result = items.compare(tonight, earlier, head, head.name, None)
@@ -265,8 +258,7 @@ def summary_line(verdict: dict) -> str:
 
 
 def report(verdict: dict, link: str | None) -> str:
-    """The short report of a changed night (cron mails it): what moved, what else changed, the biggest moves of the
-    other figures, the tasks that flipped, and where to look."""
+    """The short report of a changed night (cron mails it)."""
     lines = [summary_line(verdict), ""]
     alpha = verdict["alpha"]
     for label, c in (("previous night", verdict["previous"]), ("baseline", verdict["baseline"])):
@@ -335,9 +327,8 @@ def verdicts(model_dir: Path) -> list[dict]:
 
 
 def noise(history: list[dict], alpha: float) -> dict | None:
-    """The run-to-run flip rate measured between consecutive nights that flagged nothing (all pairs when none is
-    quiet), and the smallest change in the pass rate it lets a night detect at 80% power at two-sided `alpha`:
-    (z(1 − alpha/2) + z(0.80)) · sqrt(flip rate / tasks), the paired difference of 0/1 scores (unclustered)."""
+    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the pass rate's change it lets
+    a night detect: the paired difference of 0/1 scores has variance flip rate / tasks."""
     pairs = [v["previous"] for v in history if v.get("previous")]
     quiet = [c for c in pairs if not c["flagged"]] or pairs
     flipped = sum(c["flips"]["to_fail"] + c["flips"]["to_pass"] for c in quiet)
@@ -390,8 +381,7 @@ def _csv_cells(row: dict) -> list:
 
 
 def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]:
-    """history.{json,csv,md} from the verdicts under model_dir (and with `plot` and matplotlib, history.png: make
-    report draws it, so that a night does not wait for matplotlib); the files written."""
+    """history.{json,csv,md} from the verdicts (history.png with `plot`: make report's, a night never waits for it)."""
     found = verdicts(model_dir)
     if not found:
         return []
@@ -468,8 +458,7 @@ def _plot(path: Path, title: str, rows: list[dict]) -> None:
 
 
 def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -> list[str]:
-    """report.md's sections for the watched models' history pages under the results roots, each page made again
-    with its plot (make report)."""
+    """report.md's sections for the watched models' history pages, each made again with its plot (make report)."""
     out = []
     for root, present in results:
         for bench in present:
@@ -494,9 +483,8 @@ def verdict(
     alpha: float,
     about: dict,
 ) -> dict:
-    """A complete night's verdict: tonight's headline, the comparisons, and its exit code (8 when the headline moved
-    beyond noise against the previous night or the baseline, or the served model, the judge or the dataset changed
-    since the previous night; else 0). `about`: benchmark, model, night, history (what the verdict names)."""
+    """A complete night's verdict; exit code 8 when the headline moved beyond noise against the previous night or the
+    baseline, or a flagging fact changed since the previous night. `about`: what the verdict names."""
     tonight = Night(folder)
     before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
     pinned = None

@@ -107,8 +107,7 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """mean ± t(n − 1) · s/√n over runs (None for one run): run-to-run variation on a fixed task set, not how the
-    tasks were drawn; not clipped to [0, 1]."""
+    """mean ± t(n − 1) · s/√n over runs: variation on a fixed task set, not how the tasks were drawn; not clipped."""
     if len(values) < 2:
         return None
     m, half = mean(values), t_quantile(0.975, len(values) - 1) * stderr(values)

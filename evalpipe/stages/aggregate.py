@@ -1,17 +1,10 @@
-"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars.
-
-Per figure of every model: the item-level estimate (each task averaged over the runs that graded
-it, then the mean over tasks, with a standard error clustered where tasks share a context and a
-95% interval), the paper's mean ± std over runs (reproducibility), the minimum detectable
-difference, and paired comparisons between every two models on the tasks both graded.
-
-Writes aggregate.{md,csv,json,tex}, aggregate_comparisons.csv (and PNG bar charts when
-matplotlib is installed) under outputs/<bench>/, and warns when runs are missing, incomplete, or
-were made under different configurations.
-"""
+"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars (results/items.py), the
+mean ± std over runs, and paired comparisons of every two models; aggregate.{md,csv,json,tex},
+aggregate_comparisons.csv and PNG bar charts under outputs/<bench>/, with warnings when runs do not line up."""
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -73,8 +66,7 @@ SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort")
 
 
 def settings(fingerprints: dict[int, dict]) -> dict:
-    """The generation settings of the model and of the judge, from the first run's manifests (runs that differ get
-    a warning of their own)."""
+    """The model's and the judge's generation settings in the first run (runs that differ get a warning)."""
     first = fingerprints[min(fingerprints)] if fingerprints else {}
     out = {}
     for stage, who in (("infer", "model"), ("judge", "judge")):
@@ -92,15 +84,12 @@ def settings(fingerprints: dict[int, dict]) -> dict:
 
 
 def served(runs: list[dict]) -> tuple[dict, bool]:
-    """The served models and fingerprints of a model's runs (score.json's `served`, summed), and whether its
-    runs were answered or judged by more than one model."""
-    total: dict[str, dict[str, int]] = {}
+    """score.json's `served` summed over a model's runs, and whether more than one model answered or judged."""
+    summed: dict[str, Counter] = {}
     for metrics in runs:
         for who, counts in (metrics.get("served") or {}).items():
-            bucket = total.setdefault(who, {})
-            for name, n in counts.items():
-                bucket[name] = bucket.get(name, 0) + n
-    total = {who: dict(sorted(counts.items())) for who, counts in sorted(total.items())}
+            summed.setdefault(who, Counter()).update(counts)
+    total = {who: dict(sorted(counts.items())) for who, counts in sorted(summed.items())}
     return total, any(len(total.get(who, {})) > 1 for who in ("model", "judge"))
 
 
@@ -143,8 +132,7 @@ def thinking(runs: list[dict], served_models: dict) -> dict | None:
 def collect(
     bench: Benchmark, root: Path, runs: int | None, models: list[str] | None
 ) -> tuple[list[dict], list[str], list[str]]:
-    """Per model: its metrics, items and fingerprints per run. Also warnings about runs that do not
-    line up, and notes about what the item-level figures leave out."""
+    """Per model its runs' metrics, items and fingerprints; warnings about runs that do not line up; notes."""
     warnings: list[str] = []
     notes: list[str] = []
     found = []
@@ -245,14 +233,9 @@ def _judge_config(entry: dict) -> dict | None:
 
 def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
     """Run-to-run figures: mean and std over runs (the papers' table), and the t-interval over runs."""
-    per_figure: dict[str, list[float]] = {}
-    for values in per_run_values:
-        for name, value in values.items():
-            per_figure.setdefault(name, [])
-            if value is not None:
-                per_figure[name].append(value)
     figures = {}
-    for name, series in per_figure.items():
+    for name in dict.fromkeys(name for values in per_run_values for name in values):
+        series = [values[name] for values in per_run_values if values.get(name) is not None]
         if not series:
             continue
         interval = stats.ci95(series)
@@ -320,8 +303,7 @@ def _sort_value(figure: dict) -> float | None:
 
 
 def _attach_agreement(bench: Benchmark, models: list[dict], base: Path) -> None:
-    """Each model with second opinions (judge-<label>.jsonl beside a run's judge.jsonl): its judge agreement,
-    pooled over the runs used (the ranking stays judge.jsonl's)."""
+    """Each model's judge agreement with its second opinions (judge-<label>.jsonl), pooled over the runs used."""
     for model in models:
         section = agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]])
         if section is not None:
@@ -339,19 +321,12 @@ def compare_models(
             mine, theirs = by_name[first["model"]], by_name[second["model"]]
             if mine is None or theirs is None:
                 continue
+            pair = {"model": first["model"], "baseline": second["model"]}
             for figure in bench.figures:
                 for name, _ in mine.subsets(figure):
                     result = items.compare(mine, theirs, figure, name, boot)
                     if result is not None:
-                        out.append(
-                            {
-                                "model": first["model"],
-                                "baseline": second["model"],
-                                "table": figure.table,
-                                "figure": name,
-                            }
-                            | result
-                        )
+                        out.append({**pair, "table": figure.table, "figure": name, **result})
     return out
 
 
