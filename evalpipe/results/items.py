@@ -338,11 +338,12 @@ def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
     return nums, dens
 
 
+@dataclass(frozen=True)
 class Bootstrap:
     """Percentile intervals from resampling whole clusters (or items), each with all its runs."""
 
-    def __init__(self, replicates: int, seed: int):
-        self.replicates, self.seed = replicates, seed
+    replicates: int
+    seed: int
 
     def interval(self, sides: list[Units], label: str, clustered: bool) -> dict:
         """Bootstrap the ratio Σa/Σb of one side, or the difference of two sides' ratios on the same draws."""
@@ -384,22 +385,21 @@ def compare(
         if label is None:
             return None
     mine, theirs = model.values(figure.num, figure.den), baseline.values(figure.num, figure.den)
-    joint, left_out = _joint_counts(model, baseline, figure.by)
+    joint, only_theirs = _joint_counts(model, baseline, figure.by)
     entries = []  # (cluster, a1, b1, a2, b2, count) for items both graded
     dropped = 0
     for (cluster, item_label, code1, code2), count in joint.items():
         if figure.by is not None and item_label != label:
             continue
         a1, b1, k1 = mine[code1]
-        a2, b2, k2 = theirs[code2]
+        a2, b2, k2 = theirs[code2] if code2 is not None else (0.0, 0.0, 0)
         if k1 and k2:
             entries.append((cluster, a1, b1, a2, b2, count))
         elif k1 or k2:
             dropped += count
-    for side, values in ((0, mine), (1, theirs)):
-        for (item_label, code), count in left_out[side].items():
-            if (figure.by is None or item_label == label) and values[code][2]:
-                dropped += count
+    for (item_label, code), count in only_theirs.items():
+        if (figure.by is None or item_label == label) and theirs[code][2]:
+            dropped += count
     n = sum(e[5] for e in entries)
     if n < 2:
         return None
@@ -442,25 +442,17 @@ def compare(
     return out
 
 
-def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, tuple[Counter, Counter]]:
-    """Items of both by (cluster, label, model's code, baseline's code); those one lacks by (label, code)."""
+def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
+    """The model's items by (cluster, label, code, the baseline's code or None where it lacks the item), and the
+    baseline's items the model lacks by (label, code)."""
+    theirs: Sequence[int | None] = baseline.codes
+    only_theirs: Counter = Counter()
+    if model.keys != baseline.keys:
+        position = {key: j for j, key in enumerate(baseline.keys)}
+        theirs = [baseline.codes[position[key]] if key in position else None for key in model.keys]
+        mine, their_labels = set(model.keys), baseline.groups.get(by) if by else None
+        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
+            if key not in mine:
+                only_theirs[their_labels[j] if their_labels else None, code] += 1
     labels = model.groups.get(by) if by else None
-    clusters = model.clusters or repeat(None)
-    if model.keys == baseline.keys:
-        joint = Counter(zip(clusters, labels or repeat(None), model.codes, baseline.codes))
-        return joint, (Counter(), Counter())
-    position = {key: j for j, key in enumerate(baseline.keys)}
-    pairs = [(i, position[key]) for i, key in enumerate(model.keys) if key in position]
-    cl = list(clusters) if model.clusters else [None] * len(model.keys)
-    lab = labels or [None] * len(model.keys)
-    joint = Counter((cl[i], lab[i], model.codes[i], baseline.codes[j]) for i, j in pairs)
-    matched_mine = {i for i, _ in pairs}
-    matched_theirs = {j for _, j in pairs}
-    their_labels = baseline.groups.get(by) if by else None
-    only_mine = Counter((lab[i], model.codes[i]) for i in range(len(model.keys)) if i not in matched_mine)
-    only_theirs = Counter(
-        (their_labels[j] if their_labels else None, baseline.codes[j])
-        for j in range(len(baseline.keys))
-        if j not in matched_theirs
-    )
-    return joint, (only_mine, only_theirs)
+    return Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, theirs)), only_theirs

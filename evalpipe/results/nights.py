@@ -114,9 +114,8 @@ def _shown(value: Any) -> str:
 
 
 def changes(before: dict, after: dict) -> list[dict]:
-    """What differs between two nights' facts, each with whether it flags the night. Served models and fingerprints
-    are compared as sets of names (row counts are shown, not compared); settings are listed key by key; the dataset
-    by what both nights recorded of it (sha256, source, revision)."""
+    """What differs between two nights' facts, each with whether it flags the night: served names as sets (counts are
+    shown, not compared), settings key by key, the dataset by what both nights recorded of it."""
     out = []
     for what in (*FLAGGING, *REPORTED):
         old, new = before.get(what), after.get(what)
@@ -160,14 +159,8 @@ def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, al
                 continue
             other = items.compare(tonight, earlier, figure, name, None)
             if other is not None:
-                moves.append(
-                    {
-                        "figure": name,
-                        "table": figure.table,
-                        **{k: other[k] for k in ("diff", "ci95", "p_value", "n_items")},
-                        "beyond_noise": _moved(other, alpha),
-                    }
-                )
+                kept = {k: other[k] for k in ("diff", "ci95", "p_value", "n_items")}
+                moves.append({"figure": name, "table": figure.table, **kept, "beyond_noise": _moved(other, alpha)})
     moves.sort(key=lambda m: -abs(m["diff"]))
     old, new = before.passes, after.passes
     paired = [task for task in new if task in old]
@@ -248,9 +241,8 @@ def summary_line(verdict: dict) -> str:
         what = "no change"
     parts = [f"{head['figure']} {tables.pct(head['mean'])} {_interval(head['ci95'])}"]
     parts += [_comparison_text(c) for c in (verdict["previous"], verdict["baseline"]) if c is not None]
-    served = _shown(verdict["facts"].get("served model")) if verdict["facts"].get("served model") else None
-    if served:
-        parts.append(f"served {served}")
+    if verdict["facts"].get("served model"):
+        parts.append(f"served {_shown(verdict['facts']['served model'])}")
     also = [c["what"] for c in (verdict["previous"] or {}).get("changes", []) if not c["flags"]]
     if also:
         parts.append("also changed: " + ", ".join(also))
@@ -319,11 +311,8 @@ def report(verdict: dict, link: str | None) -> str:
 
 def verdicts(model_dir: Path) -> list[dict]:
     """Every complete night's verdict under a watched model's folder, oldest first."""
-    found = []
-    for folder in model_dir.glob("run-*"):
-        if paths.RUN_DIR.match(folder.name) and (folder / VERDICT).exists():
-            found.append(read_json(folder / VERDICT))
-    return sorted(found, key=lambda v: v.get("night", ""))
+    done = [f / VERDICT for f in model_dir.glob("run-*") if paths.RUN_DIR.match(f.name) and (f / VERDICT).exists()]
+    return sorted(map(read_json, done), key=lambda v: v.get("night", ""))
 
 
 def noise(history: list[dict], alpha: float) -> dict | None:

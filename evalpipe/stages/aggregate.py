@@ -3,6 +3,7 @@ mean ± std over runs, and paired comparisons of every two models; aggregate.{md
 aggregate_comparisons.csv and PNG bar charts under outputs/<bench>/, with warnings when runs do not line up."""
 
 import argparse
+import itertools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -219,8 +220,7 @@ def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str
             continue
         (first_run, first), *rest = seen.items()
         for k, fp in rest:
-            changes = manifest.differences(first, fp)
-            if changes:
+            if changes := manifest.differences(first, fp):
                 out.append(
                     f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})"
                 )
@@ -305,8 +305,7 @@ def _sort_value(figure: dict) -> float | None:
 def _attach_agreement(bench: Benchmark, models: list[dict], base: Path) -> None:
     """Each model's judge agreement with its second opinions (judge-<label>.jsonl), pooled over the runs used."""
     for model in models:
-        section = agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]])
-        if section is not None:
+        if section := agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]]):
             model["agreement"] = section
 
 
@@ -316,17 +315,16 @@ def compare_models(
     """Every pair of models, the higher-ranked one as `model` and the other as `baseline`, per item figure."""
     by_name = {entry["model"]: entry["items"] for entry in found}
     out = []
-    for i, first in enumerate(models):
-        for second in models[i + 1 :]:
-            mine, theirs = by_name[first["model"]], by_name[second["model"]]
-            if mine is None or theirs is None:
-                continue
-            pair = {"model": first["model"], "baseline": second["model"]}
-            for figure in bench.figures:
-                for name, _ in mine.subsets(figure):
-                    result = items.compare(mine, theirs, figure, name, boot)
-                    if result is not None:
-                        out.append({**pair, "table": figure.table, "figure": name, **result})
+    for first, second in itertools.combinations(models, 2):
+        mine, theirs = by_name[first["model"]], by_name[second["model"]]
+        if mine is None or theirs is None:
+            continue
+        pair = {"model": first["model"], "baseline": second["model"]}
+        for figure in bench.figures:
+            for name, _ in mine.subsets(figure):
+                result = items.compare(mine, theirs, figure, name, boot)
+                if result is not None:
+                    out.append({**pair, "table": figure.table, "figure": name, **result})
     return out
 
 
@@ -334,18 +332,16 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for(
         "aggregate", "A leaderboard with item-level error bars, per model.", _add_args, argv, per_run=False
     )
+    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
     found, warnings, notes = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
-        raise BadInput(
-            f"no score.json under {paths.bench_dir(args.outputs_dir, bench.name)}/*/run-*/ (run score first)"
-        )
+        raise BadInput(f"no score.json under {out_dir}/*/run-*/ (run score first)")
     boot = items.Bootstrap(args.bootstrap, args.seed) if args.bootstrap > 0 else None
     models = summarize(bench, found, boot)
-    _attach_agreement(bench, models, paths.bench_dir(args.outputs_dir, bench.name))
+    _attach_agreement(bench, models, out_dir)
     comparisons = compare_models(bench, models, found, boot)
     flag_note = bench.flag_note if any(m["flagged"] for m in models) else ""
     out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
-    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
     summary = {
         "benchmark": bench.name,
         "methods": {
