@@ -54,13 +54,8 @@ def display_interval(items: dict) -> tuple[float, float] | None:
     ci = items.get("ci95")
     if not ci:
         return None
-    low, high = ci
-    bounds = items.get("bounds") or ([0.0, 1.0] if items.get("proportion") else [None, None])
-    if bounds[0] is not None:
-        low = max(bounds[0], low)
-    if bounds[1] is not None:
-        high = min(bounds[1], high)
-    return low, high
+    lowest, highest = items.get("bounds") or ([0.0, 1.0] if items.get("proportion") else [None, None])
+    return ci[0] if lowest is None else max(lowest, ci[0]), ci[1] if highest is None else min(highest, ci[1])
 
 
 class ItemColumns(TypedDict):

@@ -192,9 +192,8 @@ def _exact_zero(se: float) -> float:
     return 0.0 if se < 1e-12 else se
 
 
-def correlation(x: Sequence[float], y: Sequence[float], weights: Sequence[int] | None = None) -> float | None:
-    """Pearson's correlation (each pair counted `weights` times); None when either side has no spread."""
-    w = weights if weights is not None else [1] * len(x)
+def correlation(x: Sequence[float], y: Sequence[float], w: Sequence[int]) -> float | None:
+    """Pearson's correlation (each pair counted `w` times); None when either side has no spread."""
     n = sum(w)
     if n < 2:
         return None
