@@ -363,7 +363,7 @@ def _row(v: dict) -> dict:
 
 def _csv_cells(row: dict) -> list:
     """A history row's values, each interval as two cells (None: an empty cell, as csv writes it)."""
-    cells = []
+    cells: list = []
     for key, value in row.items():
         cells += (value or [None, None]) if key.endswith("ci95") else [value]
     return cells

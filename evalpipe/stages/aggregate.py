@@ -235,7 +235,7 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
     """Run-to-run figures: mean and std over runs (the papers' table), and the t-interval over runs."""
     figures = {}
     for name in dict.fromkeys(name for values in per_run_values for name in values):
-        series = [values[name] for values in per_run_values if values.get(name) is not None]
+        series = [value for values in per_run_values if (value := values.get(name)) is not None]
         if not series:
             continue
         interval = stats.ci95(series)
