@@ -1,4 +1,6 @@
-"""The watch's nights (docs/watch.md): facts, two nights compared, the verdict, the history page; never a benchmark."""
+"""The watch's nights (docs/watch.md): a night is one run, run-<YYYYMMDD>/; once complete, its verdict (watch.json)
+compares it with the previous night and a baseline. The history page is made from the verdicts alone. Reads files
+and the figures the caller hands it, never a benchmark."""
 
 import math
 import re
@@ -316,8 +318,8 @@ def verdicts(model_dir: Path) -> list[dict]:
 
 
 def noise(history: list[dict], alpha: float) -> dict | None:
-    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the pass rate's change it lets
-    a night detect: the paired difference of 0/1 scores has variance flip rate / tasks."""
+    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the smallest change of the pass
+    rate a night detects at two-sided `alpha`: a paired difference of 0/1 scores has variance flip rate / tasks."""
     pairs = [v["previous"] for v in history if v.get("previous")]
     quiet = [c for c in pairs if not c["flagged"]] or pairs
     flipped = sum(c["flips"]["to_fail"] + c["flips"]["to_pass"] for c in quiet)
@@ -377,17 +379,17 @@ def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]
     alpha = found[-1].get("alpha", DEFAULT_ALPHA)
     rows = [_row(v) for v in found]
     power = noise(found, alpha)
-    json, csv, png, md = (model_dir / f"{HISTORY}.{ext}" for ext in ("json", "csv", "png", "md"))
+    json_file, csv_file, png, md = (model_dir / f"{HISTORY}.{ext}" for ext in ("json", "csv", "png", "md"))
     body = {"format": FORMAT, "title": title, "noise": power, "nights": rows}
-    jsonl.atomic_write(json, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.atomic_write(json_file, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
     headers = ["night", "figure", "value", "ci_low", "ci_high", "tasks", "vs_night", "diff", "diff_ci_low"]
     headers += ["diff_ci_high", "p_value", "flipped", "served_model", "judge_served", "cost_usd", "flag", "exit_code"]
-    jsonl.atomic_write(csv, tables.csv_text(headers, list(map(_csv_cells, rows))).encode())
+    jsonl.atomic_write(csv_file, tables.csv_text(headers, list(map(_csv_cells, rows))).encode())
     if plot:
         _plot(png, title, rows)
     plotted = png.exists()  # drawn now, or the last one drawn until make report draws it again
     jsonl.atomic_write(md, _markdown(title, rows, power, plotted).encode())
-    return [json, csv, *([png] if plotted else []), md]
+    return [json_file, csv_file, *([png] if plotted else []), md]
 
 
 def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -> str:
