@@ -127,12 +127,11 @@ def _source(watch: Watch) -> Path:
     return Path(hub.resolve_argv([data])[0])
 
 
-def _subset(watch: Watch, source: Path) -> Path:
-    """The watch's fixed subset (SAMPLE=N): chosen once; copied again, same tasks, when the dataset file changed."""
+def _subset(watch: Watch, source: Path, sha: str) -> Path:
+    """The fixed subset (SAMPLE=N): chosen once; the same tasks copied again when the dataset's sha256 changed."""
     folder, n = watch.folder, watch.sample
     assert n is not None
     record_path, rows = folder / SAMPLE_RECORD, folder / SAMPLE_FILE
-    sha = manifest.sha256_file(source)
     record = nights.read_json(record_path) or None
     if record is not None and record.get("requested") != n:
         raise BadInput(
@@ -161,13 +160,9 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     if recorded:
         return Path(recorded)
     source = _source(watch)
-    data = _subset(watch, source) if watch.sample else source
-    record = {
-        "file": str(data),
-        "source": str(source),
-        "source_sha256": manifest.sha256_file(source),
-        "revision": hub.source_of(source),
-    }
+    sha = manifest.sha256_file(source)  # once: a large dataset takes a while to read
+    data = _subset(watch, source, sha) if watch.sample else source
+    record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
     with writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
     jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
@@ -247,17 +242,16 @@ def night(watch: Watch) -> int:
         }
         verdict = nights.verdict(watch.bench.figures, run_dir, previous, baseline, watch.alpha, about)
         verdict["compared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        code = verdict["exit_code"]
         link = None
-        if verdict["exit_code"] != EXIT_OK:
+        if code != EXIT_OK:
             with _stdout_to_stderr():
                 link = _viewer_link(watch, previous or baseline or run_dir, run)
         verdict["viewer"] = link
         jsonl.atomic_write(done, orjson.dumps(verdict, option=orjson.OPT_INDENT_2) + b"\n")
         nights.write_history(folder, f"{watch.bench.name} / {folder.name}")
-        print(nights.report(verdict, link) if verdict["exit_code"] != EXIT_OK else nights.summary_line(verdict), end="")
-        if verdict["exit_code"] == EXIT_OK:
-            print()
-        return int(verdict["exit_code"])
+        print(nights.report(verdict, link) if code != EXIT_OK else nights.summary_line(verdict) + "\n", end="")
+        return code
 
 
 def main(argv: list[str]) -> int:

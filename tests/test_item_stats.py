@@ -52,11 +52,13 @@ def test_single_model_naive_and_clustered_standard_errors():
 
 def test_cr0_and_the_naive_interval_from_the_building_blocks():
     ratio = stats.RatioEstimate([sum(s) / 3 for s in A], None, CLUSTERS)
-    assert close(ratio.se_clustered(small_sample_correction=False)[0], 0.134817)  # CR0, Miller Appendix A
+    cr1, c = ratio.se_clustered()
+    cr0 = cr1 * math.sqrt((c - 1) / c)  # CR1 is CR0 times sqrt(C / (C − 1))
+    assert close(cr0, 0.134817)  # CR0, Miller Appendix A
     assert sorted(round(e, 6) for e in ratio.cluster_sums()) == [-1.0, -0.555556, 0.555556, 1.0]
     naive = ratio.se_naive()
-    assert close(math.sqrt(ratio.se_clustered(False)[0] ** 2 + naive**2 / 12), 0.138073)  # Miller eq. 4
-    t11 = stats.t975(11)
+    assert close(math.sqrt(cr0**2 + naive**2 / 12), 0.138073)  # Miller eq. 4
+    t11 = stats.t_quantile(0.975, 11)
     assert close(ratio.value - t11 * naive, 0.3283, 4) and close(ratio.value + t11 * naive, 0.7828, 4)
 
 
@@ -241,9 +243,9 @@ def test_minimum_detectable_difference():
 
 def test_t_distribution():
     for df, t in ((1, 12.706205), (2, 4.302653), (3, 3.182446), (4, 2.776445), (11, 2.200985), (29, 2.045230)):
-        assert close(stats.t975(df), t)
-    assert close(stats.t975(499), 1.964729)
-    assert close(stats.t_two_sided_p(stats.t975(7), 7), 0.05, 9)
+        assert close(stats.t_quantile(0.975, df), t)
+    assert close(stats.t_quantile(0.975, 499), 1.964729)
+    assert close(stats.t_two_sided_p(stats.t_quantile(0.975, 7), 7), 0.05, 9)
     assert close(stats.t_two_sided_p(0.0, 5), 1.0)
 
 

@@ -253,7 +253,7 @@ def test_a_changed_dataset_flags_the_night_and_settings_or_prices_are_only_repor
         (folder / nights.DATASET).write_text(json.dumps({"file": str(data), "source_sha256": sha, "revision": None}))
         (folder / "infer.jsonl.manifest.json").write_text(json.dumps({"fingerprint": {"temperature": temperature}}))
     figures = benchmarks.get("coin_flip").figures
-    found = nights.compare(figures, before, after, 0.01)
+    found = nights.compare(figures, nights.Night(before), nights.Night(after), 0.01)
     assert "dataset" in found["flagged"]
     verdict = nights.verdict(figures, after, before, None, 0.01, {"benchmark": "coin_flip", "model": "m", "night": "x"})
     assert verdict["exit_code"] == EXIT_CHANGED

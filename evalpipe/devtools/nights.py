@@ -116,11 +116,12 @@ def alarms(folders: Sequence[Path], alpha: float = watch_nights.DEFAULT_ALPHA) -
     """Each night after the first against the night before, by the watch's comparison: its headline and verdict."""
     figures = CoinFlip.figures
     out = []
-    for before, after in zip(folders, folders[1:]):
+    read = [watch_nights.Night(folder) for folder in folders]
+    for before, after in zip(read, read[1:]):
         found = watch_nights.compare(figures, before, after, alpha)
         out.append(
             {
-                "night": after.name,
+                "night": after.folder.name,
                 "flagged": found["flagged"],
                 "diff": found["headline"]["diff"],
                 "p_value": found["headline"]["p_value"],

@@ -1,10 +1,8 @@
-"""How far two judges agree, from their final rows keyed by task id: Cohen's κ and the 2×2 table, the
-same per category and per rubric item, the response_format modes of each side (a pair whose modes
-differ is a format A/B), and for files of one judge model their flip rate and Fleiss' κ.
+"""How far two judges agree, from their final rows keyed by task id (read by stages/agreement.py): Cohen's κ and the
+2×2 table, overall, per category and per rubric item, the response_format modes of each side (modes that differ: a
+format A/B), and for files of one judge model their flip rate and Fleiss' κ."""
 
-Reading judge files (which rows are final, per benchmark) and the command line are in stages/agreement.py.
-"""
-
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,9 +15,6 @@ NOTE = (
 )
 
 Rows = dict[Any, dict]
-
-
-# ---------------------------------------------------------------- the figures
 
 
 def cohen_kappa(table: dict[str, int]) -> float | None:
@@ -38,22 +33,15 @@ def fleiss_kappa(ratings: list[list[int]]) -> float | None:
     if not ratings or len(ratings[0]) < 2:
         return None
     m, n = len(ratings[0]), len(ratings)
-    agreement = 0.0
-    ones = 0
-    for item in ratings:
-        k1 = sum(item)
-        ones += k1
-        agreement += (k1 * k1 + (m - k1) * (m - k1) - m) / (m * (m - 1))
-    p_bar = agreement / n
-    p1 = ones / (n * m)
+    ones = [sum(item) for item in ratings]
+    p_bar = sum((k1 * k1 + (m - k1) * (m - k1) - m) / (m * (m - 1)) for k1 in ones) / n
+    p1 = sum(ones) / (n * m)
     pe = p1 * p1 + (1 - p1) * (1 - p1)
     return None if pe >= 1 else (p_bar - pe) / (1 - pe)
 
 
 def _table_figures(pairs: Iterable[tuple[int, int]]) -> dict:
-    table = {"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 0}
-    for a, b in pairs:
-        table[f"{a}/{b}"] += 1
+    table = {"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 0} | Counter(f"{a}/{b}" for a, b in pairs)
     n = sum(table.values())
     return {
         "n": n,
@@ -65,18 +53,8 @@ def _table_figures(pairs: Iterable[tuple[int, int]]) -> dict:
     }
 
 
-# ---------------------------------------------------------------- the rows
-
-
-# ---------------------------------------------------------------- the report
-
-
 def _counts(values: Iterable[Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        key = "(not recorded)" if v is None else str(v)
-        counts[key] = counts.get(key, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter("(not recorded)" if v is None else str(v) for v in values).items()))
 
 
 def compare(a: Rows, b: Rows) -> dict:
@@ -123,8 +101,7 @@ def repeated(files: list[Rows]) -> dict:
 
 
 def report(files: dict[str, tuple[Rows, int, str | None]]) -> dict:
-    """Every file (name → final rows, provisional rows left out, judge model) against the first; and
-    the repeated judgments of each judge model with two files or more."""
+    """Every file (name → final rows, provisional rows, judge model) against the first; repeats of one judge model."""
     names = list(files)
     first = names[0]
     pairs = []
@@ -149,9 +126,6 @@ def report(files: dict[str, tuple[Rows, int, str | None]]) -> dict:
         "repeated": repeats,
         "note": NOTE,
     }
-
-
-# ---------------------------------------------------------------- text
 
 
 def _pct(value: float | None) -> str:

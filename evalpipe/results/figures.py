@@ -1,8 +1,5 @@
-"""A run's figures, declared once per benchmark (`Benchmark.figures`, each an items.ItemFigure).
-
-score writes each figure's run value into score.json at the figure's `key`, made from the same item
-columns as items.json; the leaderboard, the viewer and score's printed table read them back from there.
-"""
+"""A run's figures (`Benchmark.figures`, each an items.ItemFigure): score writes their values into score.json at each
+figure's `key`, from the item columns of items.json; the leaderboard, the viewer and score's table read them back."""
 
 import itertools
 from collections.abc import Sequence
@@ -35,8 +32,7 @@ def write(figures: Sequence[ItemFigure], columns: ItemColumns, metrics: dict) ->
 
 
 def tables(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, dict[str, float | None]]:
-    """A run's figures read from its score.json, by table title (HEADLINE first) then name, in declaration order.
-    The figures of one table that split on the same group are listed group value by group value."""
+    """A run's figures from its score.json, by table title (HEADLINE first) then name; `by` figures group by group."""
     out: dict[str, dict[str, float | None]] = {}
     for (table, by), block in itertools.groupby(figures, lambda f: (f.table, f.by)):
         shown = out.setdefault(table, {})

@@ -1,16 +1,9 @@
-"""Item-level uncertainty: how well each figure is known given the tasks drawn, and paired model comparisons.
+"""Item-level uncertainty: each figure a ratio of item means (a task averaged over the runs that graded it) with a
+delta-method standard error, clustered where the benchmark names a cluster; paired model comparisons.
+docs/statistics.md explains the methods.
 
-score writes one run's per-item values (`items.json`, a few columns per task); aggregate merges a
-model's runs into item means (each task averaged over the runs in which it was graded), then
-every figure becomes a ratio of item means with a delta-method standard error, clustered where
-the benchmark names a cluster (CL-bench: tasks sharing a context). docs/statistics.md explains
-the methods and how to read them.
-
-Items are counted, not listed: an item is its cluster, its group labels and its profile (every
-run's value of every column), and identical items are one entry with a weight. A million
-CoinFlip tasks over three runs are a few hundred distinct profiles, so every figure, comparison
-and projection costs one pass over the items to count them.
-"""
+Items are counted, not listed: identical items (cluster, group labels, every run's value of every column) are one
+entry with a weight, so a million CoinFlip tasks over three runs are a few hundred entries."""
 
 import math
 import random
@@ -61,13 +54,8 @@ def display_interval(items: dict) -> tuple[float, float] | None:
     ci = items.get("ci95")
     if not ci:
         return None
-    low, high = ci
-    bounds = items.get("bounds") or ([0.0, 1.0] if items.get("proportion") else [None, None])
-    if bounds[0] is not None:
-        low = max(bounds[0], low)
-    if bounds[1] is not None:
-        high = min(bounds[1], high)
-    return low, high
+    lowest, highest = items.get("bounds") or ([0.0, 1.0] if items.get("proportion") else [None, None])
+    return ci[0] if lowest is None else max(lowest, ci[0]), ci[1] if highest is None else min(highest, ci[1])
 
 
 class ItemColumns(TypedDict):
@@ -103,12 +91,7 @@ def read(path: Path) -> tuple[str | None, ItemColumns]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f"not an items file of format {FORMAT}; run score again", path)
     try:
-        columns: ItemColumns = {
-            "keys": data["keys"],
-            "clusters": data["clusters"],
-            "groups": data["groups"],
-            "columns": data["columns"],
-        }
+        columns = cast(ItemColumns, {key: data[key] for key in ("keys", "clusters", "groups", "columns")})
     except KeyError as exc:
         raise BadInput(f"no {exc} in the items file; run score again", path) from None
     return data.get("cluster"), columns
@@ -120,8 +103,7 @@ Entry = tuple[Hashable, float, float, int, int]  # (cluster, a, b, runs that gra
 
 
 class ModelItems:
-    """A model's runs aligned by item key, each item coded by its profile (every run's value of
-    every column); figures read item means from the profiles."""
+    """A model's runs aligned by item key, each item coded by its profile (every run's value of every column)."""
 
     def __init__(self, runs: Sequence[ItemColumns], cluster: str | None):
         if not runs:
@@ -157,8 +139,8 @@ class ModelItems:
             raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
-        """Per profile code: (a, b, k), the item means of num and den over the k runs where both
-        were graded. An item graded in no run counts as 0 in a plain mean and adds nothing to a ratio."""
+        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k. An item graded
+        in no run counts as 0 in a plain mean and adds nothing to a ratio."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
@@ -284,12 +266,9 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
     }
     if ratio.value is None:
         return out
-    se, df = out["se_naive"], n - 1
-    if clusters is not None:
-        se, c = ratio.se_clustered()
-        out["n_clusters"], df = c, c - 1
-        if se is not None and out["se_naive"]:
-            out["design_effect"] = (se / out["se_naive"]) ** 2
+    se, out["n_clusters"], df = ratio.se_df()
+    if clusters is not None and se is not None and out["se_naive"]:
+        out["design_effect"] = (se / out["se_naive"]) ** 2
     out["se"] = se
     if se is not None:
         q, out["ci_method"] = _quantile(figure, clusters is not None, df)
@@ -315,8 +294,7 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
 
 
 def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
-    """From the spread between an item's runs (0/1 scores): the run-to-run std it predicts and
-    the minimum detectable difference with other numbers of runs per item."""
+    """From the spread within items (0/1 scores): the run-to-run std it predicts, the MDE with other runs per item."""
     graded = {e[3] for e in entries}
     if not graded or min(graded) < 2:
         return {}
@@ -355,11 +333,12 @@ def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
     return nums, dens
 
 
+@dataclass(frozen=True)
 class Bootstrap:
     """Percentile intervals from resampling whole clusters (or items), each with all its runs."""
 
-    def __init__(self, replicates: int, seed: int):
-        self.replicates, self.seed = replicates, seed
+    replicates: int
+    seed: int
 
     def interval(self, sides: list[Units], label: str, clustered: bool) -> dict:
         """Bootstrap the ratio Σa/Σb of one side, or the difference of two sides' ratios on the same draws."""
@@ -401,22 +380,21 @@ def compare(
         if label is None:
             return None
     mine, theirs = model.values(figure.num, figure.den), baseline.values(figure.num, figure.den)
-    joint, left_out = _joint_counts(model, baseline, figure.by)
+    joint, only_theirs = _joint_counts(model, baseline, figure.by)
     entries = []  # (cluster, a1, b1, a2, b2, count) for items both graded
     dropped = 0
     for (cluster, item_label, code1, code2), count in joint.items():
         if figure.by is not None and item_label != label:
             continue
         a1, b1, k1 = mine[code1]
-        a2, b2, k2 = theirs[code2]
+        a2, b2, k2 = theirs[code2] if code2 is not None else (0.0, 0.0, 0)
         if k1 and k2:
             entries.append((cluster, a1, b1, a2, b2, count))
         elif k1 or k2:
             dropped += count
-    for side, values in ((0, mine), (1, theirs)):
-        for (item_label, code), count in left_out[side].items():
-            if (figure.by is None or item_label == label) and values[code][2]:
-                dropped += count
+    for (item_label, code), count in only_theirs.items():
+        if (figure.by is None or item_label == label) and theirs[code][2]:
+            dropped += count
     n = sum(e[5] for e in entries)
     if n < 2:
         return None
@@ -428,11 +406,7 @@ def compare(
     if side1.value is None or side2.value is None:
         return None
     diff = stats.RatioEstimate([p - q for p, q in zip(side1.psi, side2.psi)], None, clusters, weights)
-    se, df = diff.se_naive(), n - 1
-    n_clusters = None
-    if clusters is not None:
-        se, n_clusters = diff.se_clustered()
-        df = n_clusters - 1
+    se, n_clusters, df = diff.se_df()
     # one cluster (a category whose tasks share one context) leaves no degrees of freedom: no interval, no p
     q, ci_method = _quantile(figure, clusters is not None, df) if df >= 1 else (0.0, None)
     out: dict[str, Any] = {
@@ -463,26 +437,17 @@ def compare(
     return out
 
 
-def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, tuple[Counter, Counter]]:
-    """Items of both models counted by (model's cluster, model's group label, model's code, baseline's
-    code), and each model's items the other lacks, counted by (label, code)."""
+def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
+    """The model's items by (cluster, label, code, the baseline's code or None where it lacks the item), and the
+    baseline's items the model lacks by (label, code)."""
+    theirs: Sequence[int | None] = baseline.codes
+    only_theirs: Counter = Counter()
+    if model.keys != baseline.keys:
+        position = {key: j for j, key in enumerate(baseline.keys)}
+        theirs = [baseline.codes[position[key]] if key in position else None for key in model.keys]
+        mine, their_labels = set(model.keys), baseline.groups.get(by) if by else None
+        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
+            if key not in mine:
+                only_theirs[their_labels[j] if their_labels else None, code] += 1
     labels = model.groups.get(by) if by else None
-    clusters = model.clusters or repeat(None)
-    if model.keys == baseline.keys:
-        joint = Counter(zip(clusters, labels or repeat(None), model.codes, baseline.codes))
-        return joint, (Counter(), Counter())
-    position = {key: j for j, key in enumerate(baseline.keys)}
-    pairs = [(i, position[key]) for i, key in enumerate(model.keys) if key in position]
-    cl = list(clusters) if model.clusters else [None] * len(model.keys)
-    lab = labels or [None] * len(model.keys)
-    joint = Counter((cl[i], lab[i], model.codes[i], baseline.codes[j]) for i, j in pairs)
-    matched_mine = {i for i, _ in pairs}
-    matched_theirs = {j for _, j in pairs}
-    their_labels = baseline.groups.get(by) if by else None
-    only_mine = Counter((lab[i], model.codes[i]) for i in range(len(model.keys)) if i not in matched_mine)
-    only_theirs = Counter(
-        (their_labels[j] if their_labels else None, baseline.codes[j])
-        for j in range(len(baseline.keys))
-        if j not in matched_theirs
-    )
-    return joint, (only_mine, only_theirs)
+    return Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, theirs)), only_theirs

@@ -1,13 +1,6 @@
-"""Night after night (the watch, docs/watch.md): a night's facts, two nights compared, and the history page.
-
-A night is one run of a watched model, `run-<YYYYMMDD>/` (its UTC date), with the stage files of any run.
-Once it is complete, the watch writes its verdict beside them (`watch.json`): tonight's headline with its
-interval, the paired comparison with the previous complete night (and a pinned baseline night), what else
-changed (served model, judge, dataset, settings, price table), and the exit code it earned. The history
-page (history.md, .csv, .json, .png beside the nights) is made from the verdicts alone.
-
-Everything here reads files and what the caller hands it (the benchmark's figures), never a benchmark.
-"""
+"""The watch's nights (docs/watch.md): a night is one run, run-<YYYYMMDD>/; once complete, its verdict (watch.json)
+compares it with the previous night and a baseline. The history page is made from the verdicts alone. Reads files
+and the figures the caller hands it, never a benchmark."""
 
 import math
 import re
@@ -53,12 +46,17 @@ def headline_figure(figures: Sequence[items.ItemFigure]) -> items.ItemFigure:
     return next(f for f in figures if not f.table and f.by is None)
 
 
-def night_items(folder: Path) -> items.ModelItems:
-    path = paths.items_path(folder / "score.json")
-    if not path.exists():
-        raise BadInput("no items.json: run score again", path)
-    cluster, columns = items.read(path)
-    return items.ModelItems([columns], cluster)
+class Night:
+    """A complete night's files, read once: items, facts, each task's pass (1) or fail (0) as the viewer counts."""
+
+    def __init__(self, folder: Path):
+        path = paths.items_path(folder / "score.json")
+        if not path.exists():
+            raise BadInput("no items.json: run score again", path)
+        cluster, columns = items.read(path)
+        self.folder, self.items = folder, items.ModelItems([columns], cluster)
+        self.facts = facts(folder)
+        self.passes: dict[str, int] = jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
 
 
 def read_json(path: Path) -> dict:
@@ -76,9 +74,7 @@ def read_json(path: Path) -> dict:
 
 
 def facts(folder: Path) -> dict:
-    """What made a night's rows: the served models and fingerprints its rows record (score.json's `served`), the
-    judge, the dataset (the watch's dataset.json and infer's manifest), the settings (the fingerprints) and the
-    price table score used."""
+    """What made a night's rows: served models, judge, dataset, settings (the manifests' fingerprints), price table."""
     score = read_json(folder / "score.json")
     served = score.get("served") or {}
     infer = manifest.read_run(folder / "infer.jsonl") or {}
@@ -120,9 +116,8 @@ def _shown(value: Any) -> str:
 
 
 def changes(before: dict, after: dict) -> list[dict]:
-    """What differs between two nights' facts, each with whether it flags the night. Served models and fingerprints
-    are compared as sets of names (row counts are shown, not compared); settings are listed key by key; the dataset
-    by what both nights recorded of it (sha256, source, revision)."""
+    """What differs between two nights' facts, each with whether it flags the night: served names as sets (counts are
+    shown, not compared), settings key by key, the dataset by what both nights recorded of it."""
     out = []
     for what in (*FLAGGING, *REPORTED):
         old, new = before.get(what), after.get(what)
@@ -146,11 +141,6 @@ def changes(before: dict, after: dict) -> list[dict]:
 # ---- two nights compared
 
 
-def passes(folder: Path) -> dict[str, int]:
-    """Each task's pass (1) or fail (0) in a night's judge file, last row per task, as the viewer counts them."""
-    return jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
-
-
 def _moved(result: dict, alpha: float) -> bool:
     """Beyond noise: p below alpha, or every paired difference the same and not zero (no spread to test)."""
     if result.get("p_value") is not None:
@@ -158,11 +148,9 @@ def _moved(result: dict, alpha: float) -> bool:
     return result.get("se") == 0 and abs(result.get("diff") or 0.0) > 1e-12
 
 
-def compare(figures: Sequence[items.ItemFigure], before: Path, after: Path, alpha: float) -> dict:
-    """Tonight (`after`) against an earlier complete night (`before`), paired task by task on the tasks both have,
-    clustered where the benchmark clusters (items.compare, as aggregate's comparisons): the headline with its
-    interval and p, the other figures' biggest moves, the tasks that flipped, and what else changed."""
-    tonight, earlier = night_items(after), night_items(before)
+def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, alpha: float) -> dict:
+    """Tonight (`after`) against an earlier night, paired task by task: headline, biggest moves, flips, changes."""
+    tonight, earlier = after.items, before.items
     head = headline_figure(figures)
     result = items.compare(tonight, earlier, head, head.name, None)
     headline = None if result is None else {"figure": head.name, **result}
@@ -173,25 +161,19 @@ def compare(figures: Sequence[items.ItemFigure], before: Path, after: Path, alph
                 continue
             other = items.compare(tonight, earlier, figure, name, None)
             if other is not None:
-                moves.append(
-                    {
-                        "figure": name,
-                        "table": figure.table,
-                        **{k: other[k] for k in ("diff", "ci95", "p_value", "n_items")},
-                        "beyond_noise": _moved(other, alpha),
-                    }
-                )
+                kept = {k: other[k] for k in ("diff", "ci95", "p_value", "n_items")}
+                moves.append({"figure": name, "table": figure.table, **kept, "beyond_noise": _moved(other, alpha)})
     moves.sort(key=lambda m: -abs(m["diff"]))
-    old, new = passes(before), passes(after)
+    old, new = before.passes, after.passes
     paired = [task for task in new if task in old]
     to_fail = [task for task in paired if old[task] == 1 and new[task] == 0]
     to_pass = [task for task in paired if old[task] == 0 and new[task] == 1]
-    found = changes(facts(before), facts(after))
+    found = changes(before.facts, after.facts)
     flagged = [c["what"] for c in found if c["flags"]]
     if headline is not None and _moved(headline, alpha):
         flagged.insert(0, "headline")
     return {
-        "night": night_name(int(paths.RUN_DIR.match(before.name).group(1))),  # type: ignore[union-attr]
+        "night": night_name(int(paths.RUN_DIR.match(before.folder.name).group(1))),  # type: ignore[union-attr]
         "headline": headline,
         "moves": moves[:MOVES_SHOWN],
         "flips": {
@@ -206,10 +188,10 @@ def compare(figures: Sequence[items.ItemFigure], before: Path, after: Path, alph
     }
 
 
-def estimate(figures: Sequence[items.ItemFigure], folder: Path) -> dict:
+def estimate(figures: Sequence[items.ItemFigure], night: Night) -> dict:
     """A night's headline figure with its interval over tasks (clustered where the benchmark clusters)."""
     head = headline_figure(figures)
-    found = items.estimate(night_items(folder), head, None, None)
+    found = items.estimate(night.items, head, None, None)
     interval = items.display_interval(found)
     return {
         "figure": head.name,
@@ -261,9 +243,8 @@ def summary_line(verdict: dict) -> str:
         what = "no change"
     parts = [f"{head['figure']} {tables.pct(head['mean'])} {_interval(head['ci95'])}"]
     parts += [_comparison_text(c) for c in (verdict["previous"], verdict["baseline"]) if c is not None]
-    served = _shown(verdict["facts"].get("served model")) if verdict["facts"].get("served model") else None
-    if served:
-        parts.append(f"served {served}")
+    if verdict["facts"].get("served model"):
+        parts.append(f"served {_shown(verdict['facts']['served model'])}")
     also = [c["what"] for c in (verdict["previous"] or {}).get("changes", []) if not c["flags"]]
     if also:
         parts.append("also changed: " + ", ".join(also))
@@ -271,8 +252,7 @@ def summary_line(verdict: dict) -> str:
 
 
 def report(verdict: dict, link: str | None) -> str:
-    """The short report of a changed night (cron mails it): what moved, what else changed, the biggest moves of the
-    other figures, the tasks that flipped, and where to look."""
+    """The short report of a changed night (cron mails it)."""
     lines = [summary_line(verdict), ""]
     alpha = verdict["alpha"]
     for label, c in (("previous night", verdict["previous"]), ("baseline", verdict["baseline"])):
@@ -333,17 +313,13 @@ def report(verdict: dict, link: str | None) -> str:
 
 def verdicts(model_dir: Path) -> list[dict]:
     """Every complete night's verdict under a watched model's folder, oldest first."""
-    found = []
-    for folder in model_dir.glob("run-*"):
-        if paths.RUN_DIR.match(folder.name) and (folder / VERDICT).exists():
-            found.append(read_json(folder / VERDICT))
-    return sorted(found, key=lambda v: v.get("night", ""))
+    done = [f / VERDICT for f in model_dir.glob("run-*") if paths.RUN_DIR.match(f.name) and (f / VERDICT).exists()]
+    return sorted(map(read_json, done), key=lambda v: v.get("night", ""))
 
 
 def noise(history: list[dict], alpha: float) -> dict | None:
-    """The run-to-run flip rate measured between consecutive nights that flagged nothing (all pairs when none is
-    quiet), and the smallest change in the pass rate it lets a night detect at 80% power at two-sided `alpha`:
-    (z(1 − alpha/2) + z(0.80)) · sqrt(flip rate / tasks), the paired difference of 0/1 scores (unclustered)."""
+    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the smallest change of the pass
+    rate a night detects at two-sided `alpha`: a paired difference of 0/1 scores has variance flip rate / tasks."""
     pairs = [v["previous"] for v in history if v.get("previous")]
     quiet = [c for c in pairs if not c["flagged"]] or pairs
     flipped = sum(c["flips"]["to_fail"] + c["flips"]["to_pass"] for c in quiet)
@@ -387,51 +363,33 @@ def _row(v: dict) -> dict:
     }
 
 
+def _csv_cells(row: dict) -> list:
+    """A history row's values, each interval as two cells (None: an empty cell, as csv writes it)."""
+    cells: list = []
+    for key, value in row.items():
+        cells += (value or [None, None]) if key.endswith("ci95") else [value]
+    return cells
+
+
 def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]:
-    """history.{json,csv,md} from the verdicts under model_dir (and with `plot` and matplotlib, history.png: make
-    report draws it, so that a night does not wait for matplotlib); the files written."""
+    """history.{json,csv,md} from the verdicts (history.png with `plot`: make report's, a night never waits for it)."""
     found = verdicts(model_dir)
     if not found:
         return []
     alpha = found[-1].get("alpha", DEFAULT_ALPHA)
     rows = [_row(v) for v in found]
     power = noise(found, alpha)
-    base = model_dir / HISTORY
-    written = []
+    json_file, csv_file, png, md = (model_dir / f"{HISTORY}.{ext}" for ext in ("json", "csv", "png", "md"))
     body = {"format": FORMAT, "title": title, "noise": power, "nights": rows}
-    jsonl.atomic_write(base.with_suffix(".json"), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.atomic_write(json_file, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
     headers = ["night", "figure", "value", "ci_low", "ci_high", "tasks", "vs_night", "diff", "diff_ci_low"]
     headers += ["diff_ci_high", "p_value", "flipped", "served_model", "judge_served", "cost_usd", "flag", "exit_code"]
-    csv_rows = [
-        [
-            r["night"],
-            r["figure"],
-            r["value"],
-            *(r["ci95"] or ["", ""]),
-            r["tasks"],
-            r["vs_night"] or "",
-            "" if r["diff"] is None else r["diff"],
-            *(r["diff_ci95"] or ["", ""]),
-            "" if r["p_value"] is None else r["p_value"],
-            "" if r["flipped"] is None else r["flipped"],
-            r["served_model"],
-            r["judge_served"],
-            "" if r["cost_usd"] is None else r["cost_usd"],
-            r["flag"],
-            r["exit_code"],
-        ]
-        for r in rows
-    ]
-    jsonl.atomic_write(base.with_suffix(".csv"), tables.csv_text(headers, csv_rows).encode())
-    written += [base.with_suffix(".json"), base.with_suffix(".csv")]
-    png = _plot(base.with_suffix(".png"), title, rows) if plot else None
-    if png is None and base.with_suffix(".png").exists():
-        png = base.with_suffix(".png")  # the last one drawn, until make report draws it again
-    if png is not None:
-        written.append(png)
-    jsonl.atomic_write(base.with_suffix(".md"), _markdown(title, rows, power, png is not None).encode())
-    written.append(base.with_suffix(".md"))
-    return written
+    jsonl.atomic_write(csv_file, tables.csv_text(headers, list(map(_csv_cells, rows))).encode())
+    if plot:
+        _plot(png, title, rows)
+    plotted = png.exists()  # drawn now, or the last one drawn until make report draws it again
+    jsonl.atomic_write(md, _markdown(title, rows, power, plotted).encode())
+    return [json_file, csv_file, *([png] if plotted else []), md]
 
 
 def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -> str:
@@ -469,10 +427,10 @@ def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -
     return "\n".join(lines)
 
 
-def _plot(path: Path, title: str, rows: list[dict]) -> Path | None:
+def _plot(path: Path, title: str, rows: list[dict]) -> None:
     plt = plots._pyplot()
     if plt is None:
-        return None
+        return
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rows) + 3), 3.6))
     xs = list(range(len(rows)))
     values = [100 * (r["value"] or 0.0) for r in rows]
@@ -487,12 +445,11 @@ def _plot(path: Path, title: str, rows: list[dict]) -> Path | None:
     ax.set_ylabel(f"{rows[-1]['figure']} (%), 95% CI")
     ax.set_title(f"{title} (red ring: flagged night)", fontsize=9)
     fig.tight_layout()
-    return plots.save(plt, fig, path, dpi=110)
+    plots.save(plt, fig, path, dpi=110)
 
 
 def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -> list[str]:
-    """report.md's sections for the watched models' history pages under the results roots, each page made again
-    with its plot (make report)."""
+    """report.md's sections for the watched models' history pages, each made again with its plot (make report)."""
     out = []
     for root, present in results:
         for bench in present:
@@ -517,11 +474,13 @@ def verdict(
     alpha: float,
     about: dict,
 ) -> dict:
-    """A complete night's verdict: tonight's headline, the comparisons, and its exit code (8 when the headline moved
-    beyond noise against the previous night or the baseline, or the served model, the judge or the dataset changed
-    since the previous night; else 0). `about`: benchmark, model, night, history (what the verdict names)."""
-    before = compare(figures, previous, folder, alpha) if previous is not None else None
-    pinned = compare(figures, baseline, folder, alpha) if baseline is not None and baseline != previous else None
+    """A complete night's verdict; exit code 8 when the headline moved beyond noise against the previous night or the
+    baseline, or a flagging fact changed since the previous night. `about`: what the verdict names."""
+    tonight = Night(folder)
+    before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
+    pinned = None
+    if baseline is not None and baseline != previous:
+        pinned = compare(figures, Night(baseline), tonight, alpha)
     flagged = list(before["flagged"]) if before else []
     if pinned is not None and pinned["headline"] is not None and _moved(pinned["headline"], alpha):
         flagged.append("headline vs baseline")
@@ -529,8 +488,8 @@ def verdict(
         "format": FORMAT,
         **about,
         "alpha": alpha,
-        "headline": estimate(figures, folder),
-        "facts": facts(folder),
+        "headline": estimate(figures, tonight),
+        "facts": tonight.facts,
         "previous": before,
         "baseline": pinned,
         "flagged": flagged,

@@ -1,12 +1,9 @@
-"""PNG bar charts of the leaderboard: models × figures, the item-level mean with its 95% interval
-(or, for figures without item-level data, the mean over runs ± std).
-
-matplotlib is optional (requirements-report.txt, installed by `make report` and `make test`);
-without it aggregate writes its tables and says how to get the plots.
-"""
+"""PNG bar charts of the leaderboard: models × figures, the item-level mean with its 95% interval (without item-level
+data, the mean over runs ± std). matplotlib is optional (requirements-report.txt): without it, no plots."""
 
 import io
 import re
+import textwrap
 from pathlib import Path
 
 from ..store import jsonl
@@ -43,9 +40,7 @@ def _bar(figure: dict | None, std_key: str) -> tuple[float, float, float, bool]:
 def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: str) -> Path:
     """Grouped bars: one group per figure, one bar per model, in percent, with error bars."""
     plt = _pyplot()
-    names: list[str] = []
-    for m in models:
-        names += [n for n in figures_of(m) if n not in names]
+    names = list(dict.fromkeys(n for m in models for n in figures_of(m)))
     width = 0.8 / max(1, len(models))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(1, len(models)) ** 0.5 + 2), 4.5), dpi=110)
     kinds = set()
@@ -57,7 +52,8 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
         errors = [[b[1] for b in bars], [b[2] for b in bars]]
         ax.bar(xs, [b[0] for b in bars], width, yerr=errors, capsize=3, label=f"{m['model']} ({len(m['runs'])} runs)")
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([_wrap(n) for n in names], fontsize=8)
+    wrapped = [textwrap.fill(" ".join(n.split()), 16, break_long_words=False, break_on_hyphens=False) for n in names]
+    ax.set_xticklabels(wrapped, fontsize=8)
     label = {
         frozenset({True}): "percent; error bars: 95% interval over tasks",
         frozenset({False}): "percent; error bars: ± std over runs",
@@ -72,8 +68,7 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
 
 
 def save(plt, fig, path: Path, **options) -> Path:
-    """Write `fig` as a PNG at `path` and close it; as every output, a kill leaves the old chart or the new,
-    never half of one."""
+    """Write `fig` as a PNG at `path` (atomically, as every output) and close it."""
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": None}, **options)
     plt.close(fig)
@@ -81,25 +76,13 @@ def save(plt, fig, path: Path, **options) -> Path:
     return path
 
 
-def _wrap(name: str, width: int = 16) -> str:
-    words, lines, line = name.split(), [], ""
-    for w in words:
-        if line and len(line) + 1 + len(w) > width:
-            lines.append(line)
-            line = w
-        else:
-            line = f"{line} {w}".strip()
-    return "\n".join(lines + [line])
-
-
 def write_all(bench, models: list[dict], out_dir: Path, std_kind: str) -> list[Path] | None:
     """The headline chart and one per extra table; None when matplotlib is missing."""
     if _pyplot() is None:
         return None
     std_key = f"std_{std_kind}"
-    written = [bar_chart(out_dir / "aggregate.png", f"{bench.name}", models, lambda m: m["figures"], std_key)]
-    titles = list(dict.fromkeys(t for m in models for t in m["extra_tables"]))
-    for title in titles:
+    written = [bar_chart(out_dir / "aggregate.png", bench.name, models, lambda m: m["figures"], std_key)]
+    for title in dict.fromkeys(t for m in models for t in m["extra_tables"]):
         slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
         written.append(
             bar_chart(

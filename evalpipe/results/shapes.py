@@ -1,6 +1,5 @@
-"""How the viewer shows one benchmark: its samples' facets and details (the generic shape, and each
-benchmark's own), and the figures its leaderboard falls back on without aggregate.json. A benchmark
-names its shape (`Benchmark.viewer_shape`); the command that runs the viewer hands the shapes down."""
+"""How the viewer shows one benchmark (`Benchmark.viewer_shape`): its samples' facets and details, and the figures
+its leaderboard falls back on without aggregate.json."""
 
 from collections.abc import Sequence
 from typing import Any

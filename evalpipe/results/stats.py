@@ -1,24 +1,17 @@
-"""Statistics: over runs (mean, std), over items (ratio estimates with naive and cluster-robust
-standard errors), the Wilson interval, and Student's t — closed forms in the standard library.
-
-The item-level formulas follow E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640):
-every figure is a ratio of item means R = ā / b̄ (a plain mean has b ≡ 1), linearised per item as
-ψ_i = (a_i − R·b_i) / b̄ (the delta method; for a plain mean ψ_i = a_i − ā). docs/statistics.md
-states each formula and where it comes from.
-"""
+"""Statistics over runs and over items, after E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640):
+every item-level figure is a ratio of item means R = ā / b̄, linearised per item as ψ_i = (a_i − R·b_i) / b̄
+(the delta method). docs/statistics.md states each formula and where it comes from."""
 
 import math
 import operator
+from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from functools import lru_cache
 from statistics import NormalDist
+from statistics import fmean as mean  # math.fsum(values) / len(values)
 
-_NORMAL = NormalDist()
 MDE_POWER = 0.80  # the power the minimum detectable difference is stated at (two-sided α = 1 − level)
-
-
-def mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values)
+z_quantile = NormalDist().inv_cdf
 
 
 def std(values: Sequence[float], kind: str = "sample") -> float:
@@ -44,10 +37,6 @@ def binomial_stderr(rate: float, n: int) -> float:
 
 
 # ---- distributions
-
-
-def z_quantile(p: float) -> float:
-    return _NORMAL.inv_cdf(p)
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -117,19 +106,11 @@ def t_quantile(p: float, df: float) -> float:
     return (low + high) / 2
 
 
-def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t."""
-    return t_quantile(0.975, df)
-
-
 def ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """95% interval for the mean over runs: mean ± t(n − 1) · s/√n; None for a single run.
-
-    It measures run-to-run variation on a fixed task set, not how the tasks were drawn, and is not
-    clipped to [0, 1]: with 3 runs t is 4.30, so the interval is wide unless the runs agree."""
+    """mean ± t(n − 1) · s/√n over runs: variation on a fixed task set, not how the tasks were drawn; not clipped."""
     if len(values) < 2:
         return None
-    m, half = mean(values), t975(len(values) - 1) * stderr(values)
+    m, half = mean(values), t_quantile(0.975, len(values) - 1) * stderr(values)
     return m - half, m + half
 
 
@@ -150,11 +131,8 @@ def wilson(successes: float, trials: float, level: float = 0.95) -> tuple[float,
 
 
 class RatioEstimate:
-    """R = Σa / Σb over items with its delta-method influence values ψ_i and their standard errors.
-
-    `a` and `b` are the items' numerators and denominators (b None: a plain mean, b ≡ 1).
-    `clusters` (one key per item, or None) groups items that are not independent. `weights`
-    (optional) counts how many identical items each position stands for."""
+    """R = Σa / Σb over items (b None: a plain mean) with its influence values ψ_i and their standard errors;
+    `clusters` groups items that are not independent, `weights` counts the identical items a position stands for."""
 
     __slots__ = ("n", "value", "psi", "clusters", "weights")
 
@@ -165,21 +143,17 @@ class RatioEstimate:
         clusters: Sequence[Hashable] | None,
         weights: Sequence[int] | None = None,
     ):
-        self.weights = weights if weights is not None else [1] * len(a)
-        self.n = n = sum(self.weights)
-        w = self.weights
-        total_b = float(n) if b is None else math.fsum(map(operator.mul, w, b))
         self.clusters = clusters
+        self.weights = w = weights if weights is not None else [1] * len(a)
+        self.n = n = sum(w)
+        total_b = float(n) if b is None else math.fsum(map(operator.mul, w, b))
+        self.value: float | None = None
+        self.psi: list[float] = []
         if n == 0 or total_b == 0:
-            self.value, self.psi = None, []
             return
-        value = math.fsum(map(operator.mul, w, a)) / total_b
-        self.value = value
-        if b is None:
-            self.psi = [x - value for x in a]
-        else:
-            mean_b = total_b / n
-            self.psi = [(x - value * y) / mean_b for x, y in zip(a, b)]
+        self.value = value = math.fsum(map(operator.mul, w, a)) / total_b
+        mean_b = total_b / n
+        self.psi = [x - value for x in a] if b is None else [(x - value * y) / mean_b for x, y in zip(a, b)]
 
     def se_naive(self) -> float | None:
         """sqrt(Σψ² / (n − 1) / n): Miller's eq. 1 on the influence values; None below 2 items."""
@@ -189,13 +163,12 @@ class RatioEstimate:
         return _exact_zero(math.sqrt(math.fsum(w * p * p for w, p in zip(self.weights, self.psi)) / (n - 1) / n))
 
     def cluster_sums(self) -> list[float]:
-        sums: dict[Hashable, float] = {}
-        assert self.clusters is not None
-        for key, w, p in zip(self.clusters, self.weights, self.psi):
-            sums[key] = sums.get(key, 0.0) + w * p
+        sums: defaultdict[Hashable, float] = defaultdict(float)
+        for key, w, p in zip(self.clusters or (), self.weights, self.psi):
+            sums[key] += w * p
         return list(sums.values())
 
-    def se_clustered(self, small_sample_correction: bool = True) -> tuple[float | None, int]:
+    def se_clustered(self) -> tuple[float | None, int]:
         """CR1 (CR0 times sqrt(C / (C − 1))) over the cluster sums of ψ, and C; None below 2 clusters."""
         if self.value is None:
             return None, 0
@@ -204,7 +177,14 @@ class RatioEstimate:
         if c < 2:
             return None, c
         cr0 = math.sqrt(math.fsum(s * s for s in sums)) / self.n
-        return _exact_zero(cr0 * math.sqrt(c / (c - 1)) if small_sample_correction else cr0), c
+        return _exact_zero(cr0 * math.sqrt(c / (c - 1))), c
+
+    def se_df(self) -> tuple[float | None, int | None, int]:
+        """The standard error (clustered where there are clusters), the clusters, and the degrees of freedom."""
+        if self.clusters is None:
+            return self.se_naive(), None, self.n - 1
+        se, c = self.se_clustered()
+        return se, c, c - 1
 
 
 def _exact_zero(se: float) -> float:
@@ -212,9 +192,8 @@ def _exact_zero(se: float) -> float:
     return 0.0 if se < 1e-12 else se
 
 
-def correlation(x: Sequence[float], y: Sequence[float], weights: Sequence[int] | None = None) -> float | None:
-    """Pearson's correlation (each pair counted `weights` times); None when either side has no spread."""
-    w = weights if weights is not None else [1] * len(x)
+def correlation(x: Sequence[float], y: Sequence[float], w: Sequence[int]) -> float | None:
+    """Pearson's correlation (each pair counted `w` times); None when either side has no spread."""
     n = sum(w)
     if n < 2:
         return None

@@ -1,9 +1,6 @@
-"""Tables out of figures: Markdown and CSV text.
-
-Every cell may hold text from a dataset or a model (category names, model labels): Markdown cells are
-HTML-escaped (a `<img onerror=...>` is shown, never run, where Markdown is rendered to HTML), and CSV
-cells that a spreadsheet would read as a formula (=, +, -, @, tab, CR first) are prefixed with '.
-"""
+"""Tables out of figures: Markdown, CSV and LaTeX text. A cell may hold text from a dataset or a model: Markdown
+cells are HTML-escaped (shown, never run, where Markdown becomes HTML), CSV cells a spreadsheet would read as a
+formula get a leading '."""
 
 import csv
 import html

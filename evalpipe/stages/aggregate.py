@@ -1,17 +1,11 @@
-"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars.
-
-Per figure of every model: the item-level estimate (each task averaged over the runs that graded
-it, then the mean over tasks, with a standard error clustered where tasks share a context and a
-95% interval), the paper's mean ± std over runs (reproducibility), the minimum detectable
-difference, and paired comparisons between every two models on the tasks both graded.
-
-Writes aggregate.{md,csv,json,tex}, aggregate_comparisons.csv (and PNG bar charts when
-matplotlib is installed) under outputs/<bench>/, and warns when runs are missing, incomplete, or
-were made under different configurations.
-"""
+"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars (results/items.py), the
+mean ± std over runs, and paired comparisons of every two models; aggregate.{md,csv,json,tex},
+aggregate_comparisons.csv and PNG bar charts under outputs/<bench>/, with warnings when runs do not line up."""
 
 import argparse
+import itertools
 import sys
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -73,8 +67,7 @@ SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort")
 
 
 def settings(fingerprints: dict[int, dict]) -> dict:
-    """The generation settings of the model and of the judge, from the first run's manifests (runs that differ get
-    a warning of their own)."""
+    """The model's and the judge's generation settings in the first run (runs that differ get a warning)."""
     first = fingerprints[min(fingerprints)] if fingerprints else {}
     out = {}
     for stage, who in (("infer", "model"), ("judge", "judge")):
@@ -92,15 +85,12 @@ def settings(fingerprints: dict[int, dict]) -> dict:
 
 
 def served(runs: list[dict]) -> tuple[dict, bool]:
-    """The served models and fingerprints of a model's runs (score.json's `served`, summed), and whether its
-    runs were answered or judged by more than one model."""
-    total: dict[str, dict[str, int]] = {}
+    """score.json's `served` summed over a model's runs, and whether more than one model answered or judged."""
+    summed: dict[str, Counter] = {}
     for metrics in runs:
         for who, counts in (metrics.get("served") or {}).items():
-            bucket = total.setdefault(who, {})
-            for name, n in counts.items():
-                bucket[name] = bucket.get(name, 0) + n
-    total = {who: dict(sorted(counts.items())) for who, counts in sorted(total.items())}
+            summed.setdefault(who, Counter()).update(counts)
+    total = {who: dict(sorted(counts.items())) for who, counts in sorted(summed.items())}
     return total, any(len(total.get(who, {})) > 1 for who in ("model", "judge"))
 
 
@@ -143,8 +133,7 @@ def thinking(runs: list[dict], served_models: dict) -> dict | None:
 def collect(
     bench: Benchmark, root: Path, runs: int | None, models: list[str] | None
 ) -> tuple[list[dict], list[str], list[str]]:
-    """Per model: its metrics, items and fingerprints per run. Also warnings about runs that do not
-    line up, and notes about what the item-level figures leave out."""
+    """Per model its runs' metrics, items and fingerprints; warnings about runs that do not line up; notes."""
     warnings: list[str] = []
     notes: list[str] = []
     found = []
@@ -231,8 +220,7 @@ def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str
             continue
         (first_run, first), *rest = seen.items()
         for k, fp in rest:
-            changes = manifest.differences(first, fp)
-            if changes:
+            if changes := manifest.differences(first, fp):
                 out.append(
                     f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})"
                 )
@@ -245,14 +233,9 @@ def _judge_config(entry: dict) -> dict | None:
 
 def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
     """Run-to-run figures: mean and std over runs (the papers' table), and the t-interval over runs."""
-    per_figure: dict[str, list[float]] = {}
-    for values in per_run_values:
-        for name, value in values.items():
-            per_figure.setdefault(name, [])
-            if value is not None:
-                per_figure[name].append(value)
     figures = {}
-    for name, series in per_figure.items():
+    for name in dict.fromkeys(name for values in per_run_values for name in values):
+        series = [value for values in per_run_values if (value := values.get(name)) is not None]
         if not series:
             continue
         interval = stats.ci95(series)
@@ -320,11 +303,9 @@ def _sort_value(figure: dict) -> float | None:
 
 
 def _attach_agreement(bench: Benchmark, models: list[dict], base: Path) -> None:
-    """Each model with second opinions (judge-<label>.jsonl beside a run's judge.jsonl): its judge agreement,
-    pooled over the runs used (the ranking stays judge.jsonl's)."""
+    """Each model's judge agreement with its second opinions (judge-<label>.jsonl), pooled over the runs used."""
     for model in models:
-        section = agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]])
-        if section is not None:
+        if section := agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]]):
             model["agreement"] = section
 
 
@@ -334,24 +315,16 @@ def compare_models(
     """Every pair of models, the higher-ranked one as `model` and the other as `baseline`, per item figure."""
     by_name = {entry["model"]: entry["items"] for entry in found}
     out = []
-    for i, first in enumerate(models):
-        for second in models[i + 1 :]:
-            mine, theirs = by_name[first["model"]], by_name[second["model"]]
-            if mine is None or theirs is None:
-                continue
-            for figure in bench.figures:
-                for name, _ in mine.subsets(figure):
-                    result = items.compare(mine, theirs, figure, name, boot)
-                    if result is not None:
-                        out.append(
-                            {
-                                "model": first["model"],
-                                "baseline": second["model"],
-                                "table": figure.table,
-                                "figure": name,
-                            }
-                            | result
-                        )
+    for first, second in itertools.combinations(models, 2):
+        mine, theirs = by_name[first["model"]], by_name[second["model"]]
+        if mine is None or theirs is None:
+            continue
+        pair = {"model": first["model"], "baseline": second["model"]}
+        for figure in bench.figures:
+            for name, _ in mine.subsets(figure):
+                result = items.compare(mine, theirs, figure, name, boot)
+                if result is not None:
+                    out.append({**pair, "table": figure.table, "figure": name, **result})
     return out
 
 
@@ -359,18 +332,16 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for(
         "aggregate", "A leaderboard with item-level error bars, per model.", _add_args, argv, per_run=False
     )
+    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
     found, warnings, notes = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
-        raise BadInput(
-            f"no score.json under {paths.bench_dir(args.outputs_dir, bench.name)}/*/run-*/ (run score first)"
-        )
+        raise BadInput(f"no score.json under {out_dir}/*/run-*/ (run score first)")
     boot = items.Bootstrap(args.bootstrap, args.seed) if args.bootstrap > 0 else None
     models = summarize(bench, found, boot)
-    _attach_agreement(bench, models, paths.bench_dir(args.outputs_dir, bench.name))
+    _attach_agreement(bench, models, out_dir)
     comparisons = compare_models(bench, models, found, boot)
     flag_note = bench.flag_note if any(m["flagged"] for m in models) else ""
     out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
-    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
     summary = {
         "benchmark": bench.name,
         "methods": {
