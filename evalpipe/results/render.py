@@ -200,10 +200,12 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
         md.append(f"## {bench.name}: power ({first}), in points\n\n" + power + f"\n{POWER_NOTE}\n")
     shown = [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]
     if shown:
-        md.append(
-            f"## {bench.name}: paired comparisons, in points\n\n" + _comparison_table(shown) + f"\n{COMPARE_NOTE}\n"
-        )
-        tex.append(_comparison_latex(shown, bench.name))
+        rows = [_comparison_row(c) for c in shown]
+        table = tables.markdown_table(COMPARE_HEADERS, rows)
+        md.append(f"## {bench.name}: paired comparisons, in points\n\n{table}\n{COMPARE_NOTE}\n")
+        caption = tables.latex_escape(f"{bench.name}: paired comparisons (model − baseline), in points")
+        tex_rows = [[row[0], *map(tables.latex_escape, row[1:])] for row in rows]
+        tex.append(tables.latex_table(COMPARE_HEADERS, tex_rows, caption=caption))
     agreed = agreement_table(bench.name, models)
     if agreed:
         md.append(agreed)
@@ -335,16 +337,6 @@ def _comparison_row(c: dict) -> list[str]:
 
 COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
 COMPARE_HEADERS += ["Items", "Clusters", "Left out", "MDE"]
-
-
-def _comparison_table(comparisons: list[dict]) -> str:
-    return tables.markdown_table(COMPARE_HEADERS, [_comparison_row(c) for c in comparisons])
-
-
-def _comparison_latex(comparisons: list[dict], bench: str) -> str:
-    rows = [[row[0], *map(tables.latex_escape, row[1:])] for row in map(_comparison_row, comparisons)]
-    caption = tables.latex_escape(f"{bench}: paired comparisons (model − baseline), in points")
-    return tables.latex_table(COMPARE_HEADERS, rows, caption=caption)
 
 
 def _r(value: float | None, scale: float = 100) -> object:

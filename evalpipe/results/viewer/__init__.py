@@ -24,8 +24,8 @@ class _Index:
 
     def __init__(self):
         self.strings: dict[str, int] = {}
-        self.models: list[str] = []
-        self.error_types: list[str] = []
+        self.models: dict[str, int] = {}  # each numbered once, as the strings
+        self.error_types: dict[str, int] = {}
         self.columns: dict[str, list] = {k: [] for k in ("b", "m", "r", "i", "f1", "f2", "g", "p", "s", "e", "v")}
         self.details: list[dict] = []
 
@@ -34,15 +34,11 @@ class _Index:
 
     def add_run(self, b: int, run: collect.Run, task_order: dict[str, int]) -> dict:
         """A run's samples, in the benchmark's task order; returns the run's row of the benchmark's run table."""
-        if run.model not in self.models:
-            self.models.append(run.model)
-        m = self.models.index(run.model)
+        m = self.models.setdefault(run.model, len(self.models))
         for sample in sorted(run.samples, key=lambda s: task_order[s["id"]]):
             mask = 0
             for t in sample["errors"]:
-                if t not in self.error_types:
-                    self.error_types.append(t)
-                mask |= 1 << min(self.error_types.index(t), 30)
+                mask |= 1 << min(self.error_types.setdefault(t, len(self.error_types)), 30)
             ids = [self.sid(sample[key]) for key in ("id", "f1", "f2", "group")]
             values = (b, m, run.k, *ids, sample["pass"], self.sid(sample["status"]), mask, sample["preview"])
             for column, value in zip(self.columns.values(), values):  # the columns' order
@@ -120,8 +116,8 @@ def build(
         "sample_chunks": (len(details) + page.CHUNK - 1) // page.CHUNK,
         "text_starts": text_starts,
         "text_chars": texts.full_chars,
-        "models": index.models,
-        "error_types": index.error_types,
+        "models": list(index.models),
+        "error_types": list(index.error_types),
         "cut": cut,
         "benches": benches,
     }

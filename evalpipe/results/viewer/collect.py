@@ -26,24 +26,6 @@ NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no gr
 PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
 
 
-@dataclass
-class FileNote:
-    """What reading one JSONL file found besides its rows."""
-
-    path: Path
-    bad_lines: list[int] = field(default_factory=list)  # line numbers that are not JSON objects
-    torn_tail: bool = False  # a last line without newline that is not JSON (a write cut short, or in progress)
-
-    def problems(self, where: str) -> list[str]:
-        out = []
-        if self.bad_lines:
-            shown = ", ".join(map(str, self.bad_lines[:5])) + (" …" if len(self.bad_lines) > 5 else "")
-            out.append(f"{where}: {len(self.bad_lines)} line(s) are not JSON rows and were skipped (line {shown})")
-        if self.torn_tail:
-            out.append(f"{where}: the last line is incomplete (a write cut short, or still being written); ignored")
-        return out
-
-
 def _fast_id(raw: bytes) -> str | None:
     """The id of one of our rows ({"idx": ... first), sliced from the line without parsing it (None: it cannot be)."""
     if raw.startswith(b'{"idx":"'):
@@ -54,14 +36,14 @@ def _fast_id(raw: bytes) -> str | None:
 
 
 def scan(
-    path: Path, notes: list[FileNote], skip: Collection[str] = frozenset(), skipped: set | None = None
+    path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
-    """The rows of a run's file over its parts (shards.py), streamed; damaged lines go into a note per part.
+    """The rows of a run's file over its parts (shards.py), streamed; each part's damaged lines are said in `damage`.
 
     Whole lines whose id is in `skip` are passed over unparsed, their ids put into `skipped`."""
     for part in shards.parts(path):
-        note = FileNote(part)
-        notes.append(note)
+        bad: list[int] = []  # line numbers that are not JSON objects
+        torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
         try:
             f = open(part, "rb")
         except OSError:
@@ -79,15 +61,19 @@ def scan(
                 except orjson.JSONDecodeError:
                     if not raw.strip():
                         continue
-                    if raw.endswith(b"\n"):
-                        note.bad_lines.append(lineno)
-                    else:
-                        note.torn_tail = True
-                    continue
-                if type(row) is not dict:
-                    note.bad_lines.append(lineno)
-                    continue
-                yield row
+                    torn = not raw.endswith(b"\n")
+                    row = None
+                if type(row) is dict:
+                    yield row
+                elif not torn:
+                    bad.append(lineno)
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+            damage.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
+        if torn:
+            damage.append(
+                f"{where}/{part.name}: the last line is incomplete (a write cut short, or still being written); ignored"
+            )
 
 
 class Texts:
@@ -114,13 +100,8 @@ class Texts:
         if self.cap is None or len(text) <= self.cap:
             return text
         head = self.cap * 3 // 4
-        tail = self.cap - head
-        cut = len(text) - head - tail
-        return (
-            text[:head]
-            + f"\n\n[… {cut:,} characters not embedded in this report (--context-chars {self.cap:,}) …]\n\n"
-            + (text[-tail:] if tail else "")
-        )
+        cut = f"[… {len(text) - self.cap:,} characters not embedded in this report (--context-chars {self.cap:,}) …]"
+        return f"{text[:head]}\n\n{cut}\n\n{text[len(text) - (self.cap - head) :]}"
 
     def cut_summary(self) -> dict:
         cap = self.cap
@@ -135,31 +116,14 @@ class Texts:
         }
 
 
-DETAIL_KEYS = (
-    "status",
-    "error",
-    "finish_reason",
-    "usage",
-    "latency_s",
-    "batch",
-    "calls",
-    "answer",
-    "target",
-    "prediction",
-    "parse_mode",
-    "correct",
-    "normalized_correct",
-    "requirement_status",
-    "judge_status",
-    "judge_salvage",
-    "judge_notes",
-    "judge_error",
-    "judge_model",
-    "judge_usage",
-    "judge_latency_s",
-    "judge_attempts",
-    "judge_batch",
+# the row's keys shown as they are: the answer's call, the grade, the judge's call
+ANSWER_KEYS = ("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls")
+GRADE_KEYS = ("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status")
+JUDGE_KEYS = tuple(
+    f"judge_{key}"
+    for key in ("status", "salvage", "notes", "error", "model", "usage", "latency_s", "attempts", "batch")
 )
+DETAIL_KEYS = ANSWER_KEYS + GRADE_KEYS + JUDGE_KEYS
 _SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", "thinking"}
 _SHOWN.update(DETAIL_KEYS)
 ANALYSIS_KEYS = (
@@ -173,11 +137,8 @@ ANALYSIS_KEYS = (
 
 
 def rubric_texts(rubrics: Any) -> list[str]:
-    out = []
-    for rubric in rubrics if isinstance(rubrics, list) else []:
-        text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
-        out.append(as_text(text).strip())
-    return out
+    rubrics = rubrics if isinstance(rubrics, list) else []
+    return [as_text(r.get("rubric_criteria", "") if isinstance(r, dict) else r).strip() for r in rubrics]
 
 
 def passed(row: dict) -> int:
@@ -233,7 +194,6 @@ class Run:
 
     model: str
     k: int
-    folder: Path
     samples: list[dict] = field(default_factory=list)
     infer_rows: int = 0
     judge_rows: int = 0
@@ -282,13 +242,13 @@ def _writer_alive(lock: Path) -> int | None:
 
 
 def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: Texts) -> Run:
-    run = Run(model, k, folder)
+    run = Run(model, k)
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
     by_id: dict[str, dict] = {}
-    notes: list[FileNote] = []
+    damage: list[str] = []
     judged, answers = shards.exists(judge_path), shards.exists(infer_path)
-    for row in scan(judge_path, notes):
+    for row in scan(judge_path, where, damage):
         sample = sample_from(row, True, shape, texts)
         by_id[sample["id"]] = sample
     run.judge_rows = len(by_id)
@@ -299,7 +259,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     judged_ids = set(by_id)
     # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
     answered: set[str] = set()
-    for row in scan(infer_path, notes, judged_ids, answered):
+    for row in scan(infer_path, where, damage, judged_ids, answered):
         task = row_id(row)
         answered.add(task)
         if task not in judged_ids:
@@ -308,15 +268,14 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     if judged and len(by_id) > len(judged_ids):
         run.problems.append(f"{where}: {len(by_id) - len(judged_ids)} answer(s) have no judge row yet (run judge)")
     analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
-    for row in scan(analysis_path, notes):
+    for row in scan(analysis_path, where, damage):
         run.analysis_rows += 1
         analysed = by_id.get(row_id(row))
         if analysed is not None:
             types = row.get("error_types")
             analysed["errors"] = [as_text(t) for t in types] if isinstance(types, list) else []
             analysed["detail"]["analysis"] = {key: row[key] for key in ANALYSIS_KEYS if key in row}
-    for note in notes:
-        run.problems += note.problems(f"{where}/{note.path.name}")
+    run.problems += damage
     for path in (infer_path, judge_path, analysis_path):
         for part in [path, *shards.shard_files(path).values()]:
             pid = _writer_alive(folder / f"{part.name}.lock")
