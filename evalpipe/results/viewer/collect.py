@@ -368,28 +368,21 @@ def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run]
     """The leaderboard from aggregate.json, else from the runs' score.json (the `declared` figures' headline values)."""
     path = bench_dir / "aggregate.json"
     data = _read_json(path)
-    if isinstance(data, dict) and isinstance(data.get("models"), list):
-        return {
-            "source": "aggregate.json",
-            "models": [_model(m) for m in data["models"] if isinstance(m, dict)],
-            "comparisons": [c for c in data.get("comparisons") or [] if isinstance(c, dict)],
-            "warnings": [as_text(w) for w in data.get("warnings") or []],
-            "notes": _notes(data),
-            "std_shown": as_text(data.get("std_shown") or "sample"),
-        }
-    problems.append(
-        f"{bench_dir.name}: no aggregate.json"
-        + (" (not valid JSON)" if path.exists() else "")
-        + ": the figures below are computed from the runs' score.json (run make report or aggregate)"
-    )
-    models = _figures_from_scores(declared, runs)
+    source = "aggregate.json"
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        problems.append(
+            f"{bench_dir.name}: no aggregate.json"
+            + (" (not valid JSON)" if path.exists() else "")
+            + ": the figures below are computed from the runs' score.json (run make report or aggregate)"
+        )
+        source, data = "score.json", {"models": _figures_from_scores(declared, runs)}
     return {
-        "source": "score.json",
-        "models": models,
-        "comparisons": [],
-        "warnings": [],
-        "notes": [],
-        "std_shown": "sample",
+        "source": source,
+        "models": [_model(m) for m in data["models"] if isinstance(m, dict)],
+        "comparisons": [c for c in data.get("comparisons") or [] if isinstance(c, dict)],
+        "warnings": [as_text(w) for w in data.get("warnings") or []],
+        "notes": _notes(data),
+        "std_shown": as_text(data.get("std_shown") or "sample"),
     }
 
 
