@@ -37,7 +37,6 @@ def _tokens(usage) -> dict:
 
 
 def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) -> dict:
-    """One judge row as a row of the published samples."""
     out = {"benchmark": bench, "model": model, "run": run, "task_id": str(row.get("idx"))}
     out |= {key: row.get(key) for key in ROW_FIELDS} | _tokens(row.get("usage"))
     judge = _tokens(row.get("judge_usage"))
@@ -161,11 +160,10 @@ def main(argv: list[str]) -> int:
     if not REPO.fullmatch(args.repo):
         parser.error(f"REPO={args.repo}: expected owner/name")
     try:
-        import huggingface_hub  # noqa: F401
+        from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         print("publish: huggingface_hub is not installed: `make publish` installs it", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from huggingface_hub.errors import HfHubHTTPError
 
     try:
         commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)

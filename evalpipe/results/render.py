@@ -2,7 +2,6 @@
 table of the papers, power, the paired comparisons and judge agreement (figures' keys: results/items.py)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import tables
@@ -50,8 +49,7 @@ COMPARE_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class Tables:
+class Tables(NamedTuple):
     markdown: str
     csv: str
     latex: str
@@ -214,7 +212,6 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
 
 
 def _both(models: list[dict], row: Callable[[dict, bool], list]) -> tuple[list[list], list[list]]:
-    """Each model's row of a table in Markdown, and in LaTeX."""
     return [row(m, False) for m in models], [row(m, True) for m in models]
 
 
@@ -344,7 +341,6 @@ def _r(value: float | None, scale: float = 100) -> object:
 
 
 def _blank(value: int | None) -> int | str:
-    """A count in a CSV cell: empty when there is none (as every missing number there)."""
     return "" if value is None else value
 
 

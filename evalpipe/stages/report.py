@@ -17,7 +17,6 @@ from . import aggregate
 
 
 def find_results(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks) for every results root with a score.json at or below outputs_dir."""
     return discover.find_roots(outputs_dir, benchmarks.REGISTRY, lambda run: (run / "score.json").exists())
 
 

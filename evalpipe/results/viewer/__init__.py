@@ -60,7 +60,6 @@ class _Index:
         }
 
     def blocks(self) -> list[tuple[str, str]]:
-        """The index, then the details a chunk at a time."""
         out = [("ix", page.packed({"strings": list(self.strings), **self.columns}))]
         return out + [
             (f"s{n}", page.packed(self.details[start : start + page.CHUNK]))
@@ -86,7 +85,7 @@ def build(
 ) -> tuple[str, dict]:
     """The page's text, and a summary of what it holds (counts, what was cut, problems found). `shapes`:
     each benchmark's shape by name (benchmarks.sample_views()); folders of other names are not read."""
-    roots = collect.find_roots(outputs_dir, shapes)
+    roots = discover.find_roots(outputs_dir, shapes, collect.is_run_dir)
     if not roots:
         raise BadInput(
             f"no <bench>/<model>/run-<K>/ folder with infer.jsonl, judge.jsonl or score.json in {outputs_dir} "

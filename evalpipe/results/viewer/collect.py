@@ -6,7 +6,7 @@ as far as it goes and each problem is noted for the report instead of stopping i
 """
 
 import base64
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,8 +190,6 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
 
 @dataclass
 class Run:
-    """One outputs/<bench>/<model>/run-<K>/ folder as read."""
-
     model: str
     k: int
     samples: list[dict] = field(default_factory=list)
@@ -302,13 +300,8 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     return run
 
 
-def _is_run_dir(p: Path) -> bool:
+def is_run_dir(p: Path) -> bool:
     return any(shards.exists(p / f) for f in STAGE_FILES)
-
-
-def find_roots(outputs_dir: Path, names: Iterable[str]) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks of `names`) for every results root with run folders at or below outputs_dir."""
-    return discover.find_roots(outputs_dir, names, _is_run_dir)
 
 
 def _figures_from_scores(declared: Sequence[ItemFigure], runs: list[Run]) -> list[dict]:
@@ -350,7 +343,6 @@ def _slim_figures(figures: Any) -> dict:
 
 
 def _model(m: dict) -> dict:
-    """A model of aggregate.json as the leaderboard shows it."""
     runs = m.get("runs")
     return {
         "model": as_text(m.get("model")),
@@ -416,10 +408,9 @@ def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
 
 
 def read_bench(root: Path, bench: str, shape: Shape, texts: Texts) -> tuple[dict, list[Run]]:
-    """One benchmark of one results root: its summary (leaderboard, plots, runs, problems) and its runs."""
     bench_dir = root / bench
     runs = [
-        read_run(bench, model, k, folder, shape, texts) for model, k, folder in discover.runs(bench_dir, _is_run_dir)
+        read_run(bench, model, k, folder, shape, texts) for model, k, folder in discover.runs(bench_dir, is_run_dir)
     ]
     problems = [p for run in runs for p in run.problems]
     summary = {
