@@ -385,8 +385,7 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
         rows.append(
             [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
             + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
-            + [_blank(c["n_clusters"])]
-            + [c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
+            + [_blank(c["n_clusters"]), c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)
 
