@@ -1,8 +1,5 @@
-"""Where results are: the results roots at or below an outputs folder (make report, the viewer, publish).
-
-A results root is the outputs folder itself or any folder below it, up to MAX_DEPTH levels down
-(e.g. outputs/demo/ of `make demo`), that holds <bench>/<model>/run-<K>/ for a registered
-benchmark; what a run folder must hold to count is the caller's `holds`.
+"""Where results are (make report, the viewer, publish): the results roots at or below an outputs folder, up to
+MAX_DEPTH levels down (e.g. outputs/demo/), that hold <bench>/<model>/run-<K>/ folders holding what the caller asks.
 """
 
 from collections.abc import Callable, Iterable

@@ -130,8 +130,7 @@ def card(benches: list[str], repo: str) -> str:
 
 
 def publish(outputs_dir: Path, bench: str, repo: str, with_prompts: bool = False, private: bool = False):
-    """Upload; returns huggingface_hub's CommitInfo (of the repo's head when nothing changed) and whether a new
-    commit was made."""
+    """Upload; returns huggingface_hub's CommitInfo (the head's when nothing changed) and whether a commit was made."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     staged = files(outputs_dir, bench, with_prompts)

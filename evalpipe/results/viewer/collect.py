@@ -39,7 +39,6 @@ def scan(
     path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
     """The rows of a run's file over its parts (shards.py), streamed; each part's damaged lines are said in `damage`.
-
     Whole lines whose id is in `skip` are passed over unparsed, their ids put into `skipped`."""
     for part in shards.parts(path):
         bad: list[int] = []  # line numbers that are not JSON objects
@@ -228,9 +227,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _writer_alive(lock: Path) -> int | None:
-    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage.
-
-    Reads the pid only: taking the lock, even briefly, could make a starting run exit as locked."""
+    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage (the pid is only read:
+    taking the lock, even briefly, could make a starting run exit as locked)."""
     try:
         pid = int(lock.read_text().strip() or "0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid > 0 else b""
