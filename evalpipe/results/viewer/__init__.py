@@ -41,7 +41,7 @@ class _Index:
                 mask |= 1 << min(self.error_types.setdefault(t, len(self.error_types)), 30)
             ids = [self.sid(sample[key]) for key in ("id", "f1", "f2", "group")]
             values = (b, m, run.k, *ids, sample["pass"], self.sid(sample["status"]), mask, sample["preview"])
-            for column, value in zip(self.columns.values(), values):  # the columns' order
+            for column, value in zip(self.columns.values(), values):  # in the order of self.columns
                 column.append(value)
             self.details.append(sample["detail"])
         cost = (run.score or {}).get("cost")
@@ -99,8 +99,9 @@ def build(
         for name in names:
             summary, runs = collect.read_bench(root, name, shapes[name], texts)
             task_order: dict[str, int] = {}
-            for sample in (sample for run in runs for sample in run.samples):
-                task_order.setdefault(sample["id"], len(task_order))
+            for run in runs:
+                for sample in run.samples:
+                    task_order.setdefault(sample["id"], len(task_order))
             run_rows = [index.add_run(len(benches), run, task_order) for run in runs]
             key = name if where == "." else f"{where}/{name}"
             benches.append({"key": key, "root": where, **summary, "runs": run_rows})
