@@ -2,26 +2,17 @@
 
     python -m evalpipe.results.publish BENCH REPO [--outputs-dir outputs] [--with-prompts] [--private]
 
-One commit to the dataset repo holds, under `<bench>/`:
-  samples.jsonl       a row per model × run × task: ids, score, statuses, tokens, latency and the served
-                      model (no prompts or answers unless --with-prompts); the dataset viewer's config `<bench>`
-  leaderboard.jsonl   a row per model × headline figure (mean ± std over runs, the item-level interval);
-                      config `<bench>-leaderboard`
-  aggregate.md/.json/.csv, and manifests/<model>/run-<k>/*.manifest.json as written by the stages
-and README.md, the dataset card, whose YAML names every benchmark's configs found in the repo.
-
-The files are made the same way from the same results, byte for byte, so publishing again uploads
-nothing and makes no commit unless something changed (huggingface_hub skips files whose content the
-Hub already has, and an empty commit). Files of this benchmark that are no longer made are deleted.
-The token is HF_TOKEN (or huggingface_hub's own login), read by huggingface_hub and never written
-anywhere by us; HF_ENDPOINT points at another Hub.
+One commit holds, under `<bench>/`, samples.jsonl (a row per model × run × task; prompts and answers only
+--with-prompts), leaderboard.jsonl, aggregate.md/.json/.csv and the stages' manifests, and README.md, the
+dataset card naming every benchmark's configs in the repo (docs/results.md). The same results make the same
+bytes, so publishing again makes no commit; this benchmark's files no longer made are deleted. The token
+(HF_TOKEN or huggingface_hub's login) is read by huggingface_hub, never written by us; HF_ENDPOINT: another Hub.
 """
 
 import argparse
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -33,6 +24,7 @@ from . import discover
 
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 ROW_FIELDS = ("status", "finish_reason", "latency_s", "score", "judge_status", "judge_model", "judge_latency_s")
+SERVED_FIELDS = ("response_model", "system_fingerprint", "judge_response_model", "judge_system_fingerprint")
 PROMPT_FIELDS = ("messages", "model_output", "target", "prediction", "grading_rationale", "requirement_status")
 
 
@@ -45,31 +37,14 @@ def _tokens(usage) -> dict:
 
 
 def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) -> dict:
-    """One judge row as a row of the published samples."""
     out = {"benchmark": bench, "model": model, "run": run, "task_id": str(row.get("idx"))}
-    out.update({key: row.get(key) for key in ROW_FIELDS})
-    out.update(_tokens(row.get("usage")))
-    judge_tokens = _tokens(row.get("judge_usage"))
-    out["judge_prompt_tokens"], out["judge_completion_tokens"] = (
-        judge_tokens["prompt_tokens"],
-        judge_tokens["completion_tokens"],
-    )
-    for key in ("response_model", "system_fingerprint", "judge_response_model", "judge_system_fingerprint"):
-        out[key] = row.get(key)
+    out |= {key: row.get(key) for key in ROW_FIELDS} | _tokens(row.get("usage"))
+    judge = _tokens(row.get("judge_usage"))
+    out |= {"judge_prompt_tokens": judge["prompt_tokens"], "judge_completion_tokens": judge["completion_tokens"]}
+    out |= {key: row.get(key) for key in SERVED_FIELDS}
     if with_prompts:
-        out.update({key: row[key] for key in PROMPT_FIELDS if key in row})
+        out |= {key: row[key] for key in PROMPT_FIELDS if key in row}
     return out
-
-
-def runs(bench_dir: Path) -> Iterator[tuple[str, int, Path]]:
-    """(model folder, run number, run folder) of every run with a judge.jsonl, in a stable order."""
-    for model_dir in discover.subfolders(bench_dir):
-        numbered = []
-        for run_dir in model_dir.glob("run-*"):
-            if (m := paths.RUN_DIR.match(run_dir.name)) and shards.exists(run_dir / paths.judge_file_name()):
-                numbered.append((int(m.group(1)), run_dir))
-        for k, run_dir in sorted(numbered):
-            yield model_dir.name, k, run_dir
 
 
 def inside(path: Path, root: Path) -> Path:
@@ -85,37 +60,29 @@ def inside(path: Path, root: Path) -> Path:
     return path
 
 
-def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool, root: Path) -> Iterator[bytes]:
+def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool, root: Path) -> bytes:
+    out = []
     for model, k, run_dir in run_list:
         judge_path = run_dir / paths.judge_file_name()
         for part in shards.parts(judge_path):
             inside(part, root)
         # the last row of a task is the one that counts, as in score
         for row in jsonl.latest_rows(judge_path, rows.row_id).values():
-            yield jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n"
+            out.append(jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n")
+    return b"".join(out)
 
 
-def leaderboard(summary: dict) -> Iterator[bytes]:
+def leaderboard(summary: dict) -> bytes:
+    out = []
     for model in summary.get("models", []):
         for name, figure in model.get("figures", {}).items():
             items = figure.get("items") or {}
-            ci = items.get("ci95") or [None, None]
-            yield (
-                jsonl.dumps(
-                    {
-                        "model": model["model"],
-                        "figure": name,
-                        "runs": len(model.get("runs", [])),
-                        "mean": figure.get("mean"),
-                        "std": figure.get("std_sample"),
-                        "items_mean": items.get("mean"),
-                        "items_se": items.get("se"),
-                        "items_ci95_low": ci[0],
-                        "items_ci95_high": ci[1],
-                    }
-                )
-                + b"\n"
-            )
+            low, high = items.get("ci95") or [None, None]
+            row = {"model": model["model"], "figure": name, "runs": len(model.get("runs", []))}
+            row |= {"mean": figure.get("mean"), "std": figure.get("std_sample")}
+            row |= {"items_mean": items.get("mean"), "items_se": items.get("se")}
+            out.append(jsonl.dumps(row | {"items_ci95_low": low, "items_ci95_high": high}) + b"\n")
+    return b"".join(out)
 
 
 def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]:
@@ -125,12 +92,12 @@ def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]
     summary_path = bench_dir / "aggregate.json"
     if not summary_path.is_file():
         raise BadInput(f"no aggregate.json: run `make aggregate BENCH={bench}` first", bench_dir)
-    run_list = list(runs(bench_dir))
-    out = {f"{bench}/samples.jsonl": b"".join(samples(bench, run_list, with_prompts, root))}
+    run_list = discover.runs(bench_dir, lambda run: shards.exists(run / paths.judge_file_name()))
+    out = {f"{bench}/samples.jsonl": samples(bench, run_list, with_prompts, root)}
     if not out[f"{bench}/samples.jsonl"]:
         raise BadInput("no run has a judge.jsonl", bench_dir)
     out[f"{bench}/aggregate.json"] = inside(summary_path, root).read_bytes()
-    out[f"{bench}/leaderboard.jsonl"] = b"".join(leaderboard(orjson.loads(out[f"{bench}/aggregate.json"])))
+    out[f"{bench}/leaderboard.jsonl"] = leaderboard(orjson.loads(out[f"{bench}/aggregate.json"]))
     for name in ("aggregate.md", "aggregate.csv"):
         if (bench_dir / name).is_file():
             out[f"{bench}/{name}"] = inside(bench_dir / name, root).read_bytes()
@@ -163,8 +130,7 @@ def card(benches: list[str], repo: str) -> str:
 
 
 def publish(outputs_dir: Path, bench: str, repo: str, with_prompts: bool = False, private: bool = False):
-    """Upload; returns huggingface_hub's CommitInfo (of the repo's head when nothing changed) and whether a new
-    commit was made."""
+    """Upload; returns huggingface_hub's CommitInfo (the head's when nothing changed) and whether a commit was made."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     staged = files(outputs_dir, bench, with_prompts)
@@ -193,11 +159,10 @@ def main(argv: list[str]) -> int:
     if not REPO.fullmatch(args.repo):
         parser.error(f"REPO={args.repo}: expected owner/name")
     try:
-        import huggingface_hub  # noqa: F401
+        from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         print("publish: huggingface_hub is not installed: `make publish` installs it", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from huggingface_hub.errors import HfHubHTTPError
 
     try:
         commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)

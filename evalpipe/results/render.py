@@ -1,17 +1,13 @@
-"""aggregate's tables as Markdown, CSV and LaTeX: the leaderboard, the item-level estimates, the
-run-to-run table of the papers, power, and the paired comparisons.
-
-Each model (from aggregate's summary) has `figures` (the headline table) and `extra_tables`;
-each figure has run-level keys (mean, std_sample, std_population, stderr, ci95, n, values) and,
-where the runs have items.json, an `items` object (see results/items.py).
-"""
+"""aggregate's tables as Markdown, CSV and LaTeX: the leaderboard, the item-level estimates, the run-to-run
+table of the papers, power, the paired comparisons and judge agreement (figures' keys: results/items.py)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import tables
 from .agreement import NOTE as AGREEMENT_NOTE
 from .items import MDE_RUNS, display_interval
+from .tables import pct
 
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
@@ -53,17 +49,16 @@ COMPARE_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class Tables:
+class Tables(NamedTuple):
     markdown: str
     csv: str
     latex: str
     comparisons_csv: str
 
 
-def table_figures(title: str, model: dict) -> dict:
+def _figures_of(title: str) -> Callable[[dict], dict]:
     """A model's figures of one table: the headline table's, or an extra table's by title."""
-    return model["figures"] if title == MAIN else model["extra_tables"].get(title, {})
+    return lambda m: m["figures"] if title == MAIN else m["extra_tables"].get(title, {})
 
 
 def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
@@ -71,10 +66,6 @@ def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
     for m in models:
         names += [n for n in figures_of(m) if n not in names]
     return names
-
-
-def _p(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{100 * value:.{digits}f}"
 
 
 def provenance_notes(models: list[dict]) -> list[str]:
@@ -103,7 +94,7 @@ def provenance_notes(models: list[dict]) -> list[str]:
             t = m["thinking"]
             said = []
             if t["reasoning_tokens_per_task"] is not None:
-                share = "" if t["reasoning_share"] is None else f", {_p(t['reasoning_share'])}% of the {t['share_of']}"
+                share = "" if t["reasoning_share"] is None else f", {pct(t['reasoning_share'])}% of the {t['share_of']}"
                 said.append(f"{t['reasoning_tokens_per_task']:,.0f} reasoning tokens per task{share}")
             if t["thinking_truncated"]:
                 said.append(f"{t['thinking_truncated']} answers ran out of tokens while thinking (scored 0)")
@@ -119,14 +110,10 @@ def provenance_notes(models: list[dict]) -> list[str]:
     lines = []
     for m in models:
         settings = m.get("settings") or {}
-        said = [
-            f"{who}: "
-            + (
-                ", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model")
-                or "none sent (the endpoint's defaults)"
-            )
-            for who, values in settings.items()
-        ]
+        said = []
+        for who, values in settings.items():
+            sent = ", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model")
+            said.append(f"{who}: " + (sent or "none sent (the endpoint's defaults)"))
         judge = (settings.get("judge") or {}).get("model")
         if said:
             lines.append(esc(m["model"]) + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
@@ -141,10 +128,10 @@ def items_cell(items: dict | None, tex: bool = False) -> str:
     """`mean (SE) [low, high]` in percent, with the small-sample mark."""
     if not items or items.get("mean") is None:
         return "--" if tex else "-"
-    text = _p(items["mean"]) + (f" ({_p(items['se'])})" if items.get("se") is not None else "")
+    text = pct(items["mean"]) + (f" ({pct(items['se'])})" if items.get("se") is not None else "")
     interval = display_interval(items)
     if interval:
-        text += f" [{_p(interval[0])}, {_p(interval[1])}]"
+        text += f" [{pct(interval[0])}, {pct(interval[1])}]"
     if tex:
         text = tables.latex_escape(text) + (SMALL_TEX if items.get("small_sample") else "")
     elif items.get("small_sample"):
@@ -178,8 +165,7 @@ def _has_items(models: list[dict], figures_of: Callable[[dict], dict]) -> bool:
     return any((f or {}).get("items") for m in models for f in figures_of(m).values())
 
 
-@dataclass(frozen=True)
-class _Style:
+class _Style(NamedTuple):
     """How the run-to-run figures are shown: which std, its words in Markdown and LaTeX, and whether the t-interval."""
 
     key: str
@@ -187,18 +173,18 @@ class _Style:
     tex: str
     runs_ci: bool
 
-    @classmethod
-    def of(cls, std_kind: str, runs_ci: bool) -> "_Style":
-        if std_kind == "sample":
-            return cls("std_sample", "sample std (ddof 1)", "sample std ($n-1$)", runs_ci)
-        return cls("std_population", "population std (ddof 0)", "population std ($n$)", runs_ci)
+
+_STD_WORDS = {
+    "sample": ("sample std (ddof 1)", "sample std ($n-1$)"),
+    "population": ("population std (ddof 0)", "population std ($n$)"),
+}
 
 
 def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, runs_ci: bool, flag_note: str) -> Tables:
     """Every table of a benchmark's aggregate, in Markdown, CSV (one row per model) and LaTeX."""
-    style = _Style.of(std_kind, runs_ci)
+    style = _Style(f"std_{std_kind}", *_STD_WORDS[std_kind], runs_ci)
     flagged = {m["model"] for m in models if m["flagged"]}
-    main_names = _names(models, lambda m: m["figures"])
+    main_names = _names(models, _figures_of(MAIN))
     first = main_names[0] if main_names else None
     md: list[str] = []
     tex: list[str] = []
@@ -212,10 +198,12 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
         md.append(f"## {bench.name}: power ({first}), in points\n\n" + power + f"\n{POWER_NOTE}\n")
     shown = [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]
     if shown:
-        md.append(
-            f"## {bench.name}: paired comparisons, in points\n\n" + _comparison_table(shown) + f"\n{COMPARE_NOTE}\n"
-        )
-        tex.append(_comparison_latex(shown, bench.name))
+        rows = [_comparison_row(c) for c in shown]
+        table = tables.markdown_table(COMPARE_HEADERS, rows)
+        md.append(f"## {bench.name}: paired comparisons, in points\n\n{table}\n{COMPARE_NOTE}\n")
+        caption = tables.latex_escape(f"{bench.name}: paired comparisons (model − baseline), in points")
+        tex_rows = [[row[0], *map(tables.latex_escape, row[1:])] for row in rows]
+        tex.append(tables.latex_table(COMPARE_HEADERS, tex_rows, caption=caption))
     agreed = agreement_table(bench.name, models)
     if agreed:
         md.append(agreed)
@@ -223,28 +211,33 @@ def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, ru
     return Tables("\n".join(md), _csv(models, titles, std_kind), "\n".join(tex), _comparisons_csv(comparisons))
 
 
+def _both(models: list[dict], row: Callable[[dict, bool], list]) -> tuple[list[list], list[list]]:
+    return [row(m, False) for m in models], [row(m, True) for m in models]
+
+
+def _flag(tex: bool) -> str:
+    return FLAG_TEX if tex else f" {FLAG}"
+
+
 def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note: str, md: list, tex: list) -> None:
     """The leaderboard: the headline figure over items and over runs, the MDE and the cost, with its notes."""
     headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
     headers += [f"{first}: runs, mean ± std", f"MDE ({first})", "Cost/run (USD)"]
-    rows, tex_rows = [], []
-    for m in models:
+
+    def row(m: dict, tex: bool) -> list:
         figure = m["figures"].get(first)
         items = (figure or {}).get("items") or {}
-        mark = f" {FLAG}" if m["flagged"] else ""
-        mixed = m.get("mixed_served_models", False)
-        cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
+        name = m["model"] + (f" {MIXED}" if m.get("mixed_served_models", False) else "")
         counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
-        rows.append(
-            [m["model"] + (f" {MIXED}" if mixed else ""), len(m["runs"]), *counts, items_cell(items) + mark]
-            + [runs_cell(figure, style.key, False), _p(items.get("mde")), cost]
-        )
-        tex_rows.append(
-            [m["model"] + (f" {MIXED}" if mixed else ""), len(m["runs"]), *counts]
-            + [items_cell(items, tex=True) + (FLAG_TEX if mark else "")]
-            + [runs_cell(figure, style.key, False, tex=True), _p(items.get("mde")), cost]
-        )
-    notes = [ITEMS_NOTE if _has_items(models, lambda m: m["figures"]) else NO_ITEMS_NOTE]
+        cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
+        figures = [
+            items_cell(items, tex) + (_flag(tex) if m["flagged"] else ""),
+            runs_cell(figure, style.key, False, tex),
+        ]
+        return [name, len(m["runs"]), *counts, *figures, pct(items.get("mde")), cost]
+
+    rows, tex_rows = _both(models, row)
+    notes = [ITEMS_NOTE if _has_items(models, _figures_of(MAIN)) else NO_ITEMS_NOTE]
     notes.append(RUNS_NOTE.format(std=style.words))
     if flag_note:
         notes.append(flag_note)
@@ -260,16 +253,16 @@ def _figure_tables(
     bench, models: list[dict], title: str, style: _Style, flagged: set, flag_note: str, md: list, tex: list
 ) -> None:
     """One table's figures (the headline's, or an extra table's): item-level estimates, then run to run."""
-
-    def figures_of(m: dict) -> dict:
-        return table_figures(title, m)
-
+    figures_of = _figures_of(title)
     names = _names(models, figures_of)
     if not names:
         return
     heading = bench.name if title == MAIN else f"{bench.name}: {title}"
     if _has_items(models, figures_of):
-        rows = [[m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items")) for n in names)] for m in models]
+        rows, tex_rows = _both(
+            models,
+            lambda m, tex: [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items"), tex) for n in names)],
+        )
         rows.append(["method", *(_method(models, figures_of, n) for n in names)])
         md.append(
             f"## {tables.md_escape(heading)}: item-level estimates, in percent\n\n"
@@ -277,31 +270,18 @@ def _figure_tables(
         )
         if any(((figures_of(m).get(n) or {}).get("items") or {}).get("small_sample") for m in models for n in names):
             md.append(SMALL_NOTE + "\n")
-        tex_rows = [
-            [m["model"], *(items_cell((figures_of(m).get(n) or {}).get("items"), tex=True) for n in names)]
-            for m in models
-        ]
         caption = f"{heading}: item-level mean (SE) [95% CI], in percent"
         tex.append(tables.latex_table(["Model", *names], tex_rows, caption=tables.latex_escape(caption)))
     if not any(f.get("mean") is not None for m in models for f in figures_of(m).values()):
         return
-    rows = [
-        [m["model"], len(m["runs"]), *(runs_cell(figures_of(m).get(n), style.key, style.runs_ci) for n in names)]
-        for m in models
-    ]
-    tex_rows = [
-        [
-            m["model"],
-            len(m["runs"]),
-            *(runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex=True) for n in names),
-        ]
-        for m in models
-    ]
-    if title == MAIN:  # the benchmark's mark beside the headline figure (flag_note says why)
-        for m, row, tex_row in zip(models, rows, tex_rows):
-            if m["model"] in flagged:
-                row[2] += f" {FLAG}"
-                tex_row[2] += FLAG_TEX
+
+    def runs_row(m: dict, tex: bool) -> list:
+        cells = [runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex) for n in names]
+        if title == MAIN and m["model"] in flagged:  # the benchmark's mark beside the headline figure
+            cells[0] += _flag(tex)
+        return [m["model"], len(m["runs"]), *cells]
+
+    rows, tex_rows = _both(models, runs_row)
     md.append(
         f"## {tables.md_escape(heading)}: run-to-run, mean ± {style.words} over runs, in percent\n\n"
         + tables.markdown_table(["Model", "Runs", *names], rows)
@@ -325,7 +305,7 @@ def _power_table(models: list[dict], first: str | None) -> str:
             continue
         projected = items.get("mde_runs") or {}
         k = items["runs_per_item"][1]
-        rows.append([m["model"], f"{_p(items['mde'])} ({k} runs)", *(_p(projected.get(str(r))) for r in MDE_RUNS)])
+        rows.append([m["model"], f"{pct(items['mde'])} ({k} runs)", *(pct(projected.get(str(r))) for r in MDE_RUNS)])
     if not rows:
         return ""
     return tables.markdown_table(["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)], rows)
@@ -337,18 +317,18 @@ def _signed(value: float | None) -> str:
 
 def _comparison_row(c: dict) -> list[str]:
     ci = c["ci95"]
+    interval = f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-"
+    p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
+    correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
+    cells = [f"{_signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
     return [
         c["model"],
         c["baseline"],
         c["figure"],
-        f"{_signed(c['diff'])} ({_p(c['se'])})",
-        f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-",
-        "-" if c["p_value"] is None else f"{c['p_value']:.3g}",
-        "-" if c["correlation"] is None else f"{c['correlation']:.2f}",
-        str(c["n_items"]),
+        *cells,
         _count(c["n_clusters"]),
         str(c["n_left_out"]),
-        _p(c["mde"]),
+        pct(c["mde"]),
     ]
 
 
@@ -356,23 +336,16 @@ COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95
 COMPARE_HEADERS += ["Items", "Clusters", "Left out", "MDE"]
 
 
-def _comparison_table(comparisons: list[dict]) -> str:
-    return tables.markdown_table(COMPARE_HEADERS, [_comparison_row(c) for c in comparisons])
-
-
-def _comparison_latex(comparisons: list[dict], bench: str) -> str:
-    rows = [[row[0], *map(tables.latex_escape, row[1:])] for row in map(_comparison_row, comparisons)]
-    caption = tables.latex_escape(f"{bench}: paired comparisons (model − baseline), in points")
-    return tables.latex_table(COMPARE_HEADERS, rows, caption=caption)
-
-
 def _r(value: float | None, scale: float = 100) -> object:
     return "" if value is None else round(scale * value, 4)
 
 
 def _blank(value: int | None) -> int | str:
-    """A count in a CSV cell: empty when there is none (as every missing number there)."""
     return "" if value is None else value
+
+
+CSV_RUN_COLUMNS = ("mean %", "std % ({std})", "stderr %", "ci95 low %", "ci95 high %")
+CSV_ITEM_COLUMNS = ("mean %", "se %", "ci95 low %", "ci95 high %", "n", "clusters", "se method", "ci method")
 
 
 def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
@@ -380,20 +353,11 @@ def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
     headers = ["model", "runs"]
     rows: list[list] = [[m["model"], len(m["runs"])] for m in models]
     for title in titles:
-
-        def figures_of(m: dict, title: str = title) -> dict:
-            return table_figures(title, m)
-
+        figures_of = _figures_of(title)
         prefix = "" if title == MAIN else f"{title}: "
         for name in _names(models, figures_of):
-            headers += [
-                f"{prefix}{name} {part}"
-                for part in ("mean %", f"std % ({std_kind})", "stderr %", "ci95 low %", "ci95 high %")
-            ]
-            headers += [
-                f"{prefix}{name} items {part}"
-                for part in ("mean %", "se %", "ci95 low %", "ci95 high %", "n", "clusters", "se method", "ci method")
-            ]
+            headers += [f"{prefix}{name} {part.format(std=std_kind)}" for part in CSV_RUN_COLUMNS]
+            headers += [f"{prefix}{name} items {part}" for part in CSV_ITEM_COLUMNS]
             for row, m in zip(rows, models):
                 f = figures_of(m).get(name) or {}
                 ci = f.get("ci95") or [None, None]
@@ -421,8 +385,7 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
         rows.append(
             [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
             + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
-            + [_blank(c["n_clusters"])]
-            + [c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
+            + [_blank(c["n_clusters"]), c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)
 
@@ -445,14 +408,13 @@ def agreement_table(bench_name: str, models: list[dict]) -> str:
             f, rubric = pair["overall"], pair["rubric_items"] or {}
             formats = " | ".join(", ".join(pair["formats"][s]) or "-" for s in ("a", "b"))
             rows.append(
-                [m["model"], f"{pair['a']} vs {pair['b']}", f["n"], _p(f["raw_agreement"]), _k(f["cohen_kappa"])]
-                + [f"{_p(f['pass_rate_a'])} / {_p(f['pass_rate_b'])}", _p(rubric.get("raw_agreement"))]
+                [m["model"], f"{pair['a']} vs {pair['b']}", f["n"], pct(f["raw_agreement"]), _k(f["cohen_kappa"])]
+                + [f"{pct(f['pass_rate_a'])} / {pct(f['pass_rate_b'])}", pct(rubric.get("raw_agreement"))]
                 + [_k(rubric.get("cohen_kappa")), formats + (" (A/B)" if pair["format_ab"] else "")]
             )
         for r in section["repeated"]:
-            repeats.append(
-                [m["model"], r["judge_model"], ", ".join(r["files"]), r["n"], _p(r["flip_rate"]), _k(r["fleiss_kappa"])]
-            )
+            cells = [r["judge_model"], ", ".join(r["files"]), r["n"], pct(r["flip_rate"]), _k(r["fleiss_kappa"])]
+            repeats.append([m["model"], *cells])
     if not rows and not repeats:
         return ""
     headers = ["Model", "Judges (a vs b)", "Tasks", "Raw agreement", "Cohen's κ", "Pass rate a / b"]

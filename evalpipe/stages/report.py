@@ -1,7 +1,6 @@
-"""`make report`: aggregate every benchmark found under outputs/ and index them in outputs/report.md.
+"""`make report`: aggregate every benchmark found under outputs/ in place and index them in outputs/report.md.
 
-A results root (results/discover.py) here is one whose run folders hold a score.json. Each
-(root, benchmark) is aggregated in place and gets a section of report.md.
+A results root (results/discover.py) here is one whose run folders hold a score.json.
 """
 
 import argparse
@@ -12,23 +11,13 @@ from pathlib import Path
 from .. import benchmarks
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput, run_stage
 from ..results import discover, nights, viewer
-from ..store import jsonl, paths
+from ..store import jsonl
 from ..store.paths import DEFAULT_ROOT
 from . import aggregate
 
 
-def benches_in(root: Path) -> list[str]:
-    """The registered benchmarks with a score.json under root/<bench>/<model>/run-<K>/."""
-    return [
-        name
-        for name in benchmarks.REGISTRY
-        if any(paths.RUN_DIR.match(p.parent.name) for p in (root / name).glob("*/run-*/score.json"))
-    ]
-
-
 def find_results(outputs_dir: Path) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks) for every results root with a score.json at or below outputs_dir."""
-    return discover.find_roots(outputs_dir, benches_in)
+    return discover.find_roots(outputs_dir, benchmarks.REGISTRY, lambda run: (run / "score.json").exists())
 
 
 def section(outputs_dir: Path, root: Path, bench: str) -> str:

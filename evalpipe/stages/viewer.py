@@ -1,9 +1,6 @@
-"""report.html alone: every sample of every run in one self-contained, offline HTML file.
+"""report.html alone: every sample of every run in one self-contained, offline HTML file (docs/viewer.md).
 
-    python -m evalpipe.stages.viewer OUTPUTS_DIR [--output FILE] [--context-chars N|all]
-
-`make report` writes it too, beside report.md. The page itself is made by results/viewer/;
-this command hands it each registered benchmark's shape (docs/viewer.md).
+`make report` writes it too, beside report.md; this command hands results/viewer/ each benchmark's shape.
 """
 
 import argparse

@@ -1,16 +1,10 @@
-"""report.html: every sample of every run in one self-contained, offline HTML file.
+"""report.html: every sample of every run in one self-contained, offline HTML file (docs/viewer.md).
 
-    python -m evalpipe.stages.viewer OUTPUTS_DIR [--output FILE] [--context-chars N|all]
-
-`make report` writes outputs/report.html next to report.md. The file needs no server and makes
-no network request: open it from disk, mail it, attach it. It shows, per benchmark, the
-leaderboard with its error bars, coverage, judge statuses, cost and plots; a sample browser with
-filters, full-text search and a detail view shaped per benchmark; a comparison of two models or
-runs on the same tasks; and permalinks in the URL fragment. Generated from the stage files alone
-(collect.py reads them, streaming; page.py packs the file). docs/viewer.md has the details.
+collect.py reads the stage files, streaming; page.py packs them into the page.
 """
 
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,50 +24,27 @@ class _Index:
 
     def __init__(self):
         self.strings: dict[str, int] = {}
-        self.models: list[str] = []
-        self.error_types: list[str] = []
+        self.models: dict[str, int] = {}  # each numbered once, as the strings
+        self.error_types: dict[str, int] = {}
         self.columns: dict[str, list] = {k: [] for k in ("b", "m", "r", "i", "f1", "f2", "g", "p", "s", "e", "v")}
         self.details: list[dict] = []
 
     def sid(self, value: str) -> int:
-        found = self.strings.get(value)
-        if found is None:
-            found = self.strings[value] = len(self.strings)
-        return found
+        return self.strings.setdefault(value, len(self.strings))
 
-    def add_run(self, b: int, run, task_order: dict[str, int]) -> dict:
+    def add_run(self, b: int, run: collect.Run, task_order: dict[str, int]) -> dict:
         """A run's samples, in the benchmark's task order; returns the run's row of the benchmark's run table."""
-        if run.model not in self.models:
-            self.models.append(run.model)
-        m = self.models.index(run.model)
-        statuses: dict[str, int] = {}
-        passed = 0
+        m = self.models.setdefault(run.model, len(self.models))
         for sample in sorted(run.samples, key=lambda s: task_order[s["id"]]):
             mask = 0
             for t in sample["errors"]:
-                if t not in self.error_types:
-                    self.error_types.append(t)
-                mask |= 1 << min(self.error_types.index(t), 30)
-            statuses[sample["status"]] = statuses.get(sample["status"], 0) + 1
-            passed += sample["pass"] == 1
-            sid = self.sid
-            for col, value in (
-                ("b", b),
-                ("m", m),
-                ("r", run.k),
-                ("i", sid(sample["id"])),
-                ("f1", sid(sample["f1"])),
-                ("f2", sid(sample["f2"])),
-                ("g", sid(sample["group"])),
-                ("p", sample["pass"]),
-                ("s", sid(sample["status"])),
-                ("e", mask),
-                ("v", sample["preview"]),
-            ):
-                self.columns[col].append(value)
+                mask |= 1 << min(self.error_types.setdefault(t, len(self.error_types)), 30)
+            ids = [self.sid(sample[key]) for key in ("id", "f1", "f2", "group")]
+            values = (b, m, run.k, *ids, sample["pass"], self.sid(sample["status"]), mask, sample["preview"])
+            for column, value in zip(self.columns.values(), values):  # in the order of self.columns
+                column.append(value)
             self.details.append(sample["detail"])
         cost = (run.score or {}).get("cost")
-        cost = cost if isinstance(cost, dict) else {}
         return {
             "model": run.model,
             "run": run.k,
@@ -82,14 +53,13 @@ class _Index:
             "judge_rows": run.judge_rows,
             "analysis_rows": run.analysis_rows,
             "expected": run.expected,
-            "passed": passed,
-            "statuses": dict(sorted(statuses.items())),
-            "cost_usd": cost.get("cost_usd"),
+            "passed": sum(s["pass"] == 1 for s in run.samples),
+            "statuses": dict(sorted(Counter(s["status"] for s in run.samples).items())),
+            "cost_usd": cost.get("cost_usd") if isinstance(cost, dict) else None,
             "scored": run.score is not None,
         }
 
     def blocks(self) -> list[tuple[str, str]]:
-        """The index, then the details a chunk at a time."""
         out = [("ix", page.packed({"strings": list(self.strings), **self.columns}))]
         return out + [
             (f"s{n}", page.packed(self.details[start : start + page.CHUNK]))
@@ -99,21 +69,15 @@ class _Index:
 
 def _text_blocks(texts: collect.Texts) -> tuple[list[tuple[str, str]], list[int]]:
     """The long texts, packed in chunks of about page.TEXT_CHUNK_CHARS, and the first text of each chunk."""
-    blocks: list[tuple[str, str]] = []
     starts: list[int] = []
-    chunk: list[str] = []
     size = 0
     for i, text in enumerate(texts.items):
-        if chunk and size + len(text) > page.TEXT_CHUNK_CHARS:
-            blocks.append((f"x{len(starts) - 1}", page.packed(chunk)))
-            chunk, size = [], 0
-        if not chunk:
+        if not starts or size + len(text) > page.TEXT_CHUNK_CHARS:
             starts.append(i)
-        chunk.append(text)
+            size = 0
         size += len(text)
-    if chunk:
-        blocks.append((f"x{len(starts) - 1}", page.packed(chunk)))
-    return blocks, starts
+    ends = [*starts[1:], len(texts.items)]
+    return [(f"x{n}", page.packed(texts.items[a:b])) for n, (a, b) in enumerate(zip(starts, ends))], starts
 
 
 def build(
@@ -121,8 +85,7 @@ def build(
 ) -> tuple[str, dict]:
     """The page's text, and a summary of what it holds (counts, what was cut, problems found). `shapes`:
     each benchmark's shape by name (benchmarks.sample_views()); folders of other names are not read."""
-    outputs_dir = Path(outputs_dir)
-    roots = collect.find_roots(outputs_dir, shapes)
+    roots = discover.find_roots(outputs_dir, shapes, collect.is_run_dir)
     if not roots:
         raise BadInput(
             f"no <bench>/<model>/run-<K>/ folder with infer.jsonl, judge.jsonl or score.json in {outputs_dir} "
@@ -153,8 +116,8 @@ def build(
         "sample_chunks": (len(details) + page.CHUNK - 1) // page.CHUNK,
         "text_starts": text_starts,
         "text_chars": texts.full_chars,
-        "models": index.models,
-        "error_types": index.error_types,
+        "models": list(index.models),
+        "error_types": list(index.error_types),
         "cut": cut,
         "benches": benches,
     }
@@ -202,7 +165,7 @@ def write(
     context_chars: int | None = DEFAULT_CONTEXT_CHARS,
 ) -> Path:
     """Build the report of `outputs_dir` and write it atomically (default: OUTPUTS_DIR/report.html)."""
-    output = output or Path(outputs_dir) / "report.html"
+    output = output or outputs_dir / "report.html"
     html, info = build(outputs_dir, shapes, context_chars)
     jsonl.atomic_write(output, html.encode())
     for line in describe(output, info):

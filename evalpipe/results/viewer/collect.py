@@ -1,15 +1,12 @@
 """What the viewer shows, read from the stage files alone: every sample of every run, and each benchmark's summary.
 
-Rows are read one line at a time and turned at once into a compact sample: the long texts of a
-conversation (a CL-bench context, a few-shot prompt) go into one shared table, each distinct text
-once, so nine model-runs of one task hold its context once. Only the last row per task id is kept,
-as the stages do. A damaged or unfinished folder is read as far as it goes, and each problem is
-written down for the report instead of stopping it: a line that is not JSON, a torn last line, a run
-with no judge rows, a score.json older than its judge rows, a writer still holding the file.
+Rows are streamed and each made at once into a compact sample, its long texts (a CL-bench context) kept once
+in a shared table; the last row per task id counts, as in the stages. A damaged or unfinished folder is read
+as far as it goes and each problem is noted for the report instead of stopping it.
 """
 
 import base64
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,84 +26,53 @@ NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no gr
 PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
 
 
-# ---------------------------------------------------------------- reading rows, tolerantly
-
-
-@dataclass
-class FileNote:
-    """What reading one JSONL file found besides its rows."""
-
-    path: Path
-    lines: int = 0  # complete JSON rows read
-    bad_lines: list[int] = field(default_factory=list)  # line numbers that are not JSON objects
-    torn_tail: bool = False  # a last line without newline that is not JSON (a write cut short, or in progress)
-    superseded: int = 0  # rows replaced by a later row for the same task id
-
-    def problems(self, where: str) -> list[str]:
-        out = []
-        if self.bad_lines:
-            shown = ", ".join(map(str, self.bad_lines[:5])) + (" …" if len(self.bad_lines) > 5 else "")
-            out.append(f"{where}: {len(self.bad_lines)} line(s) are not JSON rows and were skipped (line {shown})")
-        if self.torn_tail:
-            out.append(f"{where}: the last line is incomplete (a write cut short, or still being written); ignored")
-        return out
-
-
-_FAST_ID = b'{"idx":"'
-
-
 def _fast_id(raw: bytes) -> str | None:
-    """The id of one of our rows, sliced from the line without parsing it (None when it cannot be)."""
-    if raw.startswith(_FAST_ID):
+    """The id of one of our rows ({"idx": ... first), sliced from the line without parsing it (None: it cannot be)."""
+    if raw.startswith(b'{"idx":"'):
         end = raw.find(b'"', 8)
         if end > 0 and b"\\" not in raw[8:end]:
             return raw[8:end].decode("utf-8", "replace")
     return None
 
 
-def scan(path: Path, note: FileNote, skip: set | None = None, skipped: set | None = None) -> Iterator[dict]:
-    """The rows of one JSONL file, streamed; damaged lines are counted in `note`, never raised.
-
-    Rows whose id is in `skip` are passed over without being parsed when the id can be read
-    from the line's start (our rows all start with {"idx": ...}); their ids go into `skipped`."""
-    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            if skip is not None and raw.endswith(b"\n"):
-                fast = _fast_id(raw)
-                if fast is not None and fast in skip:
-                    if skipped is not None:
-                        skipped.add(fast)
-                    continue
-            try:
-                row = loads(raw)
-            except JSONDecodeError:
-                if not raw.strip():
-                    continue
-                if not raw.endswith(b"\n"):
-                    note.torn_tail = True
-                else:
-                    note.bad_lines.append(lineno)
-                continue
-            if type(row) is not dict:
-                note.bad_lines.append(lineno)
-                continue
-            note.lines += 1
-            yield row
-
-
-def scan_run(path: Path, notes: list[FileNote], skip: set | None = None, skipped: set | None = None) -> Iterator[dict]:
-    """`scan` of a run's file over its parts (the file, then its shard files: shards.py), a note per part."""
+def scan(
+    path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
+) -> Iterator[dict]:
+    """The rows of a run's file over its parts (shards.py), streamed; each part's damaged lines are said in `damage`.
+    Whole lines whose id is in `skip` are passed over unparsed, their ids put into `skipped`."""
     for part in shards.parts(path):
-        notes.append(FileNote(part))
-        yield from scan(part, notes[-1], skip, skipped)
-
-
-# ---------------------------------------------------------------- the shared text table
+        bad: list[int] = []  # line numbers that are not JSON objects
+        torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
+        try:
+            f = open(part, "rb")
+        except OSError:
+            continue
+        with f:
+            for lineno, raw in enumerate(f, 1):
+                if skip and raw.endswith(b"\n"):
+                    fast = _fast_id(raw)
+                    if fast is not None and fast in skip:
+                        if skipped is not None:
+                            skipped.add(fast)
+                        continue
+                try:
+                    row = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    if not raw.strip():
+                        continue
+                    torn = not raw.endswith(b"\n")
+                    row = None
+                if type(row) is dict:
+                    yield row
+                elif not torn:
+                    bad.append(lineno)
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+            damage.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
+        if torn:
+            damage.append(
+                f"{where}/{part.name}: the last line is incomplete (a write cut short, or still being written); ignored"
+            )
 
 
 class Texts:
@@ -133,74 +99,45 @@ class Texts:
         if self.cap is None or len(text) <= self.cap:
             return text
         head = self.cap * 3 // 4
-        tail = self.cap - head
-        cut = len(text) - head - tail
-        return (
-            text[:head]
-            + f"\n\n[… {cut:,} characters not embedded in this report (--context-chars {self.cap:,}) …]\n\n"
-            + (text[-tail:] if tail else "")
-        )
+        cut = f"[… {len(text) - self.cap:,} characters not embedded in this report (--context-chars {self.cap:,}) …]"
+        return f"{text[:head]}\n\n{cut}\n\n{text[len(text) - (self.cap - head) :]}"
 
     def cut_summary(self) -> dict:
-        cut = [(i, n) for i, n in enumerate(self.full_chars) if self.cap is not None and n > self.cap]
+        cap = self.cap
+        omitted = [n - cap for n in self.full_chars if cap is not None and n > cap]
         total = sum(self.full_chars)
-        omitted = sum(n - self.cap for _, n in cut) if self.cap is not None else 0
         return {
-            "cap": self.cap,
+            "cap": cap,
             "texts": len(self.items),
-            "texts_cut": len(cut),
+            "texts_cut": len(omitted),
             "chars_total": total,
-            "chars_omitted": omitted,
+            "chars_omitted": sum(omitted),
         }
 
 
-# ---------------------------------------------------------------- one run's samples
-
-DETAIL_KEYS = (
-    "status",
-    "error",
-    "finish_reason",
-    "usage",
-    "latency_s",
-    "batch",
-    "calls",
-    "answer",
-    "target",
-    "prediction",
-    "parse_mode",
-    "correct",
-    "normalized_correct",
-    "requirement_status",
-    "judge_status",
-    "judge_salvage",
-    "judge_notes",
-    "judge_error",
-    "judge_model",
-    "judge_usage",
-    "judge_latency_s",
-    "judge_attempts",
-    "judge_batch",
+# the row's keys shown as they are: the answer's call, the grade, the judge's call
+ANSWER_KEYS = ("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls")
+GRADE_KEYS = ("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status")
+JUDGE_KEYS = tuple(
+    f"judge_{key}"
+    for key in ("status", "salvage", "notes", "error", "model", "usage", "latency_s", "attempts", "batch")
 )
-_SHOWN = {
-    "idx",
-    "messages",
-    "model_output",
-    "rubrics",
-    "metadata",
-    "model",
-    "grading_rationale",
-    "score",
-    "thinking",
-    *DETAIL_KEYS,
-}
+DETAIL_KEYS = ANSWER_KEYS + GRADE_KEYS + JUDGE_KEYS
+_SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", "thinking"}
+_SHOWN.update(DETAIL_KEYS)
+ANALYSIS_KEYS = (
+    "error_types",
+    "error_reason",
+    "analysis_status",
+    "analysis_error",
+    "analysis_model",
+    "analysis_attempts",
+)
 
 
 def rubric_texts(rubrics: Any) -> list[str]:
-    out = []
-    for rubric in rubrics if isinstance(rubrics, list) else []:
-        text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
-        out.append(as_text(text).strip())
-    return out
+    rubrics = rubrics if isinstance(rubrics, list) else []
+    return [as_text(r.get("rubric_criteria", "") if isinstance(r, dict) else r).strip() for r in rubrics]
 
 
 def passed(row: dict) -> int:
@@ -213,18 +150,13 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     """A compact sample: the index fields the list filters on, and the detail shown when it is opened."""
     answer = row.get("model_output")
     answer = answer if isinstance(answer, str) else as_text(answer)
-    messages = []
-    for m in row.get("messages") or []:
-        if isinstance(m, dict):
-            messages.append([as_text(m.get("role")), texts.ref(as_text(m.get("content")))])
-    f1, f2, group = shape.facet_values(row)
-    status = as_text(row.get("judge_status") or "ok") if judged else NO_JUDGE
     detail: dict[str, Any] = {"output": answer}
     thought = row.get("thinking")
     if isinstance(thought, str) and thought:  # a reasoning model's thinking, shown folded above the answer
         detail["thinking"] = texts.ref(thought)
     if "messages" in row:
-        detail["messages"] = messages
+        messages = [m for m in row["messages"] or [] if isinstance(m, dict)]
+        detail["messages"] = [[as_text(m.get("role")), texts.ref(as_text(m.get("content")))] for m in messages]
     else:
         detail["slim"] = True  # written with --slim: the conversation is not in the rows
     rubrics = rubric_texts(row.get("rubrics"))
@@ -234,15 +166,14 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
         detail["rationale"] = as_text(row["grading_rationale"])
     if isinstance(row.get("metadata"), dict):
         detail["metadata"] = row["metadata"]
-    for key in DETAIL_KEYS:
-        if key in row:
-            detail[key] = row[key]
+    detail.update((key, row[key]) for key in DETAIL_KEYS if key in row)
     extra = {k: v for k, v in row.items() if k not in _SHOWN and not k.startswith("analysis_")}
     if extra:
         detail["extra"] = extra
     shape.detail(row, detail)
-    shown = shape.preview(row, answer)
-    preview = " ".join(shown[: PREVIEW_CHARS * 2].split())[:PREVIEW_CHARS]
+    preview = " ".join(shape.preview(row, answer)[: PREVIEW_CHARS * 2].split())[:PREVIEW_CHARS]
+    f1, f2, group = shape.facet_values(row)
+    status = as_text(row.get("judge_status") or "ok") if judged else NO_JUDGE
     return {
         "id": row_id(row),
         "f1": f1,
@@ -258,11 +189,8 @@ def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
 
 @dataclass
 class Run:
-    """One outputs/<bench>/<model>/run-<K>/ folder as read."""
-
     model: str
     k: int
-    folder: Path
     samples: list[dict] = field(default_factory=list)
     infer_rows: int = 0
     judge_rows: int = 0
@@ -273,22 +201,18 @@ class Run:
 
 
 def _expected(folder: Path, score: dict | None) -> int | None:
-    """The selected task count: score.json's coverage, else the infer manifest's."""
-    if score and isinstance(score.get("coverage"), dict) and isinstance(score["coverage"].get("expected"), int):
-        return score["coverage"]["expected"]
+    """The selected task count: score.json's coverage, else the sum of the infer manifests' (None: not known)."""
+    coverage = (score or {}).get("coverage")
+    if isinstance(coverage, dict) and isinstance(coverage.get("expected"), int):
+        return coverage["expected"]
     infer = folder / "infer.jsonl"
     found = shards.shard_files(infer)
-    if infer.exists() or not found:
-        parts = [infer]  # the whole file's record
-    elif len(found) < next(iter(found)).n:
+    if not infer.exists() and found and len(found) < next(iter(found)).n:
         return None  # a shard not started yet: its count is not known
-    else:
-        parts = list(found.values())  # the sum of every shard's
     total = 0
-    for part in parts:
+    for part in [infer] if infer.exists() or not found else found.values():
         record = _read_json(manifest.path_for(part))
-        counts = record.get("counts") if isinstance(record, dict) else None
-        selected = counts.get("selected") if isinstance(counts, dict) else None
+        selected = ((record.get("counts") or {}) if isinstance(record, dict) else {}).get("selected")
         if not isinstance(selected, int):
             return None
         total += selected
@@ -303,9 +227,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _writer_alive(lock: Path) -> int | None:
-    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage.
-
-    Reads the pid only: taking the lock, even briefly, could make a starting run exit as locked."""
+    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage (the pid is only read:
+    taking the lock, even briefly, could make a starting run exit as locked)."""
     try:
         pid = int(lock.read_text().strip() or "0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid > 0 else b""
@@ -315,58 +238,40 @@ def _writer_alive(lock: Path) -> int | None:
 
 
 def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: Texts) -> Run:
-    run = Run(model, k, folder)
+    run = Run(model, k)
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
     by_id: dict[str, dict] = {}
-    notes: list[FileNote] = []
+    damage: list[str] = []
     judged, answers = shards.exists(judge_path), shards.exists(infer_path)
-    if judged:
-        for row in scan_run(judge_path, notes):
-            sample = sample_from(row, True, shape, texts)
-            notes[-1].superseded += sample["id"] in by_id
-            by_id[sample["id"]] = sample
-        run.judge_rows = len(by_id)
-    elif answers:
+    for row in scan(judge_path, where, damage):
+        sample = sample_from(row, True, shape, texts)
+        by_id[sample["id"]] = sample
+    run.judge_rows = len(by_id)
+    if answers and not judged:
         run.problems.append(f"{where}: no judge.jsonl yet (answers shown ungraded; run judge)")
-    judged_ids = set(by_id)
-    if answers:
-        # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
-        answered: set[str] = set()
-        for row in scan_run(infer_path, notes, skip=judged_ids, skipped=answered):
-            task = row_id(row)
-            answered.add(task)
-            if task not in judged_ids:
-                by_id[task] = sample_from(row, False, shape, texts)
-        run.infer_rows = len(answered)
-        ungraded = len(by_id) - len(judged_ids)
-        if ungraded and judged:
-            run.problems.append(f"{where}: {ungraded} answer(s) have no judge row yet (run judge)")
-    elif judged:
+    elif judged and not answers:
         run.problems.append(f"{where}: no infer.jsonl (judge rows shown alone)")
+    judged_ids = set(by_id)
+    # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
+    answered: set[str] = set()
+    for row in scan(infer_path, where, damage, judged_ids, answered):
+        task = row_id(row)
+        answered.add(task)
+        if task not in judged_ids:
+            by_id[task] = sample_from(row, False, shape, texts)
+    run.infer_rows = len(answered)
+    if judged and len(by_id) > len(judged_ids):
+        run.problems.append(f"{where}: {len(by_id) - len(judged_ids)} answer(s) have no judge row yet (run judge)")
     analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
-    if shards.exists(analysis_path):
-        for row in scan_run(analysis_path, notes):
-            analysed = by_id.get(row_id(row))
-            run.analysis_rows += 1
-            if analysed is None:
-                continue
+    for row in scan(analysis_path, where, damage):
+        run.analysis_rows += 1
+        analysed = by_id.get(row_id(row))
+        if analysed is not None:
             types = row.get("error_types")
             analysed["errors"] = [as_text(t) for t in types] if isinstance(types, list) else []
-            analysed["detail"]["analysis"] = {
-                k: row[k]
-                for k in (
-                    "error_types",
-                    "error_reason",
-                    "analysis_status",
-                    "analysis_error",
-                    "analysis_model",
-                    "analysis_attempts",
-                )
-                if k in row
-            }
-    for note in notes:
-        run.problems += note.problems(f"{where}/{note.path.name}")
+            analysed["detail"]["analysis"] = {key: row[key] for key in ANALYSIS_KEYS if key in row}
+    run.problems += damage
     for path in (infer_path, judge_path, analysis_path):
         for part in [path, *shards.shard_files(path).values()]:
             pid = _writer_alive(folder / f"{part.name}.lock")
@@ -393,31 +298,8 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     return run
 
 
-# ---------------------------------------------------------------- where the results are
-
-
-def _is_run_dir(p: Path) -> bool:
-    return bool(paths.RUN_DIR.match(p.name)) and any(shards.exists(p / f) for f in STAGE_FILES)
-
-
-def benches_in(root: Path, names: Iterable[str]) -> list[str]:
-    """The benchmarks of `names` with at least one run folder holding a stage file under root/<bench>/<model>/."""
-    found = []
-    for name in names:
-        base = root / name
-        if base.is_dir() and any(
-            _is_run_dir(run) for model in discover.subfolders(base) for run in model.glob("run-*")
-        ):
-            found.append(name)
-    return found
-
-
-def find_roots(outputs_dir: Path, names: Iterable[str]) -> list[tuple[Path, list[str]]]:
-    """(root, its benchmarks of `names`) for every results root with run folders at or below outputs_dir."""
-    return discover.find_roots(outputs_dir, lambda root: benches_in(root, names))
-
-
-# ---------------------------------------------------------------- one benchmark's summary
+def is_run_dir(p: Path) -> bool:
+    return any(shards.exists(p / f) for f in STAGE_FILES)
 
 
 def _figures_from_scores(declared: Sequence[ItemFigure], runs: list[Run]) -> list[dict]:
@@ -458,52 +340,39 @@ def _slim_figures(figures: Any) -> dict:
     }
 
 
-def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run], problems: list[str]) -> dict:
-    """The leaderboard from aggregate.json (issue 15's item-level keys when present), else from score.json
-    (the `declared` figures' headline values)."""
-    where = bench_dir.name
-    data = _read_json(bench_dir / "aggregate.json") if (bench_dir / "aggregate.json").exists() else None
-    if isinstance(data, dict) and isinstance(data.get("models"), list):
-        models = []
-        for m in data["models"]:
-            if not isinstance(m, dict):
-                continue
-            runs_field = m.get("runs")
-            models.append(
-                {
-                    "model": as_text(m.get("model")),
-                    "runs": len(runs_field) if isinstance(runs_field, list) else runs_field,
-                    "figures": _slim_figures(m.get("figures")),
-                    "extra_tables": {
-                        str(t): _slim_figures(f)
-                        for t, f in (m.get("extra_tables") or {}).items()
-                        if isinstance(f, dict)
-                    },
-                    "flagged": bool(m.get("flagged")),
-                    "cost_usd_per_run": m.get("cost_usd_per_run"),
-                }
-            )
-        comparisons = [c for c in data.get("comparisons") or [] if isinstance(c, dict)]
-        return {
-            "source": "aggregate.json",
-            "models": models,
-            "comparisons": comparisons,
-            "warnings": [as_text(w) for w in data.get("warnings") or []],
-            "notes": _notes(data),
-            "std_shown": as_text(data.get("std_shown") or "sample"),
-        }
-    problems.append(
-        f"{where}: no aggregate.json"
-        + (" (not valid JSON)" if (bench_dir / "aggregate.json").exists() else "")
-        + ": the figures below are computed from the runs' score.json (run make report or aggregate)"
-    )
+def _model(m: dict) -> dict:
+    runs = m.get("runs")
     return {
-        "source": "score.json",
-        "models": _figures_from_scores(declared, runs),
-        "comparisons": [],
-        "warnings": [],
-        "notes": [],
-        "std_shown": "sample",
+        "model": as_text(m.get("model")),
+        "runs": len(runs) if isinstance(runs, list) else runs,
+        "figures": _slim_figures(m.get("figures")),
+        "extra_tables": {
+            str(t): _slim_figures(f) for t, f in (m.get("extra_tables") or {}).items() if isinstance(f, dict)
+        },
+        "flagged": bool(m.get("flagged")),
+        "cost_usd_per_run": m.get("cost_usd_per_run"),
+    }
+
+
+def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run], problems: list[str]) -> dict:
+    """The leaderboard from aggregate.json, else from the runs' score.json (the `declared` figures' headline values)."""
+    path = bench_dir / "aggregate.json"
+    data = _read_json(path)
+    source = "aggregate.json"
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        problems.append(
+            f"{bench_dir.name}: no aggregate.json"
+            + (" (not valid JSON)" if path.exists() else "")
+            + ": the figures below are computed from the runs' score.json (run make report or aggregate)"
+        )
+        source, data = "score.json", {"models": _figures_from_scores(declared, runs)}
+    return {
+        "source": source,
+        "models": [_model(m) for m in data["models"] if isinstance(m, dict)],
+        "comparisons": [c for c in data.get("comparisons") or [] if isinstance(c, dict)],
+        "warnings": [as_text(w) for w in data.get("warnings") or []],
+        "notes": _notes(data),
+        "std_shown": as_text(data.get("std_shown") or "sample"),
     }
 
 
@@ -537,20 +406,11 @@ def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
 
 
 def read_bench(root: Path, bench: str, shape: Shape, texts: Texts) -> tuple[dict, list[Run]]:
-    """One benchmark of one results root: its summary (leaderboard, plots, runs, problems) and its runs."""
     bench_dir = root / bench
-    runs: list[Run] = []
-    problems: list[str] = []
-    for model_dir in discover.subfolders(bench_dir):
-        run_dirs = sorted(
-            (int(m.group(1)), p)
-            for p in model_dir.iterdir()
-            if p.is_dir() and (m := paths.RUN_DIR.match(p.name)) and _is_run_dir(p)
-        )
-        for k, folder in run_dirs:
-            run = read_run(bench, model_dir.name, k, folder, shape, texts)
-            runs.append(run)
-            problems += run.problems
+    runs = [
+        read_run(bench, model, k, folder, shape, texts) for model, k, folder in discover.runs(bench_dir, is_run_dir)
+    ]
+    problems = [p for run in runs for p in run.problems]
     summary = {
         "bench": bench,
         "kind": shape.kind,
