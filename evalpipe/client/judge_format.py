@@ -172,9 +172,8 @@ class Formats:
         key = client.endpoint.learned_key
         if key not in self.ladders:
             ladder = Ladder(_LADDERS[self.choice])
-            if (
-                key in self.saved and self.saved[key].get("choice", "auto") == self.choice
-            ):  # forced teaches auto nothing
+            # a forced choice teaches auto nothing
+            if key in self.saved and self.saved[key].get("choice", "auto") == self.choice:
                 ladder.seed(self.saved[key])
             self.ladders[key] = ladder
         return self.ladders[key]
@@ -194,14 +193,7 @@ class Answer:
     mode: str
 
 
-async def ask(
-    formats: Formats,
-    client: "ChatClient",
-    messages: list[dict],
-    *,
-    name: str,
-    schema: dict,
-) -> Answer:
+async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, name: str, schema: dict) -> Answer:
     """One reply to `messages` in the best mode the endpoint takes (see the module's docstring)."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first

@@ -329,9 +329,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
-    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None
-    when it asks for none that can be read, or for none at all (0, a negative time, a date past): then the
-    caller backs off as without one."""
+    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None when
+    it asks for none that can be read, or none at all (0, a negative time, a date past): then we back off."""
     response = getattr(exc, "response", None)
     if response is None:
         return None
@@ -541,8 +540,7 @@ class ChatClient:
             raise self._retry_later(f"'s {exc.said} holds the next call {exc.wait_s:.0f}s", exc.wait_s) from None
 
     async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
-        """The parsed chat completion and the reply's headers, within the deadline for the whole call;
-        raises EndpointUnreachable when the endpoint turns out to answer nothing at all."""
+        """The parsed chat completion and the reply's headers, within the deadline for the whole call."""
         if not self.heard and self._still_waiting is None:
             self._still_waiting = asyncio.get_running_loop().call_later(STILL_WAITING_S, self._say_still_waiting)
         timed_out: Exception
@@ -585,8 +583,7 @@ class ChatClient:
         return min(self.endpoint.timeout, MODELS_PROBE_S)
 
     async def _answers_models(self) -> bool:
-        """Whether the endpoint answers GET /models (its headers are enough), asked once for every first call
-        that timed out."""
+        """Whether the endpoint answers GET /models (headers are enough), asked once for all first calls."""
         if self._probe is None:
             self._probe = asyncio.ensure_future(self._ask_models())
         return await asyncio.shield(self._probe)
@@ -625,15 +622,10 @@ class ChatClient:
         return response, raw.headers
 
     async def complete(
-        self,
-        messages: list[dict],
-        fields: dict | None = None,
-        final: Callable[[BaseException], bool] | None = None,
+        self, messages: list[dict], fields: dict | None = None, final: Callable[[BaseException], bool] | None = None
     ) -> Completion:
-        """One chat completion. Raises ContextTooLong, CallFailed or EndpointRefused.
-
-        `fields` override the endpoint's body fields for this call (Endpoint.call_fields); an error
-        for which `final` is true is not retried and raises Rejected at once."""
+        """One chat completion, `fields` overriding the endpoint's body fields (Endpoint.call_fields). Raises
+        ContextTooLong, CallFailed or EndpointRefused; Rejected at once for an error `final` is true for."""
         started = time.monotonic()
         attempts = failures = 0
         sent_field = self.endpoint.token_field
@@ -778,8 +770,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def valid_text(text: str) -> str:
-    """`text` with any lone UTF-16 surrogate (which a JSON \\ud800 escape gives) replaced by U+FFFD: what is
-    left can be written as UTF-8."""
+    """`text` with any lone UTF-16 surrogate (a JSON \\ud800 escape gives one) replaced by U+FFFD: valid UTF-8."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -788,16 +779,15 @@ def valid_text(text: str) -> str:
 
 
 def short_field(text: str) -> str:
-    """A short field of a reply (model, system_fingerprint, finish_reason) as a row keeps it: valid text, at
-    most MAX_FIELD_CHARS characters (a longer one is cut, its last character "…")."""
+    """A reply's short field (model, finish_reason...) as a row keeps it: valid, cut to MAX_FIELD_CHARS with "…"."""
     text = valid_text(text)
     return text if len(text) <= MAX_FIELD_CHARS else text[: MAX_FIELD_CHARS - 1] + "…"
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): the final
-    answer apart from the thinking (`mode`: thinking.MODES); its text made valid (valid_text), its short fields
-    bounded (short_field), and our key taken out of every text (a server may echo it), since rows are made of it."""
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body), the final
+    answer apart from the thinking (`mode`: thinking.MODES); our key is taken out of every text (a server may echo
+    it), since rows are made of it."""
     choice = response.choices[0]
     message = choice.message
     content = message.content if message is not None and isinstance(message.content, str) else ""
@@ -838,9 +828,8 @@ def valid_count(value: Any) -> bool:
 
 
 def usage_dict(usage: Any) -> dict[str, Any]:
-    """The token counts of a reply. Numbers that are not counts (fractions, negatives, text, above
-    MAX_TOKEN_COUNT) leave the call's usage out of tokens and cost: {"invalid": {name: the value as text}},
-    with one warning per run."""
+    """The token counts of a reply; numbers that are not counts leave the call's usage out of tokens and cost:
+    {"invalid": {name: the value as text}}, with one warning per run."""
     global _usage_warned
     if usage is None:
         return {}
