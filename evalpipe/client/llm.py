@@ -398,8 +398,9 @@ def _mapped_as_timeout(exc: BaseException) -> bool:
     return isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError)
 
 
-def _mentions_model(exc: BaseException) -> bool:
-    return "model" in error_text(exc).lower()
+def _bare_404(exc: BaseException) -> bool:
+    """A 404 whose error names no model: no API at that path, or a proxy that lost its way once."""
+    return status_of(exc) == 404 and "model" not in error_text(exc).lower()
 
 
 def describe(exc: BaseException) -> str:
@@ -468,7 +469,7 @@ class ChatClient:
     def _before_sleep(self, state) -> None:
         """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
         exc = state.outcome.exception()
-        if exc is not None and retry_after_seconds(exc) is not None:
+        if retry_after_seconds(exc) is not None:
             self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
 
     def _too_long_a_wait(self, exc: BaseException) -> RetryLater | None:
@@ -486,14 +487,14 @@ class ChatClient:
             f"{self.endpoint.max_retry_seconds:g}; run again after then (the rows written are kept)"
         )
 
-    def _unreachable_so_far(self, exc: BaseException | None) -> bool:
-        return not self.answered and exc is not None and connect_failure(exc) is not None
+    def _unreachable_so_far(self, exc: BaseException) -> bool:
+        return not self.answered and connect_failure(exc) is not None
 
     def _wait(self, state) -> float:
         exc = state.outcome.exception()
         if self._unreachable_so_far(exc):
             return 0.5 * state.attempt_number  # a server still starting gets a moment, a dead one costs seconds
-        hinted = retry_after_seconds(exc) if exc is not None else None
+        hinted = retry_after_seconds(exc)
         if hinted is not None:
             return min(hinted, MAX_RETRY_AFTER)
         if isinstance(exc, openai.RateLimitError) and self.limit is not None and self.limit.pacing:
@@ -608,7 +609,7 @@ class ChatClient:
                 **params,
             )
         except openai.APIStatusError as exc:
-            self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
+            self.answered = self.answered or not _bare_404(exc)
             raise
         except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
             raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
@@ -642,8 +643,7 @@ class ChatClient:
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
             # --max-retry-seconds as a whole, the run stops: _too_long_a_wait)
-            hinted = retry_after_seconds(exc) if exc is not None else None
-            spent = time.monotonic() - started + (hinted or 0.0)
+            spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
@@ -705,9 +705,8 @@ class ChatClient:
         return True
 
     def _stray_404(self, exc: BaseException) -> bool:
-        """A 404 that names no model from an endpoint that has answered before: not 'no API at that path'
-        (a proxy or a balancer that lost its way once), so a transient failure, retried."""
-        return self.answered and status_of(exc) == 404 and not _mentions_model(exc)
+        """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
+        return self.answered and _bare_404(exc)
 
     def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
         """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
@@ -716,7 +715,7 @@ class ChatClient:
             return EndpointUnreachable(
                 f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
             )
-        if status_of(exc) == 404 and not _mentions_model(exc) and not self.answered:
+        if _bare_404(exc) and not self.answered:
             path = urllib.parse.urlsplit(url).path.rstrip("/")
             hint = (
                 f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
