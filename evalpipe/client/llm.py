@@ -321,31 +321,25 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, (openai.APIConnectionError, MalformedReply, CallTimedOut, ValueError)):
         return True  # includes timeouts; ValueError: a body that is not JSON
     status = status_of(exc)
-    if status is None:
-        return False
     if status == 429:
         return _error_code(exc) != "insufficient_quota"
-    return status in _RETRYABLE_STATUS or status >= 500
+    return status is not None and (status in _RETRYABLE_STATUS or status >= 500)
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
     """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None when
     it asks for none that can be read, or none at all (0, a negative time, a date past): then we back off."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    headers = response.headers
+    headers = getattr(getattr(exc, "response", None), "headers", {})
     try:
         if "retry-after-ms" in headers:
             seconds = float(headers["retry-after-ms"]) / 1000
-        else:
-            value = headers.get("retry-after")
-            if value is None:
-                return None
+        elif "retry-after" in headers:
             try:
-                seconds = float(value)
+                seconds = float(headers["retry-after"])
             except ValueError:
-                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+                seconds = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp() - time.time()
+        else:
+            return None
     except (TypeError, ValueError, OverflowError):
         return None
     return seconds if 0 < seconds < float("inf") else None
@@ -559,11 +553,12 @@ class ChatClient:
                 raise
             timed_out = exc
         if not self.heard and not await self._answers_models():
+            timeout, source = self.endpoint.timeout, self.endpoint.base_url_source
             raise EndpointUnreachable(
                 f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call within "
-                f"--timeout {self.endpoint.timeout:g}s, nor to GET /models within {self._probe_bound():g}s after it; "
-                f"is the server stuck, or is {self.endpoint.base_url_source} pointing at something that is not an "
-                "HTTP API? (A server that is alive but slower than that: raise --timeout.)"
+                f"--timeout {timeout:g}s, nor to GET /models within {min(timeout, MODELS_PROBE_S):g}s after it; "
+                f"is the server stuck, or is {source} pointing at something that is not an HTTP API? (A server "
+                "that is alive but slower than that: raise --timeout.)"
             )
         raise timed_out
 
@@ -580,9 +575,6 @@ class ChatClient:
                 flush=True,
             )
 
-    def _probe_bound(self) -> float:
-        return min(self.endpoint.timeout, MODELS_PROBE_S)
-
     async def _answers_models(self) -> bool:
         """Whether the endpoint answers GET /models (headers are enough), asked once for all first calls."""
         if self._probe is None:
@@ -590,7 +582,7 @@ class ChatClient:
         return await asyncio.shield(self._probe)
 
     async def _ask_models(self) -> bool:
-        bound = self._probe_bound()
+        bound = min(self.endpoint.timeout, MODELS_PROBE_S)
         with contextlib.suppress(Exception):  # an HTTP error, a timeout, no connection: the headers tell
             async with asyncio.timeout(bound + DEADLINE_MARGIN_S):
                 await self._client.models.with_raw_response.list(timeout=bound)
@@ -832,13 +824,11 @@ def usage_dict(usage: Any) -> dict[str, Any]:
     global _usage_warned
     if usage is None:
         return {}
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    details = getattr(usage, "completion_tokens_details", None)
     found = {
         "prompt_tokens": getattr(usage, "prompt_tokens", None) or 0,
         "completion_tokens": getattr(usage, "completion_tokens", None) or 0,
-        "reasoning_tokens": getattr(details, "reasoning_tokens", None) if details else None,
-        "cached_tokens": getattr(prompt_details, "cached_tokens", None) if prompt_details else None,
+        "reasoning_tokens": getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None),
+        "cached_tokens": getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
     }
     invalid = {name: str(value)[:40] for name, value in found.items() if value is not None and not valid_count(value)}
     if invalid:
