@@ -19,6 +19,8 @@ _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 LIMITS = ("requests", "tokens")
 Announce = Callable[[float, str], None]  # told of each long wait: its seconds and why
+CUT = 0.7  # a rate limit's 429 leaves this share of the slots (at most once per round trip)
+GROWTH_PER_S = 1.0  # slots regrown a second while attempts succeed, up to the ceiling
 RESERVE_S = 0.05  # kept unspent in each bucket, in seconds of refill: slack for when the server counts an attempt
 RATE_MEMORY = 0.9  # weight of the older samples in the refill-rate estimate
 # Two 429s measure a rate when this many requests were admitted between them, or when they are this far
@@ -239,10 +241,9 @@ class ServerBudget:
 
 
 class AdaptiveLimit:
-    def __init__(self, ceiling: int, decrease: float = 0.7, growth_per_s: float = 1.0):
+    def __init__(self, ceiling: int):
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
-        self.decrease, self.growth_per_s = decrease, growth_per_s
         self.latency_s = 0.1  # smoothed round trip of successful attempts
         self.in_flight = 0
         self.cuts = 0
@@ -347,8 +348,8 @@ class AdaptiveLimit:
 
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
-        # `limit` slots finish about limit/latency requests a second: this adds growth_per_s a second
-        self.limit = min(self.ceiling, self.limit + self.growth_per_s * self.latency_s / self.limit)
+        # `limit` slots finish about limit/latency requests a second: this adds GROWTH_PER_S a second
+        self.limit = min(self.ceiling, self.limit + GROWTH_PER_S * self.latency_s / self.limit)
 
     def rate_limited(self, retry_after: float | None) -> None:
         now = time.monotonic()
@@ -358,7 +359,7 @@ class AdaptiveLimit:
             return  # the pacing at the measured rate holds the requests back, not fewer slots
         if now - self._last_cut >= self.latency_s:
             self._last_cut = now
-            self.limit = max(1.0, self.limit * self.decrease)
+            self.limit = max(1.0, self.limit * CUT)
             self.cuts += 1
 
 
