@@ -408,7 +408,7 @@ def describe(exc: BaseException) -> str:
     return redact.printable(redact.redact(prefix + text))[:500]
 
 
-def http_client(kind: str, connections: int, on_response: Callable) -> httpx2.AsyncClient:
+def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
     """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with its defaults (timeouts, redirects by httpx's rules,
     which drop Authorization for another origin), but a pool of `connections`, all kept open (the SDK's 100 kept
     open, aiohttp's 100 without a number: past those, calls would queue unseen or connect anew each time).
