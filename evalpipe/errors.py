@@ -50,8 +50,7 @@ class Locked(StageError):
 
 
 class LocksUnsupported(StageError):
-    """The output's file system cannot lock files (flock fails with ENOLCK or EOPNOTSUPP): an output that cannot be
-    written safely."""
+    """The output's file system cannot lock files (flock: ENOLCK, EOPNOTSUPP): it cannot be written safely."""
 
     exit_code = EXIT_UNWRITABLE
 
@@ -63,15 +62,13 @@ class EndpointRefused(StageError):
 
 
 class EndpointUnreachable(EndpointRefused):
-    """The endpoint has never answered this run: nothing listens there, the host is unknown, TLS
-    fails, or no OpenAI-compatible API is at that path. Retrying every task would only waste time."""
+    """The endpoint never answered this run (nothing listens, unknown host, TLS, no API at that path)."""
 
     exit_code = EXIT_UNREACHABLE
 
 
 class RetryLater(EndpointRefused):
-    """The endpoint asks us to wait past --max-retry-seconds (a Retry-After, a rate limit that resets later):
-    the run stops, its rows kept, to be run again after the time the message gives."""
+    """The endpoint asks us to wait past --max-retry-seconds: the run stops, to be run again after then."""
 
     exit_code = EXIT_INCOMPLETE
 
@@ -82,17 +79,15 @@ UNWRITABLE_ERRNOS = NO_SPACE_ERRNOS | {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 class OutputUnwritable(StageError):
-    """An output file or folder cannot be written (disk full, quota, read-only, permission denied).
-
-    `note` is said after the hint (e.g. where the answers that could not be written were kept).
-    """
+    """An output cannot be written (disk full, quota, read-only, permission denied); `note` is said after the hint
+    (e.g. where the answers that could not be written were kept)."""
 
     exit_code = EXIT_UNWRITABLE
 
     def __init__(self, path, error: OSError, note: str = ""):
         super().__init__(path, error)
         self.path, self.error, self.note = path, error, note
-        self.folder = _nearest_folder(path)
+        self.folder = _existing(Path(path).parent)  # the one to point df or chmod at
 
     @property
     def no_space(self) -> bool:
@@ -113,12 +108,11 @@ class OutputUnwritable(StageError):
         return f"cannot write {self.path}: {self.error.strerror or self.error}; {hint}{note}"
 
 
-def _nearest_folder(path) -> Path:
-    """The closest existing folder above `path`: the one to point df or chmod at."""
-    folder = Path(path).parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder
+def _existing(path: Path) -> Path:
+    """`path`, or its closest part that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def as_unwritable(exc: OSError, path) -> Exception:
@@ -152,11 +146,7 @@ class ContextTooLong(Exception):
 
 def sigterm_as_interrupt() -> None:
     """Make SIGTERM end a process as Ctrl-C does (cleanup in `finally`, exit 130)."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -187,10 +177,10 @@ def _misplaced(exc: Exception) -> BadInput | None:
     if isinstance(exc, IsADirectoryError):
         return BadInput("a folder where a file goes: move it away, or choose another output", exc.filename)
     if isinstance(exc, NotADirectoryError) or isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):
-        path = Path(exc.filename)
-        while not path.exists() and path != path.parent:  # the file is the path's first part that exists
-            path = path.parent
-        return BadInput("a file where a folder goes: move it away, or choose another output", path)
+        # the file is the path's first part that exists
+        return BadInput(
+            "a file where a folder goes: move it away, or choose another output", _existing(Path(exc.filename))
+        )
     return None
 
 

@@ -227,7 +227,7 @@ def test_a_saved_decision_seeds_only_the_same_choice():
 
     class Client:
         class endpoint:
-            host, model = "h", "m"
+            learned_key = "h m"
 
     auto = judge_format.Formats("auto")
     auto.seed(saved)

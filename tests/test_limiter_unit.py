@@ -292,12 +292,12 @@ def test_429s_too_close_together_or_from_the_first_wave_measure_nothing():
 def test_429s_are_a_limits_when_frequent_or_said_empty_and_an_overloads_when_sporadic():
     limit = AdaptiveLimit(64)
     for _ in range(99):
-        limit._answered(False)
-    limit._answered(True)
+        limit._outcomes.append(False)
+    limit._outcomes.append(True)
     assert not limit.limit_reached({})  # 1 in 100, nothing said: an overloaded server's
     assert limit.limit_reached({"requests": (60.0, 0.0, 1.0)})  # the headers say the limit is empty
     for _ in range(9):
-        limit._answered(True)
+        limit._outcomes.append(True)
     assert limit.limit_reached({})  # 10 in 109: frequent
     assert not AdaptiveLimit(64).limit_reached({})  # nothing seen yet: a first 429 alone says nothing
 
@@ -308,7 +308,7 @@ def test_the_first_burst_s_429s_are_counted_against_every_attempt_sent_not_the_f
     limit = AdaptiveLimit(256)
     limit.in_flight = 252  # sent with them, not answered yet
     for _ in range(4):
-        limit._answered(True)
+        limit._outcomes.append(True)
     assert not limit.limit_reached({})  # 4 of 256 sent
     limit.in_flight = 0
     assert limit.limit_reached({})  # 4 of 4: the same 429s with nothing else out would be frequent

@@ -7,16 +7,13 @@ The ladder, most to least constrained (the mode names are what judge rows record
   json_object         {"type": "json_object"}                 (valid JSON, any shape)
   none                no response_format: free text, upstream's request
 
-Per endpoint and model (a Ladder), the first request goes alone while the others wait. A rejection
-that says the mode is unsupported (HTTP 400/404/415/422, or a 500 whose text names the format, as
-llama-cpp-python answers) steps down at once, without transport retries, and the same prompt is
-sent again in the next mode: a rejection costs no row and is no failure. A 200 proves nothing (some
-servers accept and ignore the format), so every reply in a structured mode is validated by the
-caller, and a mode whose replies break the schema is marked not enforced (the replies still go
-through the free-text salvage chain). An endpoint that rejects `max_tokens` for
-`max_completion_tokens` (OpenAI reasoning models) gets the latter from then on.
-
-The decisions go into the output's manifest (`learned.judge_format`), and the next run starts from them.
+Per endpoint and model (a Ladder), the first request goes alone while the others wait. A rejection that says
+the mode is unsupported (HTTP 400/404/415/422, or a 500 whose text names the format, as llama-cpp-python
+answers) steps down at once, without transport retries, and the same prompt goes again in the next mode. A 200
+proves nothing (some servers accept and ignore the format), so the caller validates every reply in a structured
+mode and marks a mode whose replies break the schema not enforced. An endpoint that refuses `max_tokens`
+(OpenAI reasoning models) gets `max_completion_tokens` from then on. The decisions go into the output's manifest
+(`learned.judge_format`), and the next run starts from them.
 """
 
 import asyncio
@@ -62,10 +59,6 @@ _FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should 
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 
 
-def modes_for(choice: str) -> tuple[str, ...]:
-    return _LADDERS[choice]
-
-
 def response_format(mode: str, name: str, schema: dict) -> dict | None:
     """The `response_format` body field of a mode (None: not sent)."""
     if mode == "json_schema":
@@ -77,17 +70,11 @@ def response_format(mode: str, name: str, schema: dict) -> dict | None:
     return None
 
 
-def wants_max_completion_tokens(status: int | None, text: str) -> bool:
-    """OpenAI reasoning models: `Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'`."""
-    text = text.lower()
-    return status == 400 and "max_tokens" in text and "max_completion_tokens" in text
-
-
 def unsupported(status: int | None, text: str) -> bool:
     """Whether an error says the requested response_format is not supported (research note §6.2)."""
-    from .llm import context_length_error
+    from .llm import context_length_error, token_field_refused
 
-    if status is None or context_length_error(status, text) or wants_max_completion_tokens(status, text):
+    if status is None or context_length_error(status, text) or token_field_refused(status, text, "max_tokens"):
         return False
     text = text.lower()
     if status in _REJECTED_STATUS:
@@ -107,13 +94,13 @@ def budget_too_large(status: int | None, text: str) -> bool:
 
 def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
     """Which errors end a judge call at once: the ladder handles them (a budget error only when the budget is ours)."""
-    from .llm import error_text, status_of
+    from .llm import error_text, status_of, token_field_refused
 
     def final(exc: BaseException) -> bool:
         status, text = status_of(exc), error_text(exc)
         if own_budget and budget_too_large(status, text):
             return True
-        return unsupported(status, text) or wants_max_completion_tokens(status, text)
+        return unsupported(status, text) or token_field_refused(status, text, "max_tokens")
 
     return final
 
@@ -137,7 +124,7 @@ class Ladder:
     budget_cap: int | None = None  # learned: the most our default budget may be here (0: send none)
     rejected: dict[str, str] = field(default_factory=dict)  # mode → the rejection's text
     not_enforced: set[str] = field(default_factory=set)  # structured modes whose replies broke the schema
-    _lock: asyncio.Lock | None = field(default=None, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
     def mode(self) -> str:
@@ -181,17 +168,12 @@ class Formats:
         self.ladders: dict[str, Ladder] = {}
         self.saved: dict[str, dict] = {}
 
-    @staticmethod
-    def key(client: "ChatClient") -> str:
-        return f"{client.endpoint.host} {client.endpoint.model}"
-
     def ladder(self, client: "ChatClient") -> Ladder:
-        key = self.key(client)
+        key = client.endpoint.learned_key
         if key not in self.ladders:
-            ladder = Ladder(modes_for(self.choice))
-            if (
-                key in self.saved and self.saved[key].get("choice", "auto") == self.choice
-            ):  # forced teaches auto nothing
+            ladder = Ladder(_LADDERS[self.choice])
+            # a forced choice teaches auto nothing
+            if key in self.saved and self.saved[key].get("choice", "auto") == self.choice:
                 ladder.seed(self.saved[key])
             self.ladders[key] = ladder
         return self.ladders[key]
@@ -211,22 +193,13 @@ class Answer:
     mode: str
 
 
-async def ask(
-    formats: Formats,
-    client: "ChatClient",
-    messages: list[dict],
-    *,
-    name: str,
-    schema: dict,
-) -> Answer:
+async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, name: str, schema: dict) -> Answer:
     """One reply to `messages` in the best mode the endpoint takes (see the module's docstring)."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
         mode = ladder.mode
         return Answer(await client.complete(messages, _fields(formats, ladder, client, mode, name, schema)), mode)
     if not ladder.settled:
-        if ladder._lock is None:
-            ladder._lock = asyncio.Lock()
         async with ladder._lock:
             if not ladder.settled:
                 return await _send(formats, ladder, client, messages, name, schema)
@@ -236,7 +209,7 @@ async def ask(
 async def _send(
     formats: Formats, ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict
 ) -> Answer:
-    from .llm import Rejected
+    from .llm import Rejected, token_field_refused
 
     while True:
         mode = ladder.mode
@@ -245,7 +218,10 @@ async def _send(
         try:
             reply = await client.complete(messages, fields, final=_final_for(own_budget))
         except Rejected as exc:
-            if wants_max_completion_tokens(exc.status, exc.text) and ladder.token_field != "max_completion_tokens":
+            if (
+                token_field_refused(exc.status, exc.text, "max_tokens")
+                and ladder.token_field != "max_completion_tokens"
+            ):
                 ladder.token_field = "max_completion_tokens"
                 continue
             if own_budget and budget_too_large(exc.status, exc.text):
@@ -284,10 +260,8 @@ def _fields(
     if given is None and budget and ladder.budget_cap is not None:
         budget = min(budget, ladder.budget_cap)
     if budget:
-        wanted = ladder.token_field or (
-            next((k for k in ("max_tokens", "max_completion_tokens") if k in params), None)
-            or default_token_field(client.endpoint.url, client.endpoint.model)
-        )
+        endpoint = client.endpoint
+        wanted = ladder.token_field or endpoint.token_field or default_token_field(endpoint.url, endpoint.model)
         other = "max_tokens" if wanted == "max_completion_tokens" else "max_completion_tokens"
         fields[wanted] = budget
         if other in params:
@@ -297,8 +271,8 @@ def _fields(
 
 def _given_budget(client: "ChatClient") -> int | None:
     """The user's own --max-tokens, in whichever field it is sent."""
-    params = client.endpoint.params
-    return next((params[k] for k in ("max_tokens", "max_completion_tokens") if k in params), None)
+    name = client.endpoint.token_field
+    return None if name is None else client.endpoint.params[name]
 
 
 # ---- validation of replies in a structured mode

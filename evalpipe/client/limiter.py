@@ -1,43 +1,9 @@
-"""How many requests may be in flight (AIMD), and when the next may start (pacing from rate-limit headers).
+"""How many requests may be in flight (AIMD), and when the next may start: paced to the limits a server announces
+in x-ratelimit-* headers, or to a rate measured between its 429s. docs/design.md (Concurrency) says how and why.
 
-Every HTTP attempt takes a slot. A 429 cuts the limit by 30%, at most once per round trip (so
-one burst of 429s counts once), and, when the server says Retry-After, pauses every new attempt
-until then. Successes regrow the limit slowly — about one slot per second, whatever the request
-rate — never above the user's ceiling (--workers).
-
-A server that sends OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers is
-also paced: each of its limits is modelled as a bucket of `limit` that refills continuously (the
-rate is learned from how long the server says the missing part takes to come back), every attempt
-spends from our copy of it before it starts (1 request; its estimated tokens: prompt characters
-over a learned characters-per-token, plus max_tokens, which OpenAI counts too) and waits while the
-copy is short. Each reply's headers set the copy again: what the server had left when it admitted
-that attempt, plus what has refilled since, minus what we spent after it.
-
-Servers mean different things by these headers. OpenAI's limit is the bucket's size (a minute's
-allowance) and reset the time until it is full; some announce the per-minute limit over a much
-smaller bucket (50 requests refilling at 50 a second, limit-requests 3000); others count fixed
-windows (remaining counts down, reset is the time to the next window, when it is whole again). So
-the bucket is not taken from limit-*: each reply is a point (reset, remaining), and a bucket's
-points lie on remaining = size - rate * reset. A fit over the recent replies gives its size and
-rate once their resets differ enough (MIN_FIT_POINTS); points on a rising line are fixed windows
-(nothing refills before the window ends, then all of it); until then, OpenAI's meaning.
-
-A server that only answers 429 is paced too, once two of its 429s are far enough apart (10 requests
-admitted between them, or 2 seconds): it was empty when both attempts arrived, so what it admitted
-in between (the attempts we sent then, less those answered 429) over the time between is its rate.
-We pace at a little less, probe upwards (2% a second), and measure again at the next 429s; the AIMD
-cuts stop while that pacing is on.
-
-Not every 429 is a rate limit: an overloaded provider answers a few requests 429 (with Retry-After)
-while it admits the rest. A 429 acts on every attempt (the cut, the pause, the measuring) only when
-the replies say a limit is reached: the x-ratelimit-remaining-* of the 429 is empty, or 429s are
-frequent (LIMIT_SHARE of the last OUTCOMES attempts, at least LIMIT_REJECTS of them). Otherwise only
-the request answered 429 waits, as its Retry-After says, and the others go on at full speed.
-
-Every wait is bounded by the caller's `max_wait_s` (the user's --max-retry-seconds): an attempt the pacing
-would hold longer (a daily quota used up, a reset of 999999h) raises PacedPastLimit at once, and a long
-wait is told to the caller's `announce`. A limit below one (1e-300) is no limit anyone could pace to: its
-headers are not read.
+Every wait is bounded by the caller's `max_wait_s` (the user's --max-retry-seconds): an attempt the pacing would
+hold longer (a daily quota used up, a reset of 999999h) raises PacedPastLimit at once, and a long wait is told to
+the caller's `announce`. A limit below one (1e-300) is no limit anyone could pace to: its headers are not read.
 """
 
 import asyncio
@@ -52,6 +18,9 @@ from collections.abc import Callable, Mapping
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 LIMITS = ("requests", "tokens")
+Announce = Callable[[float, str], None]  # told of each long wait: its seconds and why
+CUT = 0.7  # a rate limit's 429 leaves this share of the slots (at most once per round trip)
+GROWTH_PER_S = 1.0  # slots regrown a second while attempts succeed, up to the ceiling
 RESERVE_S = 0.05  # kept unspent in each bucket, in seconds of refill: slack for when the server counts an attempt
 RATE_MEMORY = 0.9  # weight of the older samples in the refill-rate estimate
 # Two 429s measure a rate when this many requests were admitted between them, or when they are this far
@@ -114,8 +83,7 @@ def wall_clock(seconds_from_now: float) -> str:
 
 
 class PacedPastLimit(Exception):
-    """The pacing would hold an attempt `wait_s` seconds, past the caller's max_wait_s; `said` is what the
-    server said to make it so (for the message)."""
+    """The pacing would hold an attempt `wait_s` seconds, past max_wait_s, for what the server `said`."""
 
     def __init__(self, wait_s: float, said: str):
         super().__init__(f"{wait_s:.0f}s: {said}")
@@ -123,11 +91,9 @@ class PacedPastLimit(Exception):
 
 
 class ServerBudget:
-    """One limit of the server (requests or tokens) as a bucket we spend from before it does.
-
-    Unknown (never paces) until a reply announces it. `spent` counts everything taken, known or
-    not, so that a reply can tell what was taken after its own attempt.
-    """
+    """One limit of the server (requests or tokens) as a bucket we spend from before it does; unknown (never
+    paces) until a reply announces it. `spent` counts everything taken, so that a reply can tell what was taken
+    after its own attempt."""
 
     def __init__(self) -> None:
         self.limit = 0.0
@@ -137,9 +103,8 @@ class ServerBudget:
         self.spent = 0.0
         self.unsent = 0.0  # taken by attempts still waiting to go
         self._deficit_sum = self._reset_sum = 0.0  # decayed sums of (limit - remaining) and of reset seconds
-        self._fit = [
-            0.0
-        ] * 5  # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
+        # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
+        self._fit = [0.0] * 5
         self.window_end: float | None = None  # fixed windows: when the current one ends (None: a refilling bucket)
         self._latest_end = float("-inf")  # the latest window end a reply has told
         self._window_over = float("-inf")  # the end of the last window refilled
@@ -276,10 +241,9 @@ class ServerBudget:
 
 
 class AdaptiveLimit:
-    def __init__(self, ceiling: int, decrease: float = 0.7, growth_per_s: float = 1.0):
+    def __init__(self, ceiling: int):
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
-        self.decrease, self.growth_per_s = decrease, growth_per_s
         self.latency_s = 0.1  # smoothed round trip of successful attempts
         self.in_flight = 0
         self.cuts = 0
@@ -287,9 +251,8 @@ class AdaptiveLimit:
         self.learned = ServerBudget()  # the rate of a server that only answers 429, once measured
         self._sent: deque[float] = deque()  # when recent attempts were sent, in order
         self._rejected: deque[float] = deque()  # when those answered 429 were sent
-        self._empty_since: float | None = (
-            None  # when the first attempt answered 429 since the last measurement was sent
-        )
+        # when the first attempt answered 429 since the last measurement was sent
+        self._empty_since: float | None = None
         self._probed_at = 0.0
         self._waiting = 0  # attempts waiting for the pacing to let them go
         self._first_answer_at = float("inf")
@@ -318,17 +281,6 @@ class AdaptiveLimit:
             self.in_flight -= 1
             self._changed.notify_all()
 
-    def attempt(
-        self,
-        prompt_chars: int = 0,
-        max_tokens: int = 0,
-        max_wait_s: float = math.inf,
-        announce: Callable[[float, str], None] | None = None,
-    ) -> "Attempt":
-        """A slot and the server's go-ahead for one HTTP attempt: `async with limit.attempt(...) as attempt`.
-        A pacing wait past `max_wait_s` raises PacedPastLimit; `announce(seconds, why)` hears of each wait."""
-        return Attempt(self, prompt_chars, max_tokens, max_wait_s, announce)
-
     def estimated_tokens(self, prompt_chars: int, max_tokens: int) -> float:
         return prompt_chars / self.chars_per_token + max_tokens
 
@@ -348,9 +300,6 @@ class AdaptiveLimit:
     def pacing(self) -> bool:
         """Whether attempts are paced: from the server's headers, or at a rate measured between its 429s."""
         return self.paced or self.learned.known
-
-    def _pacing_budgets(self) -> dict[str, ServerBudget]:
-        return self.budgets if self.paced else {**self.budgets, "learned": self.learned}
 
     def _sending(self, sent_at: float) -> None:
         self._sent.append(sent_at)
@@ -386,9 +335,6 @@ class AdaptiveLimit:
             self.learned.grow(1 + PROBE_PER_S * (now - self._probed_at), now)
         self._probed_at = now
 
-    def _answered(self, rejected: bool) -> None:
-        self._outcomes.append(rejected)
-
     def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
         """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
         frequent, or a limit was found before (its rate is being measured). A few 429s among many answers, with
@@ -402,8 +348,8 @@ class AdaptiveLimit:
 
     def succeeded(self, latency_s: float) -> None:
         self.latency_s += 0.2 * (latency_s - self.latency_s)
-        # `limit` slots finish about limit/latency requests a second: this adds growth_per_s a second
-        self.limit = min(self.ceiling, self.limit + self.growth_per_s * self.latency_s / self.limit)
+        # `limit` slots finish about limit/latency requests a second: this adds GROWTH_PER_S a second
+        self.limit = min(self.ceiling, self.limit + GROWTH_PER_S * self.latency_s / self.limit)
 
     def rate_limited(self, retry_after: float | None) -> None:
         now = time.monotonic()
@@ -413,22 +359,16 @@ class AdaptiveLimit:
             return  # the pacing at the measured rate holds the requests back, not fewer slots
         if now - self._last_cut >= self.latency_s:
             self._last_cut = now
-            self.limit = max(1.0, self.limit * self.decrease)
+            self.limit = max(1.0, self.limit * CUT)
             self.cuts += 1
 
 
 class Attempt:
-    """One HTTP attempt under an AdaptiveLimit: holds a slot, spends from the announced budgets before
-    it starts, and hands the reply's headers back to them."""
+    """A slot and the server's go-ahead for one HTTP attempt (`async with Attempt(...) as attempt`): spends from the
+    budgets before it starts (a wait past `max_wait_s` raises PacedPastLimit, `announce(seconds, why)` hears of
+    each), and hands the reply's headers back to them."""
 
-    def __init__(
-        self,
-        limit: AdaptiveLimit,
-        prompt_chars: int,
-        max_tokens: int,
-        max_wait_s: float = math.inf,
-        announce: Callable[[float, str], None] | None = None,
-    ):
+    def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int, max_wait_s: float, announce: Announce):
         self.limit, self.prompt_chars = limit, prompt_chars
         self.max_wait_s, self.announce = max_wait_s, announce
         self.costs = {"requests": 1.0, "tokens": limit.estimated_tokens(prompt_chars, max_tokens)}
@@ -436,12 +376,13 @@ class Attempt:
         self.sent_at = 0.0
 
     async def __aenter__(self) -> "Attempt":
-        await self.limit.__aenter__()
+        limit = self.limit
+        await limit.__aenter__()
         try:
-            budgets = self.limit._pacing_budgets()
+            budgets = limit.budgets if limit.paced else {**limit.budgets, "learned": limit.learned}
             now = time.monotonic()
             self.marks = {kind: budget.take(self.costs.get(kind, 1.0), now) for kind, budget in budgets.items()}
-            self.limit._waiting += 1
+            limit._waiting += 1
             try:
                 while (wait := max(budget.wait_s(self.marks[kind], now) for kind, budget in budgets.items())) > 0:
                     kind = max(budgets, key=lambda kind: budgets[kind].wait_s(self.marks[kind], now))
@@ -450,18 +391,17 @@ class Attempt:
                     )
                     if wait > self.max_wait_s:
                         raise PacedPastLimit(wait, said)
-                    if self.announce is not None:
-                        self.announce(wait, f"pacing to the endpoint's {said}")
+                    self.announce(wait, f"pacing to the endpoint's {said}")
                     await asyncio.sleep(wait)
                     now = time.monotonic()
             finally:
-                self.limit._waiting -= 1
+                limit._waiting -= 1
                 for kind, budget in budgets.items():
                     budget.sent(self.costs.get(kind, 1.0))
             self.sent_at = now
-            self.limit._sending(now)
+            limit._sending(now)
         except BaseException:
-            await self.limit.__aexit__()
+            await limit.__aexit__()
             raise
         return self
 
@@ -477,7 +417,7 @@ class Attempt:
         return announced
 
     def succeeded(self, headers: Mapping[str, str], prompt_tokens: int | None) -> None:
-        self.limit._answered(False)
+        self.limit._outcomes.append(False)
         if not self._announced(headers):
             self.limit._probe(time.monotonic())
         if prompt_tokens:
@@ -485,7 +425,7 @@ class Attempt:
         self.limit.succeeded(time.monotonic() - self.sent_at)
 
     def rate_limited(self, headers: Mapping[str, str], retry_after: float | None) -> None:
-        self.limit._answered(True)
+        self.limit._outcomes.append(True)
         announced = self._announced(headers)
         if not self.limit.limit_reached(announced):
             # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on (it is

@@ -1,38 +1,23 @@
 """OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
 
-The SDK's own retries are turned off; this module decides what is retried:
-  429            wait as the server's Retry-After says (at most MAX_RETRY_AFTER; else, or when it says 0,
-                 a negative time or a date past, back off), retry; a Retry-After beyond
-                 max_retry_seconds: RetryLater, the whole run stops (exit 3)
-  5xx, 408, 409, timeouts, connection errors, malformed bodies (not JSON, nested too deep, invalid HTTP,
-  larger than MAX_REPLY_BYTES), a 404 naming no model once the endpoint has answered
+The SDK's own retries are off; this module decides what is retried (docs/operations.md has the table):
+  429            wait as Retry-After says (at most MAX_RETRY_AFTER; none, 0, negative or a date past: back off);
+                 one past max_retry_seconds: RetryLater, the run stops (exit 3)
+  5xx, 408, 409, 425, timeouts, connection errors, malformed bodies (not JSON, nested too deep, invalid HTTP,
+  over MAX_REPLY_BYTES), a 404 naming no model once the endpoint has answered
                  capped exponential backoff with jitter, retry
-  400/413 context length exceeded
-                 ContextTooLong: final, the task gets a row with an empty answer
-  other 400/422  CallFailed at once (not retried in this run, retried next run)
-  401/403, a 404 that names a model, 429 insufficient_quota
-                 EndpointRefused: the whole run stops
-  no connection, while the endpoint has not answered once in this run (refused, unknown host,
-  TLS failure, connect timeout), or 404 with no mention of a model (no API at that path)
-                 EndpointUnreachable after a few quick tries: the whole run stops in seconds
-Retries are capped in count (max_retries; 429s do not count, the server asked us to wait) and
-in total time (max_retry_seconds). A wait of LONG_WAIT_S or more is said in one line on stderr.
+  400/413 context length exceeded     ContextTooLong: final, the task's row has an empty answer
+  other 400/422                       CallFailed at once (retried next run)
+  401/403, a 404 naming a model, 429 insufficient_quota       EndpointRefused: the run stops
+  no connection while the endpoint has never answered in this run, or a 404 naming no model (no API there)
+                 EndpointUnreachable after a few quick tries: the run stops in seconds
+Retries are capped in count (max_retries; 429s do not count) and in time (max_retry_seconds).
 
-What a reply can hold is bounded: its body (MAX_REPLY_BYTES, on the wire and once decompressed: a
-gzip bomb is cut off, never inflated whole), the short fields copied into rows (model, system_fingerprint,
-finish_reason: MAX_FIELD_CHARS), and text that is not valid Unicode (lone UTF-16 surrogates, which JSON can
-spell) has them replaced by U+FFFD, so rows stay valid UTF-8.
-
-Each attempt has a deadline for the whole call (connect, send, wait, body): Endpoint.timeout, and
-DEADLINE_MARGIN_S for the SDK's own connect and read timeouts to say first what timed out, so a
-body that trickles in ends as a timed-out attempt (CallTimedOut, retried) rather than never.
-
-Slow is not dead: a CPU-served model can take minutes before its first byte, and a serial server
-(llama.cpp's) answers nothing else, not even GET /models, while it generates. So an endpoint that
-accepts connections is called hung only once a call has waited its whole --timeout with nothing
-from it (not even a reply's headers: a body that trickles is a slow server) and GET /models, asked
-then, gets nothing either within min(--timeout, MODELS_PROBE_S). A refused or failed connection
-(connect_failure) is the only quicker sign, and no live server gives it.
+Each attempt has a deadline for the whole call: Endpoint.timeout, plus DEADLINE_MARGIN_S so that the SDK's own
+connect and read timeouts say first what timed out. Slow is not dead: a CPU-served model can take minutes before
+its first byte, and llama.cpp's serial server answers nothing else meanwhile, not even GET /models. So an
+endpoint that accepts connections is called hung only once a call waited its whole --timeout without even a
+reply's headers, and GET /models, asked then, gets nothing within min(--timeout, MODELS_PROBE_S).
 """
 
 import asyncio
@@ -47,7 +32,7 @@ import sys
 import time
 import urllib.parse
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -58,7 +43,7 @@ from .. import redact
 from ..errors import BadInput, CallFailed, ContextTooLong, EndpointRefused, EndpointUnreachable, RetryLater
 from . import spending, thinking
 from .cost import MAX_TOKEN_COUNT
-from .limiter import AdaptiveLimit, PacedPastLimit, wall_clock
+from .limiter import AdaptiveLimit, Attempt, PacedPastLimit, wall_clock
 
 
 def _on_first_use(name: str) -> ModuleType:
@@ -83,15 +68,10 @@ if TYPE_CHECKING:
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
-_CONTEXT_LENGTH_HINTS = (
-    "context_length_exceeded",
-    "context length",
-    "context window",
-    "maximum context",
-    "context size",
-    "too many tokens",
-    "prompt is too long",
-    "input is too long",
+# how an error says the prompt does not fit the model's context, lower case
+_CONTEXT_LENGTH = re.compile(
+    "context_length_exceeded|context length|context window|maximum context|context size|too many tokens"
+    "|prompt is too long|input is too long"
 )
 _RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0  # the longest one wait a server's Retry-After gets (then the call tries again)
@@ -123,88 +103,65 @@ class CallTimedOut(Exception):
     """An attempt that had no complete reply (headers and body) within the endpoint's timeout."""
 
 
-def _megabytes(size: int) -> str:
-    return f"{size / 2**20:g} MiB"
-
-
 async def _bound_body(response: "httpx2.Response") -> None:
-    """Makes `response` read at most MAX_REPLY_BYTES, on the wire and decompressed (an httpx response hook,
-    run before the body is read): a larger body raises MalformedReply as it comes, never held whole. The
-    body's gzip or deflate is undone here, a piece at a time; any other Content-Encoding (not asked for:
-    the client accepts gzip and deflate) is malformed."""
-    encodings = [
-        value.strip().lower()
-        for value in response.headers.get_list("content-encoding", split_commas=True)
-        if value.strip().lower() != "identity"
-    ]
+    """An httpx response hook, run before the body is read: the body is read through _BoundedStream, which
+    undoes its gzip or deflate itself; any other Content-Encoding (the client asks for none) is malformed."""
+    encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
+    encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
     if unknown:
         raise MalformedReply(f"a body in Content-Encoding {', '.join(unknown)}, which was not asked for")
     response.stream = _bounded_stream_type()(response.stream, encodings)
-    if "content-encoding" in response.headers:
-        del response.headers["content-encoding"]  # undone by the stream: httpx must not decode it again
+    response.headers.pop("content-encoding", None)  # undone by the stream: httpx must not decode it again
 
 
-class _Inflater:
-    """Undoes one gzip or deflate layer in pieces of at most 1 MiB."""
+async def _bounded(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    size = 0
+    async for piece in pieces:
+        size += len(piece)
+        if size > MAX_REPLY_BYTES:
+            raise MalformedReply(f"a reply body over {MAX_REPLY_BYTES // 2**20} MiB, the most read")
+        yield piece
 
-    PIECE = 2**20
 
-    def __init__(self, encoding: str):
-        self.encoding = encoding
-        self.inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding != "deflate" else zlib.MAX_WBITS)
-        self.first = True
-
-    def pieces(self, data: bytes):
+async def _inflated(pieces: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
+    """`pieces` with one gzip or deflate layer undone, a MiB at a time: a bomb is never inflated whole."""
+    inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding != "deflate" else zlib.MAX_WBITS)
+    first = True
+    async for data in pieces:
         try:
-            piece = self.inflate.decompress(data, self.PIECE)
+            piece = inflate.decompress(data, 2**20)
         except zlib.error:
-            if not (self.first and self.encoding == "deflate"):
-                raise MalformedReply(f"a {self.encoding} body that does not decompress") from None
-            self.inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as some servers send it
-            piece = self.inflate.decompress(data, self.PIECE)
-        self.first = False
+            if not (first and encoding == "deflate"):
+                raise MalformedReply(f"a {encoding} body that does not decompress") from None
+            inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as some servers send it
+            piece = inflate.decompress(data, 2**20)
+        first = False
         while piece:
             yield piece
-            piece = self.inflate.decompress(self.inflate.unconsumed_tail, self.PIECE)
+            piece = inflate.decompress(inflate.unconsumed_tail, 2**20)
 
 
 @functools.cache
 def _bounded_stream_type() -> type:
-    """The stream class _bound_body puts in place (made on first use: httpx2 is loaded only by stages that call)."""
+    """A reply body of at most MAX_REPLY_BYTES, on the wire and decoded (made on first use: httpx2 is loaded only
+    by stages that call)."""
 
-    class BoundedStream(httpx2.AsyncByteStream):
+    class _BoundedStream(httpx2.AsyncByteStream):
         def __init__(self, stream: "httpx2.AsyncByteStream", encodings: list[str]):
-            self.stream, self.inflaters = stream, [_Inflater(name) for name in reversed(encodings)]
+            self.stream, self.encodings = stream, encodings
 
         async def __aiter__(self):
-            wire = size = 0
-            async for chunk in self.stream:
-                wire += len(chunk)
-                _within_bound(wire)
-                for piece in self._decoded(chunk, 0):
-                    size += len(piece)
-                    _within_bound(size)
-                    yield piece
-
-        def _decoded(self, data: bytes, layer: int):
-            """The pieces `data` decodes to through the inflaters from `layer` on, one at a time (lazily: a
-            piece of the first layer may inflate to far more in the next)."""
-            if layer == len(self.inflaters):
-                yield data
-                return
-            for piece in self.inflaters[layer].pieces(data):
-                yield from self._decoded(piece, layer + 1)
+            body = _bounded(aiter(self.stream))
+            for encoding in reversed(self.encodings):
+                body = _inflated(body, encoding)
+            async for piece in _bounded(body):
+                yield piece
 
         async def aclose(self) -> None:
             await self.stream.aclose()
 
-    return BoundedStream
-
-
-def _within_bound(size: int) -> None:
-    if size > MAX_REPLY_BYTES:
-        raise MalformedReply(f"a reply body over {_megabytes(MAX_REPLY_BYTES)}, the most read")
+    return _BoundedStream
 
 
 @dataclass
@@ -250,15 +207,12 @@ class Endpoint:
         return key
 
     def request_body(self, messages: list[dict], fields: dict | None = None) -> dict:
-        """The chat request body a call sends (ChatClient hands the same fields to the SDK): model,
-        messages, generation parameters and provider-specific fields; `fields` of one call override
-        them (a None value removes the field)."""
+        """The chat request body a call sends (ChatClient hands the same fields to the SDK)."""
         params, extra = self.call_fields(fields)
         return {"model": self.model, "messages": messages, **params, **extra}
 
     def call_fields(self, fields: dict | None) -> tuple[dict, dict]:
-        """(params, extra_body) of one call: the endpoint's, with `fields` put into extra_body
-        (a field whose value is None is not sent at all)."""
+        """(params, extra_body) of one call: the endpoint's, with `fields` put into extra_body (None: not sent)."""
         params, extra = dict(self.params), dict(self.extra_body)
         for name, value in (fields or {}).items():
             params.pop(name, None)
@@ -271,6 +225,11 @@ class Endpoint:
     def host(self) -> str:
         """The endpoint URL without user:password@ or ?query (which can carry credentials)."""
         return redact.url(self.url)
+
+    @property
+    def learned_key(self) -> str:
+        """How a manifest's `learned` names this endpoint and model."""
+        return f"{self.host} {self.model}"
 
     @property
     def token_field(self) -> str | None:
@@ -301,9 +260,8 @@ class Completion:
 
 @dataclass(frozen=True)
 class Served:
-    """The model a reply says answered (`model`, which a provider may re-point behind the asked name) and its
-    `system_fingerprint`, when one is given: a row records them so that a changed snapshot shows; and the
-    reasoning effort the reply says was applied, where it says one."""
+    """What a reply says answered: `model` (a provider may re-point the asked name), `system_fingerprint` and the
+    reasoning effort applied; a row records them so that a changed snapshot shows."""
 
     model: str | None
     fingerprint: str | None = None
@@ -311,19 +269,18 @@ class Served:
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them)."""
-        model, fingerprint = getattr(response, "model", None), getattr(response, "system_fingerprint", None)
-        model = short_field(model) if isinstance(model, str) and model else None
-        fingerprint = short_field(fingerprint) if isinstance(fingerprint, str) and fingerprint else None
+        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them), our key taken
+        out (a server may echo it)."""
+        said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
+        model, fingerprint = (redact.secrets(short_field(v)) if isinstance(v, str) and v else None for v in said)
         effort = _applied_effort(response)
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
     def fields(self, prefix: str = "") -> dict[str, str]:
-        """The row's keys: `<prefix>response_model`, and `<prefix>system_fingerprint` and
-        `<prefix>reasoning_effort_applied` when given."""
-        out = {f"{prefix}response_model": self.model} if self.model else {}
-        out |= {f"{prefix}system_fingerprint": self.fingerprint} if self.fingerprint else {}
-        return out | ({f"{prefix}reasoning_effort_applied": self.effort} if self.effort else {})
+        """The row's keys, each only when given."""
+        named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
+        named["reasoning_effort_applied"] = self.effort
+        return {prefix + name: value for name, value in named.items() if value}
 
 
 def _applied_effort(response: Any) -> str | None:
@@ -334,10 +291,10 @@ def _applied_effort(response: Any) -> str | None:
     reasoning = extra.get("reasoning")
     if effort is None and isinstance(reasoning, dict):
         effort = reasoning.get("effort")
-    return valid_text(effort[:40]) if isinstance(effort, str) and effort else None
+    return redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
 
 
-def _status(exc: BaseException) -> int | None:
+def status_of(exc: BaseException) -> int | None:
     return getattr(exc, "status_code", None)
 
 
@@ -355,59 +312,44 @@ def error_text(exc: BaseException) -> str:
     return f"{_error_code(exc)} {exc}"
 
 
-def status_of(exc: BaseException) -> int | None:
-    return _status(exc)
-
-
-def is_context_length(exc: BaseException) -> bool:
-    return context_length_error(_status(exc), error_text(exc))
-
-
 def context_length_error(status: int | None, text: str) -> bool:
     """Whether an error (its HTTP status and code/message text) says the prompt is too long."""
-    return status in (400, 413, 422) and any(hint in text.lower() for hint in _CONTEXT_LENGTH_HINTS)
+    return status in (400, 413, 422) and _CONTEXT_LENGTH.search(text.lower()) is not None
 
 
 def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, (openai.APIConnectionError, MalformedReply, CallTimedOut, ValueError)):
         return True  # includes timeouts; ValueError: a body that is not JSON
-    status = _status(exc)
-    if status is None:
-        return False
+    status = status_of(exc)
     if status == 429:
         return _error_code(exc) != "insufficient_quota"
-    return status in _RETRYABLE_STATUS or status >= 500
+    return status is not None and (status in _RETRYABLE_STATUS or status >= 500)
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
-    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None
-    when it asks for none that can be read, or for none at all (0, a negative time, a date past): then the
-    caller backs off as without one."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    headers = response.headers
+    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None when
+    it asks for none that can be read, or none at all (0, a negative time, a date past): then we back off."""
+    headers = getattr(getattr(exc, "response", None), "headers", {})
     try:
         if "retry-after-ms" in headers:
             seconds = float(headers["retry-after-ms"]) / 1000
-        else:
-            value = headers.get("retry-after")
-            if value is None:
-                return None
+        elif "retry-after" in headers:
             try:
-                seconds = float(value)
+                seconds = float(headers["retry-after"])
             except ValueError:
-                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+                seconds = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp() - time.time()
+        else:
+            return None
     except (TypeError, ValueError, OverflowError):
         return None
     return seconds if 0 < seconds < float("inf") else None
 
 
-def _retry_after_header(exc: BaseException) -> str:
-    """The header a retry-after came in, as the server sent it (for messages)."""
+def _retry_after_said(exc: BaseException) -> str:
+    """The status and the header a retry-after came in, as the server sent it (for messages)."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     name = "retry-after-ms" if "retry-after-ms" in headers else "Retry-After"
-    return f"{name}: {redact.printable(str(headers.get(name)))[:60]}"
+    return f"HTTP {status_of(exc)}, {name}: {redact.printable(str(headers.get(name)))[:60]}"
 
 
 def connect_failure(exc: BaseException) -> str | None:
@@ -450,14 +392,15 @@ def _mapped_as_timeout(exc: BaseException) -> bool:
     return isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError)
 
 
-def _mentions_model(exc: BaseException) -> bool:
-    return "model" in f"{_error_code(exc)} {exc}".lower()
+def _bare_404(exc: BaseException) -> bool:
+    """A 404 whose error names no model: no API at that path, or a proxy that lost its way once."""
+    return status_of(exc) == 404 and "model" not in error_text(exc).lower()
 
 
 def describe(exc: BaseException) -> str:
     """A one-line, key-free description of a failed call, safe to print (redact.printable: a server's
     terminal escapes and control characters are shown escaped, never sent raw)."""
-    status = _status(exc)
+    status = status_of(exc)
     prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
     text = str(exc)
     if _mapped_as_timeout(exc):
@@ -465,18 +408,14 @@ def describe(exc: BaseException) -> str:
     return redact.printable(redact.redact(prefix + text))[:500]
 
 
-def http_client(kind: str, connections: int, on_response: Callable | None = None) -> httpx2.AsyncClient:
-    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with room for `connections` open at once;
-    `on_response(response)` is awaited as each reply's headers come, before its body.
-
-    Both keep the SDK's defaults (its timeouts, redirects followed by httpx's rules, which drop
-    Authorization for another origin); the aiohttp transport itself never follows one. The SDK's own
-    pool holds 1,000 connections (aiohttp's connector, left without a number, 100) and keeps 100 open
-    between calls: past those, calls would queue unseen, or connect anew each time. Each reply's body is
-    bounded (_bound_body); the client accepts gzip and deflate, which it undoes itself."""
+def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
+    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with its defaults (timeouts, redirects by httpx's rules,
+    which drop Authorization for another origin), but a pool of `connections`, all kept open (the SDK's 100 kept
+    open, aiohttp's 100 without a number: past those, calls would queue unseen or connect anew each time).
+    `on_response(response)` is awaited as each reply's headers come, before its body."""
     limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
     # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
-    hooks = {"response": [*([on_response] if on_response else []), _bound_body]}
+    hooks = {"response": [on_response, _bound_body]}
     headers = {"Accept-Encoding": "gzip, deflate"}
     if kind == "aiohttp":
         return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks, headers=headers)
@@ -524,32 +463,32 @@ class ChatClient:
     def _before_sleep(self, state) -> None:
         """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
         exc = state.outcome.exception()
-        if exc is not None and retry_after_seconds(exc) is not None:
-            self._announce_wait(
-                state.upcoming_sleep, f"the endpoint asks so (HTTP {_status(exc)}, {_retry_after_header(exc)})"
-            )
+        if retry_after_seconds(exc) is not None:
+            self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
 
-    def _too_long_a_wait(self, exc: BaseException | None) -> RetryLater | None:
+    def _too_long_a_wait(self, exc: BaseException) -> RetryLater | None:
         """RetryLater when `exc` asks for a wait past --max-retry-seconds (waiting could only end in failure)."""
-        if exc is None or not is_retryable(exc):
+        if not is_retryable(exc):
             return None
         seconds = retry_after_seconds(exc)
         if seconds is None or seconds <= self.endpoint.max_retry_seconds:
             return None
+        return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
+
+    def _retry_later(self, wait: str, seconds: float) -> RetryLater:
         return RetryLater(
-            f"{self.endpoint.host} asks us to wait {seconds:.0f}s (HTTP {_status(exc)}, {_retry_after_header(exc)}), "
-            f"until {wall_clock(seconds)}: past --max-retry-seconds {self.endpoint.max_retry_seconds:g}; "
-            "run again after then (the rows written are kept)"
+            f"{self.endpoint.host}{wait}, until {wall_clock(seconds)}: past --max-retry-seconds "
+            f"{self.endpoint.max_retry_seconds:g}; run again after then (the rows written are kept)"
         )
 
-    def _unreachable_so_far(self, exc: BaseException | None) -> bool:
-        return not self.answered and exc is not None and connect_failure(exc) is not None
+    def _unreachable_so_far(self, exc: BaseException) -> bool:
+        return not self.answered and connect_failure(exc) is not None
 
     def _wait(self, state) -> float:
         exc = state.outcome.exception()
         if self._unreachable_so_far(exc):
             return 0.5 * state.attempt_number  # a server still starting gets a moment, a dead one costs seconds
-        hinted = retry_after_seconds(exc) if exc is not None else None
+        hinted = retry_after_seconds(exc)
         if hinted is not None:
             return min(hinted, MAX_RETRY_AFTER)
         if isinstance(exc, openai.RateLimitError) and self.limit is not None and self.limit.pacing:
@@ -571,43 +510,32 @@ class ChatClient:
         return response
 
     async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
+        """One HTTP attempt, within its slot and pacing when there is a limiter, which hears how it went."""
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         params, extra = self.endpoint.call_fields(fields)
+        max_wait_s = self.endpoint.max_retry_seconds
+        tokens = max_tokens_of({**params, **extra})
         try:
-            async with self.limit.attempt(
-                prompt_chars(messages),
-                max_tokens_of({**params, **extra}),
-                max_wait_s=self.endpoint.max_retry_seconds,
-                announce=self._announce_wait,
-            ) as attempt:
-                return await self._attempt_in(attempt, messages, fields)
+            async with Attempt(self.limit, prompt_chars(messages), tokens, max_wait_s, self._announce_wait) as attempt:
+                try:
+                    response, headers = await self._request(messages, fields)
+                except openai.RateLimitError as exc:
+                    # the other calls pause as the server asks, never longer than one wait; not at all when the
+                    # run stops for it (a wait past --max-retry-seconds)
+                    hinted = retry_after_seconds(exc)
+                    if hinted is not None:
+                        hinted = None if hinted > max_wait_s else min(hinted, MAX_RETRY_AFTER)
+                    attempt.rate_limited(exc.response.headers, hinted)
+                    raise
+                prompt_tokens = getattr(getattr(response, "usage", None), "prompt_tokens", None)
+                attempt.succeeded(headers, prompt_tokens if valid_count(prompt_tokens) else None)
+                return response
         except PacedPastLimit as exc:
-            raise RetryLater(
-                f"{self.endpoint.host}'s {exc.said} holds the next call {exc.wait_s:.0f}s, until "
-                f"{wall_clock(exc.wait_s)}: past --max-retry-seconds {self.endpoint.max_retry_seconds:g}; "
-                "run again after then (the rows written are kept)"
-            ) from None
-
-    async def _attempt_in(self, attempt: Any, messages: list[dict], fields: dict | None) -> Any:
-        """One HTTP attempt within its slot and pacing (_attempt), telling the limiter how it went."""
-        try:
-            response, headers = await self._request(messages, fields)
-        except openai.RateLimitError as exc:
-            # the other calls pause as the server asks, never longer than one wait; not at all when the run
-            # stops for it (a wait past --max-retry-seconds)
-            hinted = retry_after_seconds(exc)
-            if hinted is not None:
-                hinted = None if hinted > self.endpoint.max_retry_seconds else min(hinted, MAX_RETRY_AFTER)
-            attempt.rate_limited(exc.response.headers, hinted)
-            raise
-        prompt_tokens = getattr(getattr(response, "usage", None), "prompt_tokens", None)
-        attempt.succeeded(headers, prompt_tokens if valid_count(prompt_tokens) else None)
-        return response
+            raise self._retry_later(f"'s {exc.said} holds the next call {exc.wait_s:.0f}s", exc.wait_s) from None
 
     async def _request(self, messages: list[dict], fields: dict | None = None) -> tuple[Any, Mapping[str, str]]:
-        """The parsed chat completion and the reply's headers, within the deadline for the whole call;
-        raises EndpointUnreachable when the endpoint turns out to answer nothing at all."""
+        """The parsed chat completion and the reply's headers, within the deadline for the whole call."""
         if not self.heard and self._still_waiting is None:
             self._still_waiting = asyncio.get_running_loop().call_later(STILL_WAITING_S, self._say_still_waiting)
         timed_out: Exception
@@ -617,17 +545,22 @@ class ChatClient:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            timed_out = self._timed_out()
+            timed_out = CallTimedOut(
+                f"no complete reply within {self.endpoint.timeout:g}s (--timeout bounds the whole call)"
+            )
         except openai.APITimeoutError as exc:  # the SDK's read timeout: nothing came for --timeout
             if self.answered or _mapped_as_timeout(exc) or connect_failure(exc) is not None:
                 raise
             timed_out = exc
         if not self.heard and not await self._answers_models():
-            raise self._hung()
+            timeout, source = self.endpoint.timeout, self.endpoint.base_url_source
+            raise EndpointUnreachable(
+                f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call within "
+                f"--timeout {timeout:g}s, nor to GET /models within {min(timeout, MODELS_PROBE_S):g}s after it; "
+                f"is the server stuck, or is {source} pointing at something that is not an HTTP API? (A server "
+                "that is alive but slower than that: raise --timeout.)"
+            )
         raise timed_out
-
-    def _timed_out(self) -> CallTimedOut:
-        return CallTimedOut(f"no complete reply within {self.endpoint.timeout:g}s (--timeout bounds the whole call)")
 
     async def _heard_from(self, response: Any) -> None:
         """The HTTP client's response hook: a reply's headers have come (its body may still be on the way)."""
@@ -642,26 +575,14 @@ class ChatClient:
                 flush=True,
             )
 
-    def _probe_bound(self) -> float:
-        return min(self.endpoint.timeout, MODELS_PROBE_S)
-
-    def _hung(self) -> EndpointUnreachable:
-        return EndpointUnreachable(
-            f"{self.endpoint.host} accepted connections but never answered: no reply to a chat call within "
-            f"--timeout {self.endpoint.timeout:g}s, nor to GET /models within {self._probe_bound():g}s after it; "
-            f"is the server stuck, or is {self.endpoint.base_url_source} pointing at something that is not an "
-            "HTTP API? (A server that is alive but slower than that: raise --timeout.)"
-        )
-
     async def _answers_models(self) -> bool:
-        """Whether the endpoint answers GET /models (its headers are enough), asked once for every first call
-        that timed out."""
+        """Whether the endpoint answers GET /models (headers are enough), asked once for all first calls."""
         if self._probe is None:
             self._probe = asyncio.ensure_future(self._ask_models())
         return await asyncio.shield(self._probe)
 
     async def _ask_models(self) -> bool:
-        bound = self._probe_bound()
+        bound = min(self.endpoint.timeout, MODELS_PROBE_S)
         with contextlib.suppress(Exception):  # an HTTP error, a timeout, no connection: the headers tell
             async with asyncio.timeout(bound + DEADLINE_MARGIN_S):
                 await self._client.models.with_raw_response.list(timeout=bound)
@@ -680,7 +601,7 @@ class ChatClient:
                 **params,
             )
         except openai.APIStatusError as exc:
-            self.answered = self.answered or exc.status_code != 404 or _mentions_model(exc)
+            self.answered = self.answered or not _bare_404(exc)
             raise
         except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
             raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
@@ -694,15 +615,10 @@ class ChatClient:
         return response, raw.headers
 
     async def complete(
-        self,
-        messages: list[dict],
-        fields: dict | None = None,
-        final: Callable[[BaseException], bool] | None = None,
+        self, messages: list[dict], fields: dict | None = None, final: Callable[[BaseException], bool] | None = None
     ) -> Completion:
-        """One chat completion. Raises ContextTooLong, CallFailed or EndpointRefused.
-
-        `fields` override the endpoint's body fields for this call (Endpoint.call_fields); an error
-        for which `final` is true is not retried and raises Rejected at once."""
+        """One chat completion, `fields` overriding the endpoint's body fields (Endpoint.call_fields). Raises
+        ContextTooLong, CallFailed or EndpointRefused; Rejected at once for an error `final` is true for."""
         started = time.monotonic()
         attempts = failures = 0
         sent_field = self.endpoint.token_field
@@ -719,8 +635,7 @@ class ChatClient:
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
             # --max-retry-seconds as a whole, the run stops: _too_long_a_wait)
-            hinted = retry_after_seconds(exc) if exc is not None else None
-            spent = time.monotonic() - started + (hinted or 0.0)
+            spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
@@ -741,19 +656,16 @@ class ChatClient:
         except EndpointRefused:
             raise
         except Exception as exc:
-            status = _status(exc)
+            status = status_of(exc)
             if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
                 raise Rejected(describe(exc), status, error_text(exc)) from None
             if self._other_token_field(exc, sent_field, fields):
                 return await self.complete(messages, fields, final)
-            if is_context_length(exc):
+            if context_length_error(status, error_text(exc)):
                 raise ContextTooLong(describe(exc)) from None
-            too_long = self._too_long_a_wait(exc)
-            if too_long is not None:
-                raise too_long from None
-            unreachable = self._unreachable_error(exc)
-            if unreachable is not None:
-                raise unreachable from None
+            stop = self._too_long_a_wait(exc) or self._unreachable_error(exc)
+            if stop is not None:
+                raise stop from None
             if (
                 status in (401, 403)
                 or (status == 404 and not self._stray_404(exc))
@@ -769,13 +681,12 @@ class ChatClient:
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
-        """Whether a call that sent --max-tokens in `sent` is to be sent again in the other field: the endpoint
-        refused `sent` (OpenAI's reasoning models refuse max_tokens, older servers max_completion_tokens). The
-        endpoint's field is switched once in a run (the stage records it in the manifest); a budget the call's
-        own `fields` carry is the caller's to handle."""
+        """Whether a call that sent --max-tokens in `sent` goes again in the other field, the endpoint having
+        refused `sent`: switched once in a run (the stage records it); a budget in the call's `fields` is the
+        caller's to handle."""
         if sent is None or any(name in (fields or {}) for name in TOKEN_FIELDS):
             return False
-        if not token_field_refused(_status(exc), error_text(exc), sent):
+        if not token_field_refused(status_of(exc), error_text(exc), sent):
             return False
         if self.endpoint.token_field != sent:  # another call switched it meanwhile
             return True
@@ -786,9 +697,8 @@ class ChatClient:
         return True
 
     def _stray_404(self, exc: BaseException) -> bool:
-        """A 404 that names no model from an endpoint that has answered before: not 'no API at that path'
-        (a proxy or a balancer that lost its way once), so a transient failure, retried."""
-        return self.answered and _status(exc) == 404 and not _mentions_model(exc)
+        """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
+        return self.answered and _bare_404(exc)
 
     def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
         """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
@@ -797,7 +707,7 @@ class ChatClient:
             return EndpointUnreachable(
                 f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
             )
-        if _status(exc) == 404 and not _mentions_model(exc) and not self.answered:
+        if _bare_404(exc) and not self.answered:
             path = urllib.parse.urlsplit(url).path.rstrip("/")
             hint = (
                 f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
@@ -851,8 +761,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def valid_text(text: str) -> str:
-    """`text` with any lone UTF-16 surrogate (which a JSON \\ud800 escape gives) replaced by U+FFFD: what is
-    left can be written as UTF-8."""
+    """`text` with any lone UTF-16 surrogate (a JSON \\ud800 escape gives one) replaced by U+FFFD: valid UTF-8."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -861,24 +770,20 @@ def valid_text(text: str) -> str:
 
 
 def short_field(text: str) -> str:
-    """A short field of a reply (model, system_fingerprint, finish_reason) as a row keeps it: valid text, at
-    most MAX_FIELD_CHARS characters (a longer one is cut, its last character "…")."""
+    """A reply's short field (model, finish_reason...) as a row keeps it: valid, cut to MAX_FIELD_CHARS with "…"."""
     text = valid_text(text)
     return text if len(text) <= MAX_FIELD_CHARS else text[: MAX_FIELD_CHARS - 1] + "…"
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body): the final
-    answer apart from the thinking (`mode`: thinking.MODES); its text made valid (valid_text), its short fields
-    bounded (short_field), and our key taken out of every text (a server may echo it), since rows are made of it."""
+    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body), the final
+    answer apart from the thinking (`mode`: thinking.MODES); our key is taken out of every text (a server may echo
+    it), since rows are made of it."""
     choice = response.choices[0]
     message = choice.message
     content = message.content if message is not None and isinstance(message.content, str) else ""
     reasoning = redact.secrets(_reasoning(message))
     reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, choice.finish_reason, mode)
-    served = Served.of(response)
-    if served is not None:
-        served = Served(*(redact.secrets(v) if v else v for v in (served.model, served.fingerprint, served.effort)))
     finish_reason = choice.finish_reason
     return Completion(
         text=reply.answer,
@@ -887,7 +792,7 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
         latency_s=latency_s,
         attempts=attempts,
         reasoning=reasoning,
-        served=served,
+        served=Served.of(response),
         thinking=reply.thinking,
         thinking_truncated=reply.truncated,
     )
@@ -914,19 +819,16 @@ def valid_count(value: Any) -> bool:
 
 
 def usage_dict(usage: Any) -> dict[str, Any]:
-    """The token counts of a reply. Numbers that are not counts (fractions, negatives, text, above
-    MAX_TOKEN_COUNT) leave the call's usage out of tokens and cost: {"invalid": {name: the value as text}},
-    with one warning per run."""
+    """The token counts of a reply; numbers that are not counts leave the call's usage out of tokens and cost:
+    {"invalid": {name: the value as text}}, with one warning per run."""
     global _usage_warned
     if usage is None:
         return {}
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    details = getattr(usage, "completion_tokens_details", None)
     found = {
         "prompt_tokens": getattr(usage, "prompt_tokens", None) or 0,
         "completion_tokens": getattr(usage, "completion_tokens", None) or 0,
-        "reasoning_tokens": getattr(details, "reasoning_tokens", None) if details else None,
-        "cached_tokens": getattr(prompt_details, "cached_tokens", None) if prompt_details else None,
+        "reasoning_tokens": getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None),
+        "cached_tokens": getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
     }
     invalid = {name: str(value)[:40] for name, value in found.items() if value is not None and not valid_count(value)}
     if invalid:

@@ -1,22 +1,12 @@
-"""Shared-prefix scheduling: the first task of a group goes alone, its siblings once it is answered.
+"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered.
 
-Tasks of one group (CL-bench: one context) share their leading messages. A prefix-caching server
-(vLLM, SGLang, OpenAI's automatic prompt caching) computes that shared prefix once only if the first
-request of the group has been answered before the others arrive; sent together, they all miss. So
-the runner's workers take their tasks from a `PrefixSchedule` instead of the plain iterator:
-
-  - a task without a group, or the first task of a group (its leader), goes at once;
-  - a sibling whose leader is in flight waits, and the workers read ahead for other work meanwhile,
-    so the calls in flight stay at --workers while any other task is ready;
-  - when the leader is answered (a row, or nothing to write) its waiting siblings go first, ahead
-    of new tasks, while the prefix is warm;
-  - when the leader fails (CallFailed, cancelled) its next sibling becomes the leader, so a task
-    that keeps failing delays its group by one call each, never for ever; a leader out longer than
-    `patience_s` releases its siblings as if it had been answered;
-  - once the run's `stop` event is set, no task is handed out.
-
-Reading ahead is bounded (`lookahead` waiting siblings): the tasks come from a lazy iterable and
-only the waiting ones are held. A group is forgotten once its leader is answered and none waits.
+Tasks of one group (CL-bench: one context) share their leading messages, which a prefix-caching server computes
+once only if the leader was answered before its siblings arrive. Measured (docs/design.md, Shared-prefix
+scheduling, which gives the rules): it pays where a server misses on siblings sent together, as the test server's
+prefix cache does; vLLM's CPU engine served those from its cache too, and there it neither gained nor cost
+anything measurable. The workers read ahead for other work while siblings wait (at most `lookahead` held); a
+failed leader hands the lead to its next sibling, a leader out longer than `patience_s` releases its siblings,
+and once the run's `stop` is set no task is handed out.
 """
 
 import asyncio
@@ -31,6 +21,7 @@ GroupOf = Callable[[Any], str | None]  # a task's prefix group; None: no group, 
 
 @dataclass
 class _Group:
+    key: str
     leader: Any  # the task whose answer warms the group's prefix
     since: float  # when the leader was handed out (monotonic)
     waiting: deque = field(default_factory=deque)  # siblings held until the leader is answered
@@ -89,29 +80,24 @@ class PrefixSchedule:
     def answered(self, task: Any) -> None:
         """The task has its answer: if it led a group, the group's siblings go."""
         group = self._led_group(task)
-        if group is None:
-            return
-        key, found = group
-        del self._groups[key]
-        self._release(found)
-        self._notify()
+        if group is not None:
+            del self._groups[group.key]
+            self._release(group)
+            self._notify()
 
     def failed(self, task: Any) -> None:
         """The task failed (it stays pending for the next run): if it led a group, its next sibling leads."""
         group = self._led_group(task)
         if group is None:
             return
-        key, found = group
-        if found.waiting and not found.released:
-            found.leader = found.waiting.popleft()
-            found.since = time.monotonic()
+        if group.waiting and not group.released:
+            group.leader = group.waiting.popleft()
+            group.since = time.monotonic()
             self._waiting -= 1
-            self._promoted.append(found.leader)
+            self._promoted.append(group.leader)
         else:
-            del self._groups[key]
+            del self._groups[group.key]
         self._notify()
-
-    # ---- inside
 
     def _take(self) -> Any | None:
         """A task that may go now, reading ahead in the source as far as `lookahead` allows; None: none."""
@@ -130,7 +116,7 @@ class PrefixSchedule:
                 return task
             group = self._groups.get(key)
             if group is None:
-                self._groups[key] = _Group(task, time.monotonic())
+                self._groups[key] = _Group(key, task, time.monotonic())
                 return task
             if group.released:
                 return task
@@ -138,12 +124,10 @@ class PrefixSchedule:
             self._waiting += 1
         return None
 
-    def _led_group(self, task: Any) -> tuple[str, _Group] | None:
+    def _led_group(self, task: Any) -> _Group | None:
         key = self._group_of(task)
-        if key is None:
-            return None
-        group = self._groups.get(key)
-        return (key, group) if group is not None and group.leader is task else None
+        group = None if key is None else self._groups.get(key)
+        return group if group is not None and group.leader is task else None
 
     def _release(self, group: _Group) -> None:
         self._waiting -= len(group.waiting)

@@ -1,14 +1,8 @@
-"""A reasoning model's reply, its thinking taken apart from its final answer: the one place that does it.
-
-Servers hand the thinking back in one of these shapes, and the final answer is what is graded:
-
-  hidden            only usage.completion_tokens_details.reasoning_tokens (OpenAI o-series, GPT-5)
-  a separate field  message.reasoning_content or message.reasoning beside content (vLLM --reasoning-parser,
-                    llama.cpp --reasoning-format deepseek, DeepSeek's API, routers)
-  inline            `<think>…</think>` then the answer in content; or only `…</think>` when the chat
-                    template opened the tag; or an unclosed `<think>` when the budget ran out (raw vLLM,
-                    llama.cpp or Ollama serving DeepSeek-R1 distills, Qwen3, QwQ)
-
+"""A reasoning model's reply, its thinking taken apart from its final answer (what is graded): the one place that
+does it. Servers hand the thinking back hidden (only usage's reasoning_tokens: OpenAI), in a separate field
+(message.reasoning_content or .reasoning: vLLM --reasoning-parser, llama.cpp, DeepSeek's API, routers), or
+inline in content (raw vLLM, llama.cpp or Ollama serving R1 distills, Qwen3, QwQ): `<think>…</think>answer`,
+`…</think>answer` when the chat template opened the tag, or an unclosed `<think>` when the budget ran out.
 Inline thinking ends at the first `</think>`, as vLLM's DeepSeek-R1 reasoning parser splits it. A reply with no
 final answer that stopped at the token limit (`finish_reason: length`) ran out of budget while thinking.
 """
@@ -27,10 +21,8 @@ class Reply:
 
 
 def separate(content: str, reasoning: str = "", finish_reason: str | None = None, mode: str = "separate") -> Reply:
-    """The final answer and the thinking of one reply (`reasoning`: the server's reasoning field).
-
-    mode "as-is" keeps content whole as the answer (what CL-bench, EvalScope and OpenAI Evals grade): only the
-    reasoning field is kept as the thinking, and only an empty content at the token limit counts as truncated."""
+    """The final answer and the thinking of one reply (`reasoning`: the server's reasoning field). Mode "as-is"
+    keeps content whole as the answer (what CL-bench, EvalScope and OpenAI Evals grade)."""
     answer, inline = content, ""
     if mode != "as-is":
         answer, inline = _split_inline(content)

@@ -109,17 +109,12 @@ def run(job: Job, args) -> int:
     return job.settle(runner.finish(job.label, summary, job.output))
 
 
-def _endpoint_key(endpoint: Endpoint) -> str:
-    """How the manifest's `learned` names an endpoint and model (as judge_format.Formats does)."""
-    return f"{endpoint.host} {endpoint.model}"
-
-
 def _seed_token_field(job: Job) -> None:
     """Send --max-tokens in the field an earlier run learned this endpoint takes (the manifest's
     `learned.token_field`)."""
     if job.endpoint is None:
         return
-    field = manifest.learned(job.output, "token_field").get(_endpoint_key(job.endpoint))
+    field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
     if field in TOKEN_FIELDS:
         job.endpoint.use_token_field(field)
 
@@ -129,7 +124,7 @@ def _learned_token_field(job: Job, args) -> dict:
     --max-tokens-param's, or when an earlier run had learned otherwise."""
     if job.endpoint is None or job.endpoint.token_field is None:
         return {}
-    learned, key = manifest.learned(job.output, "token_field"), _endpoint_key(job.endpoint)
+    learned, key = manifest.learned(job.output, "token_field"), job.endpoint.learned_key
     if job.endpoint.token_field == getattr(args, "max_tokens_param", "max_tokens") and key not in learned:
         return {}
     return {"token_field": {**learned, key: job.endpoint.token_field}}
