@@ -9,7 +9,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,74 +264,22 @@ class Asked:
 
 @dataclass(frozen=True)
 class Contract:
-    """The JSON a judge call asks for: the response_format name, its schema, and the exact check of a reply."""
+    """The JSON a judge call asks for: the response_format name, its schema, the exact check of a reply, and
+    how a reply is read (`parse` returns a reason string for one it cannot use)."""
 
     name: str
     schema: dict
     problems: Callable[[Any], list[str]]
-
-
-async def ask_judge(
-    judge: "ChatClient",
-    prompt: str,
-    parse: Callable[[str], Any],
-    attempts: int,
-    formats: judge_format.Formats,
-    contract: Contract,
-) -> Asked:
-    """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times,
-    for the contract's JSON through response_format (judge_format): a reply in a structured mode that breaks it
-    marks the mode not enforced. A reply with empty content is read from the reasoning field; one cut at the
-    token limit that is not complete JSON is JUDGE_TRUNCATED at once."""
-    asked = Asked(None, PARSE_ERROR, {})
-    latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
-
-    def done(value, status, n, error=None) -> Asked:
-        asked.value, asked.status, asked.attempts, asked.error = value, status, n, error
-        asked.latency_s = None if not latencies or None in latencies else sum(latencies)
-        return asked
-
-    attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
-    messages = [{"role": "user", "content": prompt}]
-    failure = None
-    for n in range(1, attempts + 1):
-        try:
-            answer = await judge_format.ask(formats, judge, messages, name=contract.name, schema=contract.schema)
-        except ContextTooLong as exc:
-            return done(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
-        except CallFailed as exc:
-            return done(None, API_ERROR, n, str(exc))
-        reply, asked.mode = answer.completion, answer.mode
-        cost.add_counts(asked.usage, reply.usage)
-        latencies.append(reply.latency_s)
-        asked.served = reply.served
-        text, asked.field = reply.text, "content"
-        if not text.strip() and reply.reasoning.strip():
-            text, asked.field = reply.reasoning, "reasoning"
-        truncated = reply.finish_reason == "length"
-        asked.enforced = None
-        if answer.mode in judge_format.STRUCTURED and not truncated:
-            asked.enforced = not judge_format.check(text, contract.problems)
-            formats.ladder(judge).mark(answer.mode, asked.enforced)
-        if truncated and judge_format.check(text, lambda obj: []):  # not even complete JSON
-            tokens = reply.usage.get("completion_tokens")
-            return done(
-                None,
-                JUDGE_TRUNCATED,
-                n,
-                f"reply cut at the token limit{f' after {tokens} tokens' if tokens else ''}; it ended {text[-200:]!r}",
-            )
-        parsed = parse(text)
-        if not isinstance(parsed, str):
-            return done(parsed, OK, n)
-        failure = f"{parsed}; reply began {text[:200]!r}"
-    return done(None, PARSE_ERROR, attempts, failure)
+    parse: Callable[[str], Any]
 
 
 # ---------------------------------------------------------------- error types of failed solutions
 
 ERROR_TYPES = ("Context Ignored", "Context Misused", "Format Error", "Refusal")
 ANALYSIS_TASK_CHARS = 8000  # of the last user turn shown to the analyst; longer turns are cut, visibly
+SLIMMED_TASK = (  # the task of a judge row without messages
+    "(not available: the inference rows were written with --slim; `python -m evalpipe.expand` joins the messages back)"
+)
 
 ERROR_ANALYSIS_PROMPT = """\
 A model was given a task that comes with its own context (documents, rules, procedures or data
@@ -391,9 +339,6 @@ def analysis_problems(obj: Any) -> list[str]:
     return problems
 
 
-ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems)
-
-
 def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
     """(types, reason, how) from an analyst's reply, read as a judge's (`_candidates`), or why it could not be."""
     if not text.strip():
@@ -421,6 +366,9 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
         reason = fields.get("reason", "")
         return list(dict.fromkeys(known)), reason if isinstance(reason, str) else json.dumps(reason), how
     return "; ".join(dict.fromkeys(reasons)) or "no JSON object in the reply"
+
+
+ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems, parse_error_types)
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -596,6 +544,53 @@ class CLBench(ErrorAnalysis, Benchmark):
             return JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=response)
         return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
 
+    async def _ask(self, judge: "ChatClient", prompt: str, contract: Contract) -> Asked:
+        """Ask until the contract's `parse` accepts a reply, at most --parse-attempts times, for its JSON through
+        response_format (judge_format): a reply in a structured mode that breaks it marks the mode not enforced. A
+        reply with empty content is read from the reasoning field; one cut at the token limit that is not complete
+        JSON is JUDGE_TRUNCATED at once."""
+        asked = Asked(None, PARSE_ERROR, {})
+        latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
+
+        def done(value, status, n, error=None) -> Asked:
+            asked.value, asked.status, asked.attempts, asked.error = value, status, n, error
+            asked.latency_s = None if not latencies or None in latencies else sum(latencies)
+            return asked
+
+        attempts = 1 if judge.batched else max(1, self.options.parse_attempts)  # a batch answers one call per task
+        messages = [{"role": "user", "content": prompt}]
+        failure = None
+        for n in range(1, attempts + 1):
+            try:
+                answer = await judge_format.ask(
+                    self.judge_formats, judge, messages, name=contract.name, schema=contract.schema
+                )
+            except ContextTooLong as exc:
+                return done(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
+            except CallFailed as exc:
+                return done(None, API_ERROR, n, str(exc))
+            reply, asked.mode = answer.completion, answer.mode
+            cost.add_counts(asked.usage, reply.usage)
+            latencies.append(reply.latency_s)
+            asked.served = reply.served
+            text, asked.field = reply.text, "content"
+            if not text.strip() and reply.reasoning.strip():
+                text, asked.field = reply.reasoning, "reasoning"
+            truncated = reply.finish_reason == "length"
+            asked.enforced = None
+            if answer.mode in judge_format.STRUCTURED and not truncated:
+                asked.enforced = not judge_format.check(text, contract.problems)
+                self.judge_formats.ladder(judge).mark(answer.mode, asked.enforced)
+            if truncated and judge_format.check(text, lambda obj: []):  # not even complete JSON
+                tokens = reply.usage.get("completion_tokens")
+                after = f" after {tokens} tokens" if tokens else ""
+                return done(None, JUDGE_TRUNCATED, n, f"reply cut at the token limit{after}; it ended {text[-200:]!r}")
+            parsed = contract.parse(text)
+            if not isinstance(parsed, str):
+                return done(parsed, OK, n)
+            failure = f"{parsed}; reply began {text[:200]!r}"
+        return done(None, PARSE_ERROR, attempts, failure)
+
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         output = self.graded_text(row)
         if not output.strip():
@@ -608,15 +603,13 @@ class CLBench(ErrorAnalysis, Benchmark):
         assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
-        contract = Contract("clbench_judge", JUDGE_SCHEMA, lambda obj: schema_problems(obj, n_rubrics))
-        asked = await ask_judge(
-            judge,
-            self.judge_prompt(rubrics, output),
+        contract = Contract(
+            "clbench_judge",
+            JUDGE_SCHEMA,
+            lambda obj: schema_problems(obj, n_rubrics),
             lambda text: parse_judge_reply(text, n_rubrics),
-            self.options.parse_attempts,
-            self.judge_formats,
-            contract,
         )
+        asked = await self._ask(judge, self.judge_prompt(rubrics, output), contract)
         accounts = asked.accounts("judge_", judge.endpoint.model)
         verdict = asked.value
         if verdict is not None:
@@ -652,13 +645,7 @@ class CLBench(ErrorAnalysis, Benchmark):
         return self._is_final(row.get("analysis_status"))
 
     def error_analysis_prompt(self, judge_row: dict) -> str:
-        messages = judge_row.get("messages") or [
-            {
-                "role": "user",
-                "content": "(not available: the inference rows were written with --slim; "
-                "`python -m evalpipe.expand` joins the messages back)",
-            }
-        ]
+        messages = judge_row.get("messages") or [{"role": "user", "content": SLIMMED_TASK}]
         task = next(
             (m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), ""
         )
@@ -679,14 +666,7 @@ class CLBench(ErrorAnalysis, Benchmark):
         )
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        asked = await ask_judge(
-            judge,
-            self.error_analysis_prompt(judge_row),
-            parse_error_types,
-            self.options.parse_attempts,
-            self.judge_formats,
-            ANALYSIS_CONTRACT,
-        )
+        asked = await self._ask(judge, self.error_analysis_prompt(judge_row), ANALYSIS_CONTRACT)
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
@@ -752,13 +732,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         if "Response to grade:" in prompt and "Rubrics:" in prompt:
             listed = prompt.split("Rubrics:", 1)[1].split("Response to grade:", 1)[0]
             n, score = len(re.findall(r"^\d+\. ", listed, re.M)), seed % 2
-            return json.dumps(
-                {
-                    "Grading Rationale": f"r{seed}",
-                    "List of Requirement Satisfaction Status": ["yes" if score else "no"] * n,
-                    "Overall Score": score,
-                }
-            )
+            statuses = ["yes" if score else "no"] * n
+            return json.dumps({JUDGE_KEYS[0]: f"r{seed}", JUDGE_KEYS[1]: statuses, JUDGE_KEYS[2]: score})
         if '"Error Types"' in prompt:
             return json.dumps({"Error Types": [ERROR_TYPES[seed % len(ERROR_TYPES)]], "Reason": f"r{seed}"})
         return f"answer {seed}"
@@ -820,10 +795,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         ]
 
         def line(name: str, t: dict) -> str:
-            return (
-                f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {tables.pct(t['solving_rate']):>7}"
-                f" {tables.pct(t['solving_rate_graded']):>14}"
-            )
+            rates = f"{tables.pct(t['solving_rate']):>7} {tables.pct(t['solving_rate_graded']):>14}"
+            return f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {rates}"
 
         lines.append(line("Overall", metrics["overall"]))
         lines += [line(k, v) for k, v in metrics["by_category"].items()]
@@ -836,9 +809,12 @@ class CLBench(ErrorAnalysis, Benchmark):
         return "\n".join(lines)
 
 
+@dataclass
 class _Tally:
-    def __init__(self):
-        self.total = self.score_1 = self.score_0 = self.missing = 0
+    total: int = 0
+    score_1: int = 0
+    score_0: int = 0
+    missing: int = 0
 
     def add(self, score: int | None) -> None:
         self.total += 1
@@ -852,10 +828,4 @@ class _Tally:
     def as_dict(self) -> dict:
         """The counts and upstream's rate over graded rows (`solving_rate`, over all tasks, is a figure)."""
         graded = self.score_1 + self.score_0
-        return {
-            "total": self.total,
-            "score_1": self.score_1,
-            "score_0": self.score_0,
-            "missing": self.missing,
-            "solving_rate_graded": self.score_1 / graded if graded else 0.0,
-        }
+        return {**asdict(self), "solving_rate_graded": self.score_1 / graded if graded else 0.0}
