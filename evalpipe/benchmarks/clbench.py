@@ -105,10 +105,7 @@ def rubric_lines(rubrics: Any) -> list[str]:
 
 
 def rubrics_text(rubrics: Any) -> str:
-    lines = rubric_lines(rubrics)
-    if not lines:
-        return NO_RUBRICS
-    return "\n".join(f"{i}. {text}" for i, text in enumerate(lines, 1))
+    return "\n".join(f"{i}. {text}" for i, text in enumerate(rubric_lines(rubrics), 1)) or NO_RUBRICS
 
 
 # ---------------------------------------------------------------- judge reply parsing
@@ -257,8 +254,8 @@ class Asked:
             f"{prefix}latency_s": None if self.latency_s is None else round(self.latency_s, 3),
             f"{prefix}attempts": self.attempts,
             f"{prefix}format": self.mode,
-            **(self.served.fields(prefix) if self.served is not None else {}),
             **({f"{prefix}format_enforced": False} if self.enforced is False else {}),
+            **(self.served.fields(prefix) if self.served is not None else {}),
         }
 
 
