@@ -10,7 +10,7 @@ The prompt strings are the reference eval's, reproduced verbatim so results stay
 """
 
 import re
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -357,23 +357,21 @@ class ErrorRecovery(Benchmark):
         return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
 
     def format_metrics(self, metrics: dict) -> str:
-        def line(name: str, cell: Callable[[str], str]) -> str:
-            return f"{name:28} " + " ".join(f"{cell(v):>12}" for v in VARIATIONS)
+        def line(name: str, cells: Iterable[str]) -> str:
+            return f"{name:28} " + " ".join(f"{cell:>12}" for cell in cells)
 
-        cov, normalized = metrics["coverage"], metrics["normalized_correct_rate (ours)"]
+        cov, stderr, normalized = metrics["coverage"], metrics["stderr"], metrics["normalized_correct_rate (ours)"]
+        exact = [f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * stderr[v]:.1f}" for v in VARIATIONS]
         lines = [
             f"Error Recovery: {cov['graded']}/{cov['expected']} variations graded, {cov['missing']} missing (wrong)",
-            line("", str),
-            line(
-                "exact (reference)",
-                lambda v: f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * metrics['stderr'][v]:.1f}",
-            ),
-            line("normalised (ours)", lambda v: f"{100 * normalized[v]:.1f}"),
+            line("", VARIATIONS),
+            line("exact (reference)", exact),
+            line("normalised (ours)", [f"{100 * normalized[v]:.1f}" for v in VARIATIONS]),
         ]
         for task in TASKS:
             key = f"task_{task.replace('_', '-')}"
             if f"{key}_NR_correct_rate" in metrics:
-                lines.append(line(f"  {task}", lambda v, key=key: f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}"))
+                lines.append(line(f"  {task}", [f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}" for v in VARIATIONS]))
         loss = metrics["performance_loss"]
         lines.append("performance loss 1 − IR/CR: " + ("n/a (CR is 0)" if loss is None else f"{100 * loss:.1f}%"))
         lines.append(
