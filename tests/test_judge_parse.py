@@ -96,3 +96,11 @@ def test_deep_or_unclosed_nesting_is_a_parse_failure_not_a_recursion_error():
         reason = parse_judge_reply(text, 1)
         assert isinstance(reason, str) and "nested deeper than" in reason
         assert "nested deeper than" in parse_error_types(text)
+
+
+def test_a_stated_score_reads_the_same_in_a_whole_reply_and_in_one_cut_short():
+    for stated, score in (("1.00", 1), ('"1.0"', 1), ("0", 0), ('"0"', 0), ("1e0", 1)):
+        body = '{"Grading Rationale": "x", "Overall Score": ' + stated
+        assert parse_judge_reply(body + "}", 0).score == score
+        cut = parse_judge_reply(body + "\n", 0)
+        assert (cut.how, cut.score) == ("score_only", score), stated

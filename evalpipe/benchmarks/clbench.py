@@ -9,7 +9,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,13 +61,8 @@ Answer with one JSON object and nothing else, with exactly these keys:
 
 # judge_status values; the first two are real grades, the rest are conservative zero scores
 OK, SALVAGED = "ok", "salvaged"
-EMPTY_OUTPUT, API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED = (
-    "empty_output",
-    "api_error",
-    "parse_error",
-    "judge_context_length",
-    "judge_truncated",
-)
+EMPTY_OUTPUT, API_ERROR, PARSE_ERROR = "empty_output", "api_error", "parse_error"
+JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED = "judge_context_length", "judge_truncated"
 
 # The contract's JSON shape, asked for through response_format (keys in the contract's order: the
 # score comes last); OpenAI strict-mode subset, fixed for every row (the list length is checked here).
@@ -105,20 +100,12 @@ def schema_problems(obj: Any, n_rubrics: int) -> list[str]:
 
 
 def rubric_lines(rubrics: Any) -> list[str]:
-    lines = []
-    for rubric in rubrics or []:
-        text = rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric
-        text = str(text or "").strip()
-        if text:
-            lines.append(text)
-    return lines
+    texts = (rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric for rubric in rubrics or [])
+    return [line for line in (str(text or "").strip() for text in texts) if line]
 
 
 def rubrics_text(rubrics: Any) -> str:
-    lines = rubric_lines(rubrics)
-    if not lines:
-        return NO_RUBRICS
-    return "\n".join(f"{i}. {text}" for i, text in enumerate(lines, 1))
+    return "\n".join(f"{i}. {text}" for i, text in enumerate(rubric_lines(rubrics), 1)) or NO_RUBRICS
 
 
 # ---------------------------------------------------------------- judge reply parsing
@@ -131,20 +118,8 @@ class Verdict:
 
 _FENCE = re.compile(r"```[a-zA-Z]*\s*\n?(.*?)```", re.DOTALL)
 _SCORE = re.compile(r'"Overall Score"\s*:([^,}]*)')  # the stated value: up to where a JSON value ends
-_STATED_SCORE = re.compile(r'\s*(?:([01])(?:\.0)?|"([01])(?:\.0)?")\s*')  # 0 or 1 and nothing else: not 1/2, 1e-9
 _RATIONALE = re.compile(r'"Grading Rationale"\s*:\s*"((?:[^"\\]|\\.)*)')
 _STATUS_LIST = re.compile(r'"List of Requirement Satisfaction Status"\s*:\s*\[([^\]]*)')
-
-
-def _strip_outer_fence(text: str) -> str:
-    text = text.strip()
-    if text.startswith("```json"):
-        text = text[7:]
-    elif text.startswith("```"):
-        text = text[3:]
-    if text.endswith("```"):
-        text = text[:-3]
-    return text.strip()
 
 
 def _json_objects(text: str):
@@ -162,17 +137,38 @@ def _json_objects(text: str):
         pos = text.find("{", end)
 
 
+def _candidates(text: str) -> tuple[list[tuple[Any, str]], list[str]]:
+    """What a reply states, each with how it was found, in the order it is read: the whole reply without an
+    outer code fence, as upstream reads it ("json"); the objects in fenced blocks ("fenced_json"), then
+    anywhere ("json_in_prose"), the last stated first. And why the whole reply is not JSON."""
+    whole = text.strip()
+    whole = whole[7:] if whole.startswith("```json") else whole.removeprefix("```")
+    try:
+        found, failed = [(judge_format.loads(whole.removesuffix("```")), "json")], []
+    except judge_format.TooDeep:
+        raise
+    except json.JSONDecodeError as exc:
+        found, failed = [], [f"not JSON ({exc.msg})"]
+    fenced = [obj for block in _FENCE.findall(text) for obj in _json_objects(block)]
+    found += [(obj, "fenced_json") for obj in fenced[::-1]]
+    return found + [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]], failed
+
+
 def _normalize_score(value: Any) -> int | None:
-    if isinstance(value, bool):
+    """0 or 1 if `value` is exactly that number, or a string of JSON that is (`"1"`, `"0.0"`); else None."""
+    if isinstance(value, str):
+        try:
+            value = judge_format.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1):
         return None
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    if isinstance(value, str) and value.strip() in ("0", "1", "0.0", "1.0"):
-        return int(float(value.strip()))
-    return None
+    return int(value)
 
 
-def _verdict_from(obj: dict, how: str, n_rubrics: int) -> Verdict | str:
+def _verdict_from(obj: Any, how: str, n_rubrics: int) -> Verdict | str:
+    if not isinstance(obj, dict):
+        return f"JSON {type(obj).__name__}, not an object"
     if "Overall Score" not in obj:
         return "no 'Overall Score' key"
     score = _normalize_score(obj["Overall Score"])
@@ -197,56 +193,37 @@ def _verdict_from(obj: dict, how: str, n_rubrics: int) -> Verdict | str:
 
 
 def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
-    """A Verdict, or the reason the reply could not be read.
-
-    Tries, in order: the reply as JSON after stripping an outer code fence (what upstream
-    accepts: how="json"); then salvages a fenced block inside the reply, a JSON object inside
-    prose, and finally a clearly stated "Overall Score": 0|1 in a truncated reply.
-    """
-    if not text or not text.strip():
+    """A Verdict, or the reason the reply could not be read: the first of `_candidates` that is one, else a
+    clearly stated "Overall Score" in a reply cut short (how="score_only")."""
+    if not text.strip():
         return "empty judge reply"
-    reasons = []
     try:
-        obj = judge_format.loads(_strip_outer_fence(text))
+        candidates, reasons = _candidates(text)
     except judge_format.TooDeep as exc:
-        return f"not JSON ({exc.msg})"  # a reply nested that deep is no verdict, whatever it states
-    except json.JSONDecodeError as exc:
-        reasons.append(f"not JSON ({exc.msg})")
-    else:
-        if isinstance(obj, dict):
-            verdict = _verdict_from(obj, "json", n_rubrics)
-            if isinstance(verdict, Verdict):
-                return verdict
-            reasons.append(verdict)
-        else:
-            reasons.append(f"JSON {type(obj).__name__}, not an object")
-    try:
-        fenced = [(m, "fenced_json") for block in _FENCE.findall(text) for m in _json_objects(block)]
-        in_prose = [(m, "json_in_prose") for m in _json_objects(text)]
-    except judge_format.TooDeep as exc:
-        return f"JSON in the reply {exc.msg}"
-    for obj, how in fenced[::-1] + in_prose[::-1]:  # a fenced block first; the last stated verdict wins
+        return f"JSON in the reply {exc.msg}"  # no verdict nests that deep, whatever it states
+    for obj, how in candidates:
         verdict = _verdict_from(obj, how, n_rubrics)
         if isinstance(verdict, Verdict):
             return verdict
         reasons.append(verdict)
     scores = _SCORE.findall(text)
-    if scores:
-        stated = _STATED_SCORE.fullmatch(scores[-1])
-        if stated is None:
-            return f"'Overall Score' must be 0 or 1, got {scores[-1].strip()[:100]!r}"
-        score = int(stated.group(1) or stated.group(2))
-        rationale = _RATIONALE.search(text)
-        statuses = _STATUS_LIST.search(text)
-        obj = {
-            "Overall Score": score,
-            "Grading Rationale": rationale.group(1).replace('\\"', '"') if rationale else "",
-            "List of Requirement Satisfaction Status": re.findall(r'"(yes|no)"', statuses.group(1), re.I)
-            if statuses
-            else [],
-        }
-        return _verdict_from(obj, "score_only", n_rubrics)
-    return "; ".join(dict.fromkeys(reasons)) or "no verdict found"
+    if not scores:
+        return "; ".join(dict.fromkeys(reasons)) or "no verdict found"
+    try:
+        score = _normalize_score(judge_format.loads(scores[-1]))
+    except ValueError:
+        score = None
+    if score is None:
+        return f"'Overall Score' must be 0 or 1, got {scores[-1].strip()[:100]!r}"
+    rationale, statuses = _RATIONALE.search(text), _STATUS_LIST.search(text)
+    obj = {
+        "Overall Score": score,
+        "Grading Rationale": rationale.group(1).replace('\\"', '"') if rationale else "",
+        "List of Requirement Satisfaction Status": re.findall(r'"(yes|no)"', statuses.group(1), re.I)
+        if statuses
+        else [],
+    }
+    return _verdict_from(obj, "score_only", n_rubrics)
 
 
 # ---------------------------------------------------------------- asking the judge
@@ -257,102 +234,49 @@ class Asked:
     value: Any  # what `parse` made of the reply, or None when no reply could be used
     status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED
     usage: dict
-    latency_s: float | None  # None when a reply came from a batch (no latency to measure)
-    attempts: int
+    latency_s: float | None = None  # None when a reply came from a batch (no latency to measure)
+    attempts: int = 0
     error: str | None = None
     mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
     field: str = "content"  # where the last reply was read: content, or reasoning (content empty)
     enforced: bool | None = None  # False: the last reply broke the schema its structured mode asked for
     served: "Served | None" = None  # the model the last reply says answered
 
-    def served_fields(self, prefix: str) -> dict[str, str]:
-        return self.served.fields(prefix) if self.served is not None else {}
+    def route(self, how: str) -> str:
+        """How the reply was read: the parser's route, prefixed `reasoning:` when read from the reasoning field."""
+        return how if self.field == "content" else f"{self.field}:{how}"
 
-    @property
-    def latency_rounded(self) -> float | None:
-        return None if self.latency_s is None else round(self.latency_s, 3)
+    def accounts(self, prefix: str, model: str) -> dict:
+        """The row's record of the calls, each key under `prefix`; `format_enforced` only when False."""
+        return {
+            f"{prefix}model": model,
+            f"{prefix}usage": self.usage or None,
+            f"{prefix}latency_s": None if self.latency_s is None else round(self.latency_s, 3),
+            f"{prefix}attempts": self.attempts,
+            f"{prefix}format": self.mode,
+            **({f"{prefix}format_enforced": False} if self.enforced is False else {}),
+            **(self.served.fields(prefix) if self.served is not None else {}),
+        }
 
 
 @dataclass(frozen=True)
 class Contract:
-    """The JSON a judge call asks for: the response_format name, its schema, and the exact check of a reply."""
+    """The JSON a judge call asks for: the response_format name, its schema, the exact check of a reply, and
+    how a reply is read (`parse` returns a reason string for one it cannot use)."""
 
     name: str
     schema: dict
     problems: Callable[[Any], list[str]]
-
-
-async def ask_judge(
-    judge: "ChatClient",
-    prompt: str,
-    parse: Callable[[str], Any],
-    attempts: int,
-    formats: judge_format.Formats | None = None,
-    contract: Contract | None = None,
-) -> Asked:
-    """Ask until `parse` accepts a reply (it returns a reason string to reject one), at most `attempts` times.
-
-    With `formats` and `contract`, the call asks for the contract's JSON through response_format
-    (judge_format), and a reply in a structured mode that breaks it marks the mode not enforced. A
-    reply with empty content is read from the reasoning field; one cut at the token limit that is
-    not complete JSON is JUDGE_TRUNCATED at once."""
-    usage: dict = {}
-    latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
-    last = Asked(None, PARSE_ERROR, usage, None, 0)
-
-    def asked(value, status, n, error=None) -> Asked:
-        latency = None if not latencies or None in latencies else sum(latencies)
-        return Asked(value, status, usage, latency, n, error, last.mode, last.field, last.enforced, last.served)
-
-    attempts = 1 if judge.batched else max(1, attempts)  # a batch answers one call per task
-    messages = [{"role": "user", "content": prompt}]
-    failure = None
-    for n in range(1, attempts + 1):
-        try:
-            if formats is not None and contract is not None:
-                answer = await judge_format.ask(formats, judge, messages, name=contract.name, schema=contract.schema)
-                reply, last.mode = answer.completion, answer.mode
-            else:
-                reply = await judge.complete(messages)
-        except ContextTooLong as exc:
-            return asked(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
-        except CallFailed as exc:
-            return asked(None, API_ERROR, n, str(exc))
-        cost.add_counts(usage, reply.usage)
-        latencies.append(reply.latency_s)
-        last.served = reply.served
-        text, last.field = reply.text, "content"
-        if not text.strip() and reply.reasoning.strip():
-            text, last.field = reply.reasoning, "reasoning"
-        truncated = reply.finish_reason == "length"
-        last.enforced = None
-        if formats is not None and contract is not None and last.mode in judge_format.STRUCTURED and not truncated:
-            last.enforced = not judge_format.check(text, contract.problems)
-            formats.ladder(judge).mark(last.mode or "", last.enforced)
-        if truncated and judge_format.check(text, lambda obj: []):  # not even complete JSON
-            tokens = reply.usage.get("completion_tokens")
-            return asked(
-                None,
-                JUDGE_TRUNCATED,
-                n,
-                f"reply cut at the token limit{f' after {tokens} tokens' if tokens else ''}; it ended {text[-200:]!r}",
-            )
-        parsed = parse(text)
-        if not isinstance(parsed, str):
-            return asked(parsed, OK, n)
-        failure = f"{parsed}; reply began {text[:200]!r}"
-    return asked(None, PARSE_ERROR, attempts, failure)
-
-
-def parse_route(how: str, field: str) -> str:
-    """How a reply was read: the parser's route, prefixed `reasoning:` when read from the reasoning field."""
-    return how if field == "content" else f"{field}:{how}"
+    parse: Callable[[str], Any]
 
 
 # ---------------------------------------------------------------- error types of failed solutions
 
 ERROR_TYPES = ("Context Ignored", "Context Misused", "Format Error", "Refusal")
 ANALYSIS_TASK_CHARS = 8000  # of the last user turn shown to the analyst; longer turns are cut, visibly
+SLIMMED_TASK = (  # the task of a judge row without messages
+    "(not available: the inference rows were written with --slim; `python -m evalpipe.expand` joins the messages back)"
+)
 
 ERROR_ANALYSIS_PROMPT = """\
 A model was given a task that comes with its own context (documents, rules, procedures or data
@@ -412,27 +336,12 @@ def analysis_problems(obj: Any) -> list[str]:
     return problems
 
 
-ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems)
-
-
-def _whole_then_in_prose(text: str) -> list[tuple[Any, str]]:
-    """The reply as JSON, then each JSON object inside it, the last first; judge_format.TooDeep for deep nesting."""
-    whole = []
-    try:
-        whole.append((judge_format.loads(_strip_outer_fence(text)), "json"))
-    except judge_format.TooDeep:
-        raise
-    except ValueError:
-        pass
-    return whole + [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]]
-
-
 def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
-    """(types, reason, how) from an analyst's reply, or the reason it could not be read."""
-    if not text or not text.strip():
+    """(types, reason, how) from an analyst's reply, read as a judge's (`_candidates`), or why it could not be."""
+    if not text.strip():
         return "empty reply"
     try:
-        candidates = _whole_then_in_prose(text)
+        candidates, _ = _candidates(text)
     except judge_format.TooDeep as exc:
         return f"JSON in the reply {exc.msg}"
     reasons = []
@@ -454,6 +363,9 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
         reason = fields.get("reason", "")
         return list(dict.fromkeys(known)), reason if isinstance(reason, str) else json.dumps(reason), how
     return "; ".join(dict.fromkeys(reasons)) or "no JSON object in the reply"
+
+
+ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems, parse_error_types)
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -615,16 +527,66 @@ class CLBench(ErrorAnalysis, Benchmark):
         return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
 
     def is_judged(self, row: dict) -> bool:
-        if row.get("judge_status") == PARSE_ERROR and self.options.rejudge_parse_errors:
-            return False
-        if row.get("judge_status") == JUDGE_TRUNCATED and self.options.rejudge_truncated:
-            return False
-        return not self.is_provisional(row)
+        return self._is_final(row.get("judge_status")) and not self.is_provisional(row)
+
+    def _is_final(self, status: Any) -> bool:
+        """Whether a judge or analysis status stands: an API error never, a parse error or a cut reply unless
+        --rejudge-parse-errors or --rejudge-truncated asks to redo it."""
+        options = self.options
+        redo = {API_ERROR: True, PARSE_ERROR: options.rejudge_parse_errors, JUDGE_TRUNCATED: options.rejudge_truncated}
+        return not redo.get(status, False)
 
     def judge_prompt(self, rubrics: Any, response: str) -> str:
         if self.judge_template is JUDGE_PROMPT:
             return JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=response)
         return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
+
+    async def _ask(self, judge: "ChatClient", prompt: str, contract: Contract) -> Asked:
+        """Ask until the contract's `parse` accepts a reply, at most --parse-attempts times, for its JSON through
+        response_format (judge_format): a reply in a structured mode that breaks it marks the mode not enforced. A
+        reply with empty content is read from the reasoning field; one cut at the token limit that is not complete
+        JSON is JUDGE_TRUNCATED at once."""
+        asked = Asked(None, PARSE_ERROR, {})
+        latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
+
+        def done(value, status, n, error=None) -> Asked:
+            asked.value, asked.status, asked.attempts, asked.error = value, status, n, error
+            asked.latency_s = None if not latencies or None in latencies else sum(latencies)
+            return asked
+
+        attempts = 1 if judge.batched else max(1, self.options.parse_attempts)  # a batch answers one call per task
+        messages = [{"role": "user", "content": prompt}]
+        failure = None
+        for n in range(1, attempts + 1):
+            try:
+                answer = await judge_format.ask(
+                    self.judge_formats, judge, messages, name=contract.name, schema=contract.schema
+                )
+            except ContextTooLong as exc:
+                return done(None, JUDGE_CONTEXT_LENGTH, n, str(exc))
+            except CallFailed as exc:
+                return done(None, API_ERROR, n, str(exc))
+            reply, asked.mode = answer.completion, answer.mode
+            cost.add_counts(asked.usage, reply.usage)
+            latencies.append(reply.latency_s)
+            asked.served = reply.served
+            text, asked.field = reply.text, "content"
+            if not text.strip() and reply.reasoning.strip():
+                text, asked.field = reply.reasoning, "reasoning"
+            truncated = reply.finish_reason == "length"
+            asked.enforced = None
+            if answer.mode in judge_format.STRUCTURED and not truncated:
+                asked.enforced = not judge_format.check(text, contract.problems)
+                self.judge_formats.ladder(judge).mark(answer.mode, asked.enforced)
+            if truncated and judge_format.check(text, lambda obj: []):  # not even complete JSON
+                tokens = reply.usage.get("completion_tokens")
+                after = f" after {tokens} tokens" if tokens else ""
+                return done(None, JUDGE_TRUNCATED, n, f"reply cut at the token limit{after}; it ended {text[-200:]!r}")
+            parsed = contract.parse(text)
+            if not isinstance(parsed, str):
+                return done(parsed, OK, n)
+            failure = f"{parsed}; reply began {text[:200]!r}"
+        return done(None, PARSE_ERROR, attempts, failure)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         output = self.graded_text(row)
@@ -638,24 +600,14 @@ class CLBench(ErrorAnalysis, Benchmark):
         assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
-        contract = Contract("clbench_judge", JUDGE_SCHEMA, lambda obj: schema_problems(obj, n_rubrics))
-        asked = await ask_judge(
-            judge,
-            self.judge_prompt(rubrics, output),
+        contract = Contract(
+            "clbench_judge",
+            JUDGE_SCHEMA,
+            lambda obj: schema_problems(obj, n_rubrics),
             lambda text: parse_judge_reply(text, n_rubrics),
-            self.options.parse_attempts,
-            self.judge_formats,
-            contract,
         )
-        accounts = dict(
-            judge_model=judge.endpoint.model,
-            judge_usage=asked.usage or None,
-            judge_latency_s=asked.latency_rounded,
-            judge_attempts=asked.attempts,
-            judge_format=asked.mode,
-            judge_format_enforced=False if asked.enforced is False else None,
-            **asked.served_fields("judge_"),
-        )
+        asked = await self._ask(judge, self.judge_prompt(rubrics, output), contract)
+        accounts = asked.accounts("judge_", judge.endpoint.model)
         verdict = asked.value
         if verdict is not None:
             return _graded(
@@ -666,7 +618,7 @@ class CLBench(ErrorAnalysis, Benchmark):
                 status=OK if verdict.how == "json" else SALVAGED,
                 judge_salvage=None if verdict.how == "json" else verdict.how,
                 judge_notes=verdict.notes or None,
-                judge_parse=parse_route(verdict.how, asked.field),
+                judge_parse=asked.route(verdict.how),
                 **accounts,
             )
         why = {
@@ -687,21 +639,10 @@ class CLBench(ErrorAnalysis, Benchmark):
         return judge_row.get("judge_status") in (OK, SALVAGED) and _normalize_score(judge_row.get("score")) == 0
 
     def is_analyzed(self, row: dict) -> bool:
-        status = row.get("analysis_status")
-        if status == PARSE_ERROR and self.options.rejudge_parse_errors:
-            return False
-        if status == JUDGE_TRUNCATED and self.options.rejudge_truncated:
-            return False
-        return status != API_ERROR
+        return self._is_final(row.get("analysis_status"))
 
     def error_analysis_prompt(self, judge_row: dict) -> str:
-        messages = judge_row.get("messages") or [
-            {
-                "role": "user",
-                "content": "(not available: the inference rows were written with --slim; "
-                "`python -m evalpipe.expand` joins the messages back)",
-            }
-        ]
+        messages = judge_row.get("messages") or [{"role": "user", "content": SLIMMED_TASK}]
         task = next(
             (m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), ""
         )
@@ -722,14 +663,7 @@ class CLBench(ErrorAnalysis, Benchmark):
         )
 
     async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        asked = await ask_judge(
-            judge,
-            self.error_analysis_prompt(judge_row),
-            parse_error_types,
-            self.options.parse_attempts,
-            self.judge_formats,
-            ANALYSIS_CONTRACT,
-        )
+        asked = await self._ask(judge, self.error_analysis_prompt(judge_row), ANALYSIS_CONTRACT)
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
@@ -737,21 +671,11 @@ class CLBench(ErrorAnalysis, Benchmark):
                 error_types=types,
                 error_reason=reason,
                 analysis_status=OK if how == "json" else SALVAGED,
-                analysis_parse=parse_route(how, asked.field),
+                analysis_parse=asked.route(how),
             )
         else:
             out.update(analysis_status=asked.status, analysis_error=asked.error)
-        out.update(
-            analysis_model=judge.endpoint.model,
-            analysis_usage=asked.usage or None,
-            analysis_latency_s=asked.latency_rounded,
-            analysis_attempts=asked.attempts,
-            analysis_format=asked.mode,
-            **asked.served_fields("analysis_"),
-        )
-        if asked.enforced is False:
-            out["analysis_format_enforced"] = False
-        return out
+        return out | asked.accounts("analysis_", judge.endpoint.model)
 
     def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
         counts = {t: 0 for t in ERROR_TYPES}
@@ -795,23 +719,18 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     def sample_rows(self, tasks: int) -> list[dict]:
         """The bundled sample's rows repeated, each copy a new task (`metadata.task_id` is the id)."""
-        rows = []
-        for i, row in enumerate(super().sample_rows(tasks)):
-            rows.append({**row, "metadata": {**row.get("metadata", {}), "task_id": f"copy-{i:04d}"}})
-        return rows
+        rows = super().sample_rows(tasks)
+        return [
+            {**row, "metadata": {**row.get("metadata", {}), "task_id": f"copy-{i:04d}"}} for i, row in enumerate(rows)
+        ]
 
     def example_reply(self, prompt: str, seed: int) -> str:
         """A verdict for our judge prompt (score from the seed), error types for the analysis prompt."""
         if "Response to grade:" in prompt and "Rubrics:" in prompt:
             listed = prompt.split("Rubrics:", 1)[1].split("Response to grade:", 1)[0]
             n, score = len(re.findall(r"^\d+\. ", listed, re.M)), seed % 2
-            return json.dumps(
-                {
-                    "Grading Rationale": f"r{seed}",
-                    "List of Requirement Satisfaction Status": ["yes" if score else "no"] * n,
-                    "Overall Score": score,
-                }
-            )
+            statuses = ["yes" if score else "no"] * n
+            return json.dumps({JUDGE_KEYS[0]: f"r{seed}", JUDGE_KEYS[1]: statuses, JUDGE_KEYS[2]: score})
         if '"Error Types"' in prompt:
             return json.dumps({"Error Types": [ERROR_TYPES[seed % len(ERROR_TYPES)]], "Reason": f"r{seed}"})
         return f"answer {seed}"
@@ -873,10 +792,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         ]
 
         def line(name: str, t: dict) -> str:
-            return (
-                f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {tables.pct(t['solving_rate']):>7}"
-                f" {tables.pct(t['solving_rate_graded']):>14}"
-            )
+            rates = f"{tables.pct(t['solving_rate']):>7} {tables.pct(t['solving_rate_graded']):>14}"
+            return f"{name[:36]:36} {t['total']:6d} {t['score_1']:7d} {rates}"
 
         lines.append(line("Overall", metrics["overall"]))
         lines += [line(k, v) for k, v in metrics["by_category"].items()]
@@ -889,9 +806,12 @@ class CLBench(ErrorAnalysis, Benchmark):
         return "\n".join(lines)
 
 
+@dataclass
 class _Tally:
-    def __init__(self):
-        self.total = self.score_1 = self.score_0 = self.missing = 0
+    total: int = 0
+    score_1: int = 0
+    score_0: int = 0
+    missing: int = 0
 
     def add(self, score: int | None) -> None:
         self.total += 1
@@ -905,10 +825,4 @@ class _Tally:
     def as_dict(self) -> dict:
         """The counts and upstream's rate over graded rows (`solving_rate`, over all tasks, is a figure)."""
         graded = self.score_1 + self.score_0
-        return {
-            "total": self.total,
-            "score_1": self.score_1,
-            "score_0": self.score_0,
-            "missing": self.missing,
-            "solving_rate_graded": self.score_1 / graded if graded else 0.0,
-        }
+        return {**asdict(self), "solving_rate_graded": self.score_1 / graded if graded else 0.0}

@@ -10,6 +10,7 @@ The prompt strings are the reference eval's, reproduced verbatim so results stay
 """
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,11 +73,8 @@ def notice_position(variation: str, position: str, ir_only: bool) -> str:
 
 
 def compat(messages: list[dict], mode: str) -> list[dict]:
-    """Rewrite a conversation for chat templates that reject what the reference sends.
-
-    merge: a system message after the first message becomes a user message, then consecutive
-    messages of one role are merged into one, joined by a blank line. strict: unchanged.
-    """
+    """The conversation as sent: unchanged (strict), or for chat templates that reject what the reference sends
+    (merge: a system message after the first becomes a user one, then turns of one role are joined by a blank line)."""
     if mode == "strict":
         return messages
     out: list[dict] = []
@@ -209,27 +207,6 @@ class ErrorRecovery(Benchmark):
 
     # ---- how a task is solved
 
-    async def _call(
-        self, model: "ChatClient", steps: StepCache, task_id: str | int, step: str, messages: list[dict]
-    ) -> dict:
-        done = steps.get(task_id, step)
-        if done is None:
-            reply = await model.complete(compat(messages, self.options.chat_compat))
-            done = steps.put(
-                task_id,
-                step,
-                {
-                    "text": reply.text,
-                    "usage": reply.usage,
-                    "latency_s": reply.latency_s,
-                    "finish_reason": reply.finish_reason,
-                    **(reply.served.fields() if reply.served is not None else {}),
-                    **({"thinking_truncated": True} if reply.thinking_truncated else {}),
-                    "thinking": reply.thinking,
-                },
-            )
-        return done
-
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         p, a = task.row, self.options
         variation = p["variation"]
@@ -256,38 +233,50 @@ class ErrorRecovery(Benchmark):
             },
             "model": model.endpoint.model,
         }
+
+        async def call(step: str) -> str:  # the reply to the messages so far, once: a rerun finds it in `steps`
+            done = steps.get(task.id, step)
+            if done is None:
+                reply = await model.complete(compat(messages, a.chat_compat))
+                done = steps.put(
+                    task.id,
+                    step,
+                    {
+                        "text": reply.text,
+                        "usage": reply.usage,
+                        "latency_s": reply.latency_s,
+                        "finish_reason": reply.finish_reason,
+                        **(reply.served.fields() if reply.served is not None else {}),
+                        **({"thinking_truncated": True} if reply.thinking_truncated else {}),
+                        "thinking": reply.thinking,
+                    },
+                )
+            calls[step] = done
+            return done["text"]
+
         try:
             if notice == "immediate":
                 messages.append({"role": "user", "content": MISTAKE_NOTICE})
-            calls["reasoning"] = await self._call(model, steps, task.id, "reasoning", messages)
-            messages.append({"role": "assistant", "content": calls["reasoning"]["text"]})
+            messages.append({"role": "assistant", "content": await call("reasoning")})
             if notice == "end":
                 messages.append({"role": "user", "content": MISTAKE_NOTICE})
-                calls["reasoning_after_notice"] = await self._call(
-                    model, steps, task.id, "reasoning_after_notice", messages
-                )
-                messages.append({"role": "assistant", "content": calls["reasoning_after_notice"]["text"]})
+                messages.append({"role": "assistant", "content": await call("reasoning_after_notice")})
             messages.append({"role": a.final_answer_role, "content": FINAL_ANSWER_PROMPT + FORMAT_HINTS[p["task"]]})
-            calls["extraction"] = await self._call(model, steps, task.id, "extraction", messages)
+            await call("extraction")
         except ContextTooLong as exc:
-            out.update(
-                messages=compat(messages, a.chat_compat),
-                status="context_length",
-                error=str(exc),
-                calls={k: _call_record(v) for k, v in calls.items()},
-            )
-            return out
+            sent = compat(messages, a.chat_compat)
+            return out | {"messages": sent, "status": "context_length", "error": str(exc), "calls": _records(calls)}
         usage: dict = {}
-        for call in calls.values():
-            cost.add_counts(usage, call.get("usage"))
-        truncated = any(call.get("thinking_truncated") for call in calls.values())
+        for done in calls.values():
+            cost.add_counts(usage, done.get("usage"))
+        truncated = any(done.get("thinking_truncated") for done in calls.values())
         out.update(
             messages=compat(messages, a.chat_compat),
             model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],
             answer=calls["extraction"]["text"],
             status=THINKING_TRUNCATED if truncated else "ok",
             usage=usage,
-            calls={k: _call_record(v) for k, v in calls.items()},
+            calls=_records(calls),
         )
         for key in ("response_model", "system_fingerprint", "reasoning_effort_applied"):  # joined where they differ
             values = sorted({str(c[key]) for c in calls.values() if c.get(key)})
@@ -368,28 +357,21 @@ class ErrorRecovery(Benchmark):
         return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
 
     def format_metrics(self, metrics: dict) -> str:
-        cov = metrics["coverage"]
+        def line(name: str, cells: Iterable[str]) -> str:
+            return f"{name:28} " + " ".join(f"{cell:>12}" for cell in cells)
+
+        cov, stderr, normalized = metrics["coverage"], metrics["stderr"], metrics["normalized_correct_rate (ours)"]
+        exact = [f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * stderr[v]:.1f}" for v in VARIATIONS]
         lines = [
             f"Error Recovery: {cov['graded']}/{cov['expected']} variations graded, {cov['missing']} missing (wrong)",
-            f"{'':28} {'NR':>12} {'CR':>12} {'IR':>12}",
+            line("", VARIATIONS),
+            line("exact (reference)", exact),
+            line("normalised (ours)", [f"{100 * normalized[v]:.1f}" for v in VARIATIONS]),
         ]
-
-        def cells(get) -> str:
-            return " ".join(f"{get(v):>12}" for v in VARIATIONS)
-
-        lines.append(
-            f"{'exact (reference)':28} "
-            + cells(lambda v: f"{100 * metrics[f'{v}_correct_rate']:.1f} ± {100 * metrics['stderr'][v]:.1f}")
-        )
-        lines.append(
-            f"{'normalised (ours)':28} " + cells(lambda v: f"{100 * metrics['normalized_correct_rate (ours)'][v]:.1f}")
-        )
         for task in TASKS:
             key = f"task_{task.replace('_', '-')}"
             if f"{key}_NR_correct_rate" in metrics:
-                lines.append(
-                    f"  {task:26} " + cells(lambda v, key=key: f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}")
-                )
+                lines.append(line(f"  {task}", [f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}" for v in VARIATIONS]))
         loss = metrics["performance_loss"]
         lines.append("performance loss 1 − IR/CR: " + ("n/a (CR is 0)" if loss is None else f"{100 * loss:.1f}%"))
         lines.append(
@@ -408,7 +390,11 @@ class ErrorRecovery(Benchmark):
         return str(seed % 7 - 3) if FINAL_ANSWER_PROMPT in prompt else f"answer {seed}"
 
 
-def _call_record(call: dict) -> dict:
-    record = {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+def _records(calls: dict[str, dict]) -> dict[str, dict]:
+    """The row's account of each call, by name (its text is the row's answer or in its messages)."""
     kept = ("response_model", "system_fingerprint", "reasoning_effort_applied", "thinking_truncated")
-    return record | {k: call[k] for k in kept if call.get(k)}
+    return {
+        name: {k: call.get(k) for k in ("usage", "latency_s", "finish_reason")}
+        | {k: call[k] for k in kept if call.get(k)}
+        for name, call in calls.items()
+    }

@@ -1,13 +1,8 @@
-"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip`.
-
-Rows are {"question": ..., "answer": "yes"|"no"}. A question is
-`Q: A coin is heads up.` then, per person, ` <name> flips the coin.` or
-` <name> does not flip the coin.`, then `  Is the coin still heads up?`; the answer is "yes"
-exactly when the number of flips is even. Names are lower-case, distinct within a question, drawn
-from our own multicultural pool (names.txt). The mix of 2, 3 and 4 people, the name-length
-weighting and the YES share are calibrated so that the test split, put into the zero-shot
-template, matches the recorded statistics of the real data (prompt length mean 500.15, std
-28.32, min 453, max 551 characters; YES about 51%). Same seed, same bytes.
+"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip` (question_text; the answer
+is "yes" exactly when the number of flips is even). Names are lower-case, distinct within a question, drawn from
+our own multicultural pool (names.txt). The mix of 2, 3 and 4 people, the name-length weighting and the YES
+share are calibrated so that the test split, put into the zero-shot template, matches the recorded statistics
+of the real data (TARGETS: prompt length in characters, YES share). Same seed, same bytes.
 
     python -m evalpipe.datasets.coin_flip --out data/coin_flip
 """

@@ -9,6 +9,7 @@ float and the arithmetic target as an integer, as the reference's data files hav
 """
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -33,10 +34,8 @@ def encode(rows: list[dict]) -> bytes:
 
 def _target(task: str, value):
     if task == "multistep_arithmetic":
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             return int(value)
-        except (TypeError, ValueError):
-            return value
     return value
 
 
