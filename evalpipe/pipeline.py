@@ -21,7 +21,6 @@ evaluates a served model night after night and exits 8 when something changed (e
 import argparse
 import ctypes
 import difflib
-import math
 import os
 import re
 import shlex
@@ -30,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import benchmarks, cli
 from .client import spending
@@ -125,11 +124,9 @@ def _check(plan: Plan) -> None:
     max_cost = plan.get("MAX_COST")
     if max_cost is not None:
         try:
-            ok = math.isfinite(float(max_cost)) and float(max_cost) > 0
+            spending.amount(max_cost)
         except ValueError:
-            ok = False
-        if not ok:
-            raise UsageError(f"MAX_COST={max_cost}: expected an amount in USD above 0")
+            raise UsageError(f"MAX_COST={max_cost}: expected an amount in USD above 0") from None
     label = plan.get("JUDGE_LABEL")
     if label is not None and not JUDGE_LABEL.fullmatch(label):
         raise UsageError(f"JUDGE_LABEL={label}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
@@ -160,13 +157,9 @@ def check_prices(plan: Plan) -> None:
         flags, _ = _cost_flags().parse_known_args(command(plan, stage)[2:])
         if flags.max_cost is None:
             continue
-        try:
-            max_cost = float(flags.max_cost)
-        except ValueError:
-            continue  # the stage's own parser says what is wrong with it
         model = flags.model if stage == "infer" else flags.judge_model
         try:
-            spending.cap_for(max_cost, flags.prices, model)
+            spending.prices_for(flags.prices, model)
         except BadInput as exc:
             raise UsageError(f"{stage}: {exc}") from None
 
@@ -174,6 +167,13 @@ def check_prices(plan: Plan) -> None:
 def _flag(plan: Plan, var: str, flag: str) -> list[str]:
     value = plan.get(var)
     return [flag, value] if value is not None else []
+
+
+def _cap(plan: Plan) -> list[str]:
+    """MAX_COST, and the ledger that makes it cap the whole invocation (`run` gives one)."""
+    if plan.get("MAX_COST") is None:
+        return []
+    return ["--max-cost", plan.settings["MAX_COST"], *(["--spending-ledger", plan.ledger] if plan.ledger else [])]
 
 
 def command(plan: Plan, stage: str) -> list[str]:
@@ -199,7 +199,7 @@ def command(plan: Plan, stage: str) -> list[str]:
             *_flag(plan, "DATA", "--input"),
             *_flag(plan, "MAX_SAMPLES", "--max-samples"),
             *_flag(plan, "WORKERS", "--workers"),
-            *_flag(plan, "MAX_COST", "--max-cost"),
+            *_cap(plan),
             *shlex.split(plan.get("ARGS") or ""),
         ]
     if stage == "score":
@@ -213,7 +213,7 @@ def command(plan: Plan, stage: str) -> list[str]:
         *_flag(plan, "JUDGE_MODEL", "--judge-model"),
         *_flag(plan, "JUDGE_LABEL", "--judge-label"),
         *_flag(plan, "WORKERS", "--workers"),
-        *_flag(plan, "MAX_COST", "--max-cost"),
+        *_cap(plan),
         *shlex.split(plan.get("JUDGE_ARGS") or ""),
     ]
 
@@ -312,21 +312,11 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
-    if plan.get("MAX_COST") is None:
+    if plan.get("MAX_COST") is None or plan.ledger is not None:
         return _run(plan)
-    if plan.ledger is not None:
-        return _run_with_ledger(plan, plan.ledger)
     with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
         # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
-        return _run_with_ledger(plan, os.path.join(folder, "spent"))
-
-
-def _run_with_ledger(plan: Plan, ledger: str) -> int:
-    os.environ[spending.LEDGER_ENV] = ledger
-    try:
-        return _run(plan)
-    finally:
-        del os.environ[spending.LEDGER_ENV]
+        return _run(replace(plan, ledger=os.path.join(folder, "spent")))
 
 
 def _run(plan: Plan) -> int:

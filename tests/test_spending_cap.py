@@ -198,7 +198,7 @@ def test_bad_price_tables_and_ledgers_are_refused_before_any_call(billing, env, 
     ledger = tmp_path / "spent"
     for bad in ("nan", "-5", "inf", "x"):
         ledger.write_text(f"0.25\n{bad}\n")
-        done = infer({**env, "EVALPIPE_SPENDING_LEDGER": str(ledger)}, tmp_path, "--max-cost", 1)
+        done = infer(env, tmp_path, "--max-cost", 1, "--spending-ledger", ledger)
         assert done.returncode == 2, done.stderr
         assert f"{ledger}:2: the spending ledger holds {bad!r}" in done.stderr
     assert server.chat_requests() == []

@@ -10,9 +10,11 @@ next prompt at that length).
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from . import cost
 from .llm import Completion, Endpoint
+from .runner import Tasks
 
 CHARS_PER_TOKEN = 4
 DEFAULT_COMPLETION_TOKENS = 1000
@@ -50,8 +52,8 @@ class RecordingClient:
 
 def estimate(
     label: str,
-    pending: list,
-    work: Callable[[object, RecordingClient], Awaitable[object]],
+    pending: Tasks,
+    work: Callable[[Any, RecordingClient], Awaitable[object]],
     endpoint: Endpoint | None,
     max_tokens: int | None,
     prices: cost.Prices,

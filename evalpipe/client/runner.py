@@ -11,9 +11,10 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -23,6 +24,28 @@ from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 from .scheduler import GroupOf, PrefixSchedule
 from .spending import SpendingCap, SpendingCapReached
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a stage's calls go: its flags, read once by the stage (engine.py) and handed down as values."""
+
+    workers: int = 8  # calls in flight at most
+    grace_s: float = 10.0  # after a stop, how long the calls in flight may take
+    log_every_s: float = 30.0
+    progress: str = "auto"
+    batch_max_requests: int = 50_000  # OpenAI Batch API limits per input file
+    batch_max_bytes: int = 200 * 1024 * 1024
+    batch_wait_s: float = 0.0  # --backend batch: keep polling this long
+    batch_poll_s: float = 30.0
+
+
+class Tasks(Protocol):
+    """The pending tasks: counted, and read (again) from the start each time they are iterated."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator: ...
 
 
 @dataclass
@@ -285,29 +308,27 @@ async def run(
 async def run_with_client(
     label: str,
     endpoint: Endpoint | None,
-    pending: list,
+    pending: Tasks,
     output: Path,
-    args,
-    work: Callable[[object, ChatClient | None], Awaitable[dict]],
+    settings: Settings,
+    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
     group_of: GroupOf | None = None,
     cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
-
-    The client's requests in flight adapt to 429s below the --workers ceiling. `group_of`: as for `run`.
-    """
-    client = ChatClient(endpoint, AdaptiveLimit(args.workers), cap) if endpoint is not None else None
+    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards; its requests in flight
+    adapt to 429s below `settings.workers`."""
+    client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
     try:
         return await run(
             pending,
             len(pending),
             lambda task: work(task, client),
             output,
-            workers=args.workers,
+            workers=settings.workers,
             label=label,
-            grace_s=args.grace,
-            log_every_s=args.log_every,
-            progress=args.progress,
+            grace_s=settings.grace_s,
+            log_every_s=settings.log_every_s,
+            progress=settings.progress,
             group_of=group_of,
         )
     finally:

@@ -214,7 +214,6 @@ def rows_job(
         announce=announce,
         session=stand_ins.session,
         first_call_only=True,
-        rows_pending=True,
         current_rows=lambda: jsonl.latest_rows(output, row_id),
         run_counts=_run_counts(bench, endpoint, output, stand_ins),
         settle=stand_ins.settle,

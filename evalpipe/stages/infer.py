@@ -146,7 +146,6 @@ def _job(
         pending_given=tasks.pending,
         announce=announce,
         session=functools.partial(_solver, bench, args.slim, output, prompt_tokens, thinking),
-        also_paid_for=lambda: _has_steps(output),
         run_counts=lambda summary: {"interrupted": summary.interrupted, **prompt_tokens.counts()},
         settle=lambda code: thinking.say(prompt_tokens.say(code)),
         prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
@@ -261,9 +260,3 @@ def _solver(
         yield solve
     finally:
         steps.close()
-
-
-def _has_steps(output: Path) -> bool:
-    """Whether the output's step cache holds finished calls (paid for, though no row has them yet)."""
-    steps_path = StepCache.path_for(output)
-    return steps_path.exists() and steps_path.stat().st_size > 0
