@@ -31,11 +31,9 @@ def tasks(n: int) -> list[Task]:
     return [Task(f"t{i}", f"question {i}") for i in range(n)]
 
 
-def run(pending, work, output: Path, **kw):
-    kw.setdefault("workers", 4)
-    kw.setdefault("label", "unit")
-    kw.setdefault("progress", "log")
-    return asyncio.run(runner.run(pending, len(pending), work, output, **kw))
+def run(pending, work, output: Path, label="unit", **kw):
+    settings = runner.Settings(**{"workers": 4, "progress": "log", **kw})
+    return asyncio.run(runner.run(pending, work, output, settings, label=label))
 
 
 async def echo(task):

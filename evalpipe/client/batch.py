@@ -13,6 +13,7 @@ in any order changes nothing it should not.
 """
 
 import asyncio
+import dataclasses
 import hashlib
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,9 +30,8 @@ from .llm import Completion, Endpoint, completion_from, context_length_error
 
 URL = "/v1/chat/completions"
 
-Work = Callable[
-    [Any, Any], Awaitable[dict | None]
-]  # work(task, client): a stage's, on tasks this module knows by `.id`
+# work(task, client): a stage's work on one of its tasks, which this module knows by their `.id`
+Work = Callable[[Any, Any], Awaitable[dict | None]]
 
 
 def custom_id(task_id, body: dict) -> str:
@@ -232,16 +232,5 @@ def import_files(
 
     if paths:
         print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    return asyncio.run(
-        runner.run(
-            pending,
-            len(pending),
-            replay,
-            output,
-            workers=1,
-            label=label,
-            grace_s=settings.grace_s,
-            log_every_s=settings.log_every_s,
-            progress=settings.progress,
-        )
-    )
+    one_at_a_time = dataclasses.replace(settings, workers=1)
+    return asyncio.run(runner.run(pending, replay, output, one_at_a_time, label=label))

@@ -116,14 +116,17 @@ def advance(
     wait = settings.batch_poll_s
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     passes = 0
+
+    def import_files(paths: list[Path]) -> runner.RunSummary:
+        rows = current() if current else None
+        return batch.import_files(label, pending_now(), work, endpoint, paths, output, settings, rows)
+
     try:
         while True:
             passes += 1
-            changed |= _collect(label, client, state, pending_now, work, endpoint, output, settings, current)
+            changed |= _collect(label, client, state, output, import_files)
             if changed:
-                batch.import_files(
-                    label, pending_now(), work, endpoint, [], output, settings, current() if current else None
-                )
+                import_files([])
                 _submit(label, client, state, pending_now(), work, endpoint, output, settings)
                 changed = False
             running = state.open_batches()
@@ -162,7 +165,9 @@ def advance(
     return EXIT_OK
 
 
-def _collect(label, client, state: State, pending_now, work, endpoint, output, settings, current) -> bool:
+def _collect(
+    label: str, client, state: State, output: Path, import_files: Callable[[list[Path]], runner.RunSummary]
+) -> bool:
     """Retrieve open batches; download and import finished ones. True if one finished."""
     finished = False
     for entry in state.open_batches():
@@ -195,9 +200,7 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, s
                 downloaded.append(target)
         entry["files"] = [str(p) for p in downloaded]
         if downloaded:
-            summary = batch.import_files(
-                label, pending_now(), work, endpoint, downloaded, output, settings, current() if current else None
-            )
+            summary = import_files(downloaded)
             if summary.interrupted or summary.refused:
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
@@ -228,10 +231,7 @@ def _adopt(client, entry: dict) -> bool:
 
 
 def _submit(label, client, state: State, pending, work, endpoint, output, settings) -> None:
-    in_flight = set()
-    for entry in state.open_batches():
-        for _, line in jsonl.iter_rows(entry["input"]):
-            in_flight.add(line["custom_id"])
+    in_flight = {line["custom_id"] for entry in state.open_batches() for _, line in jsonl.iter_rows(entry["input"])}
     lines = [
         line
         for line in batch.request_lines(pending, work, endpoint)

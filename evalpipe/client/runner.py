@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -253,26 +253,19 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
 
 
 async def run(
-    tasks: Iterable,
-    total: int,
-    work: Callable[[object], Awaitable[dict | None]],
+    tasks: Tasks,
+    work: Callable[[Any], Awaitable[dict | None]],
     output: Path,
+    settings: Settings,
     *,
-    workers: int,
     label: str,
-    grace_s: float = 10.0,
-    log_every_s: float = 30.0,
-    progress: str = "auto",
     group_of: GroupOf | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task; each task has `.id`. Returns what happened.
-
-    `group_of` (a task's prefix group, or None) hands the tasks out through a scheduler.PrefixSchedule:
-    each group's first task alone, its siblings once it is answered. Without it, tasks go in order.
-
-    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file
-    could not be written.
-    """
+    """Run `work(task)` for every task (each has `.id`); returns what happened. With `group_of` (a task's prefix
+    group, or None) a scheduler.PrefixSchedule hands out each group's first task alone, its siblings once it is
+    answered; without it, tasks go in order. Raises OutputUnwritable, after the calls in flight finished, if the
+    output or a side file could not be written."""
+    total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
     if total == 0:
@@ -286,9 +279,9 @@ async def run(
 
     if schedule is not None:
         work = schedule.watching(work)
-    meter = _Progress(label, total, log_every_s, progress)
+    meter = _Progress(label, total, settings.log_every_s, settings.progress)
     started = time.monotonic()
-    sink = _Sink(output, summary, stop, label, grace_s)
+    sink = _Sink(output, summary, stop, label, settings.grace_s)
     try:
         running = [
             asyncio.create_task(_worker(next_task, work, sink, meter)) for _ in range(max(1, min(workers, total)))
@@ -319,18 +312,7 @@ async def run_with_client(
     adapt to 429s below `settings.workers`."""
     client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
     try:
-        return await run(
-            pending,
-            len(pending),
-            lambda task: work(task, client),
-            output,
-            workers=settings.workers,
-            label=label,
-            grace_s=settings.grace_s,
-            log_every_s=settings.log_every_s,
-            progress=settings.progress,
-            group_of=group_of,
-        )
+        return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
     finally:
         if client is not None:
             await client.aclose()
