@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..benchmarks import Task
 from ..client import batch, batch_backend, cost, dryrun, runner, spending
@@ -29,8 +29,6 @@ from ..store.checkpoint import StepCache
 # The work on one task: work(task, client) -> its row (None: nothing to write now). The client is an
 # llm.ChatClient, or a stand-in that answers as one does (batch.py's, dryrun.py's), or None without an endpoint.
 Work = Callable[[Task, Any], Awaitable[dict | None]]
-# Yields the work for a run; True: a paid run's (it records what must be kept), False: for --dry-run and export.
-Session = Callable[[bool], AbstractContextManager[Work]]
 
 
 class Pending:
@@ -47,9 +45,25 @@ class Pending:
         return self._tasks()
 
 
+class Rows(Protocol):
+    """How a stage makes its rows, and what it counts and says of those a run made."""
+
+    def session(self, paying: bool) -> AbstractContextManager[Work]:
+        """The work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's."""
+        ...
+
+    def counts(self, summary: runner.RunSummary) -> dict:
+        """What the manifest adds of a run."""
+        ...
+
+    def settle(self, code: int) -> int:
+        """The last word on an online or import run's exit code."""
+        ...
+
+
 @dataclass
 class Job:
-    """What one API-calling stage asks of the engine; the hooks at the end have defaults."""
+    """What one API-calling stage asks of the engine."""
 
     label: str  # in messages, batch files and the failures side file: "infer", "judge", "error analysis"
     output: Path
@@ -61,13 +75,11 @@ class Job:
     written: Callable[[], set]
     pending_given: Callable[[set], Pending]  # the tasks still to do, given `written()`
     announce: Callable[[Pending], None]  # print what this invocation will do, given the pending tasks
-    session: Session
+    rows: Rows
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
     # a pending task can have a row already (a judge's stand-in): the output's latest row per id, which the batch
     # engines compare with; None: a pending task has none
     current_rows: Callable[[], dict] | None = None
-    run_counts: Callable[[runner.RunSummary], dict] = lambda summary: {}  # what the manifest adds of a run
-    settle: Callable[[int], int] = lambda code: code  # the last word on an online or import run's exit code
     # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
     prefix_group: Callable[[Task], str | None] | None = None
 
@@ -99,22 +111,22 @@ def run(job: Job, args) -> int:
         pending = job.pending_given(written)
         job.announce(pending)
         if args.export_batch:
-            with job.session(False) as work:
+            with job.rows.session(False) as work:
                 return batch.export(job.label, pending, work, job.endpoint, args.export_batch, settings)
         record = manifest.Record(job.output, job.manifest)
         counts = _counts(job, pending)
         if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
-            return job.settle(EXIT_OK)
-        with job.session(True) as work:
+            return job.rows.settle(EXIT_OK)
+        with job.rows.session(True) as work:
             if args.backend == "batch":
                 return _advance(job, settings, work, record, counts)
             summary = _calls(job, args.import_batch, settings, pending, work, cap)
-        extra = job.run_counts(summary)
+        extra = job.rows.counts(summary)
         learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
-    return job.settle(runner.finish(job.label, summary, job.output))
+    return job.rows.settle(runner.finish(job.label, summary, job.output))
 
 
 def _endpoint_key(endpoint: Endpoint) -> str:
@@ -147,7 +159,7 @@ def _dry_run(job: Job, args) -> int:
     """--dry-run: announce and estimate the pending calls; reads only (no folder, lock file or manifest)."""
     pending = job.pending_given(job.written())
     job.announce(pending)
-    with job.session(False) as work:
+    with job.rows.session(False) as work:
         dryrun.estimate(
             job.label,
             pending,

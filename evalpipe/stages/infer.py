@@ -144,9 +144,7 @@ def _job(
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=tasks.pending,
         announce=announce,
-        session=rows.session,
-        run_counts=rows.counts,
-        settle=rows.settle,
+        rows=rows,
         prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
     )
 
