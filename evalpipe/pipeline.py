@@ -137,24 +137,19 @@ def _check(plan: Plan) -> None:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
 
 
-def _cost_flags() -> argparse.ArgumentParser:
-    """The flags of a stage's command line that say what it may spend on which model."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--model")
-    parser.add_argument("--judge-model", default=cli.DEFAULT_JUDGE_MODEL)
-    parser.add_argument("--prices")
-    parser.add_argument("--max-cost")
-    return parser
-
-
 def check_prices(plan: Plan) -> None:
     """With a spending cap, every model the plan's stages will call has a price, before the first stage spends
     anything (BadInput, exit 2): a judge model missing from the table must not be found after infer has paid."""
     bench = benchmarks.get(plan.get("BENCH") or benchmarks.DEFAULT)
+    cost_flags = argparse.ArgumentParser(add_help=False)  # what a stage's command line may spend, on which model
+    cost_flags.add_argument("--model")
+    cost_flags.add_argument("--judge-model", default=cli.DEFAULT_JUDGE_MODEL)
+    cost_flags.add_argument("--prices")
+    cost_flags.add_argument("--max-cost")
     for stage in plan.stages:
         if stage not in ("infer", "judge", "error-analysis") or (stage != "infer" and not bench.judge_uses_llm):
             continue
-        flags, _ = _cost_flags().parse_known_args(command(plan, stage)[2:])
+        flags, _ = cost_flags.parse_known_args(command(plan, stage)[2:])
         if flags.max_cost is None:
             continue
         model = flags.model if stage == "infer" else flags.judge_model
@@ -238,11 +233,6 @@ def die_with_parent() -> Callable[[], None] | None:
     return hook
 
 
-def exit_code(returncode: int) -> int:
-    """A child's return code as a shell would give it: killed by signal N is 128 + N (Popen says -N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 class _Signals:
     """Passes SIGINT/SIGTERM on to the running stage, one for one.
 
@@ -277,7 +267,7 @@ class _Signals:
             if returncode < 0 and not self.received:
                 name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
                 print(f"pipeline: {name} was killed by {_signal_name(-returncode)}", file=sys.stderr)
-            return exit_code(returncode)
+            return 128 - returncode if returncode < 0 else returncode  # as a shell says killed by signal N: 128 + N
         finally:
             self.child = None
 

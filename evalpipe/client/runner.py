@@ -8,6 +8,7 @@ read-only): then the rows still finishing are kept in a rescue file for the next
 """
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -86,13 +87,10 @@ class _Progress:
                 self.bar.set_postfix(failed=self.failed)
             return
         now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self.log()
-
-    def log(self) -> None:
-        elapsed = time.monotonic() - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if now - self.last < self.every:
+            return
+        self.last = now
+        rate = self.done / (now - self.started) if now > self.started else 0.0
         print(
             f"{self.label}: {self.done}/{self.total} finished, {self.failed} failed, {rate:.2f} tasks/s",
             file=sys.stderr,
@@ -123,10 +121,8 @@ class _Rescue:
 
     def close(self) -> None:
         if self._file is not None:
-            try:
+            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
                 self._file.close()
-            except (OutputUnwritable, OSError):
-                pass  # the rows are in the file; only their fsync failed
 
     def note(self) -> str:
         path, parts = jsonl.rescue_path(self.output), []
@@ -243,10 +239,8 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
             _, still_running = await asyncio.wait([all_done], timeout=grace_s)
             if still_running:
                 all_done.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await all_done
-        except asyncio.CancelledError:
-            pass
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

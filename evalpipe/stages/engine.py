@@ -89,14 +89,14 @@ def run(job: Job, args) -> int:
     if args.dry_run:
         return _dry_run(job, args)
     settings = runner.Settings(
-        args.workers,
-        args.grace,
-        args.log_every,
-        args.progress,
-        args.batch_max_requests,
-        args.batch_max_bytes,
-        args.batch_wait,
-        args.batch_poll,
+        workers=args.workers,
+        grace_s=args.grace,
+        log_every_s=args.log_every,
+        progress=args.progress,
+        batch_max_requests=args.batch_max_requests,
+        batch_max_bytes=args.batch_max_bytes,
+        batch_wait_s=args.batch_wait,
+        batch_poll_s=args.batch_poll,
     )
     cap = None
     if job.endpoint is not None and args.max_cost is not None:  # a rule judge spends nothing
