@@ -114,14 +114,24 @@ def run(job: Job, args) -> int:
             with job.rows.session(False) as work:
                 return batch.export(job.label, pending, work, job.endpoint, args.export_batch, settings)
         record = manifest.Record(job.output, job.manifest)
-        counts = _counts(job, pending)
+        name, total = job.total  # the manifest's counts before the run
+        counts = {name: total, "done_before": total - len(pending), "pending": len(pending)}
         if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
             return job.rows.settle(EXIT_OK)
         with job.rows.session(True) as work:
             if args.backend == "batch":
                 return _advance(job, settings, work, record, counts)
-            summary = _calls(job, args.import_batch, settings, pending, work, cap)
+            if args.import_batch:  # the rows the batch files complete
+                current = job.current_rows() if job.current_rows else None
+                summary = batch.import_files(
+                    job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
+                )
+            else:
+                online = runner.run_with_client(
+                    job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
+                )
+                summary = asyncio.run(online)
         extra = job.rows.counts(summary)
         learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
         extra |= {"learned": learned} if learned else {}
@@ -185,12 +195,6 @@ def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
         batch_backend.refuse_other_engines(job.output, in_batches)
 
 
-def _counts(job: Job, pending: Pending) -> dict:
-    """The manifest's counts before the run: the total, how many were done before, how many pending."""
-    name, total = job.total
-    return {name: total, "done_before": total - len(pending), "pending": len(pending)}
-
-
 def _advance(job: Job, settings: runner.Settings, work: Work, record: manifest.Record, counts: dict) -> int:
     """--backend batch: advance the Batch API state file by a step (or more, with --batch-wait)."""
 
@@ -203,22 +207,3 @@ def _advance(job: Job, settings: runner.Settings, work: Work, record: manifest.R
     )
     record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
     return code
-
-
-def _calls(
-    job: Job,
-    import_batch: list[Path] | None,
-    settings: runner.Settings,
-    pending: Pending,
-    work: Work,
-    cap: spending.SpendingCap | None,
-) -> runner.RunSummary:
-    """--import-batch: the rows the batch files complete; else the calls, online."""
-    if import_batch:
-        current = job.current_rows() if job.current_rows else None
-        return batch.import_files(job.label, pending, work, job.endpoint, import_batch, job.output, settings, current)
-    return asyncio.run(
-        runner.run_with_client(
-            job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
-        )
-    )
