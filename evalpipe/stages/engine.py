@@ -13,17 +13,18 @@ the work on one task — and `run` does the rest, in this order:
 """
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..benchmarks import Task
+from ..benchmarks import Task, row_id
 from ..client import batch, batch_backend, cost, dryrun, runner, spending
 from ..client.llm import TOKEN_FIELDS, Endpoint
 from ..errors import EXIT_OK, BadInput
-from ..store import lock, manifest
+from ..store import jsonl, lock, manifest
 from ..store.checkpoint import StepCache
 
 # The work on one task: work(task, client) -> its row (None: nothing to write now). The client is an
@@ -77,9 +78,8 @@ class Job:
     announce: Callable[[Pending], None]  # print what this invocation will do, given the pending tasks
     rows: Rows
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
-    # a pending task can have a row already (a judge's stand-in): the output's latest row per id, which the batch
-    # engines compare with; None: a pending task has none
-    current_rows: Callable[[], dict] | None = None
+    # a pending task can have a row already (a judge's stand-in): the batch engines compare with the output's latest
+    rows_pending: bool = False
     # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
     prefix_group: Callable[[Task], str | None] | None = None
 
@@ -123,7 +123,7 @@ def run(job: Job, args) -> int:
             if args.backend == "batch":
                 return _advance(job, settings, work, record, counts)
             if args.import_batch:  # the rows the batch files complete
-                current = job.current_rows() if job.current_rows else None
+                current = jsonl.latest_rows(job.output, row_id) if job.rows_pending else None
                 summary = batch.import_files(
                     job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
                 )
@@ -202,8 +202,7 @@ def _advance(job: Job, settings: runner.Settings, work: Work, record: manifest.R
         """The tasks without a finished row now."""
         return job.pending_given(job.written())
 
-    code = batch_backend.advance(
-        job.label, still_pending, work, job.endpoint, job.output, settings, current=job.current_rows
-    )
+    current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
+    code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, settings, current)
     record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
     return code

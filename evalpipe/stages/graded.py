@@ -214,7 +214,7 @@ def rows_job(
         announce=announce,
         rows=stand_ins,
         first_call_only=True,
-        current_rows=lambda: jsonl.latest_rows(output, row_id),
+        rows_pending=True,
     )
 
 
