@@ -154,7 +154,10 @@ def check_prices(plan: Plan) -> None:
             continue
         model = flags.model if stage == "infer" else flags.judge_model
         try:
+            spending.amount(flags.max_cost)
             spending.prices_for(flags.prices, model)
+        except ValueError as exc:  # a cap in ARGS or JUDGE_ARGS: refused before any stage spends, as MAX_COST is
+            raise UsageError(f"{stage}: --max-cost {exc}") from None
         except BadInput as exc:
             raise UsageError(f"{stage}: {exc}") from None
 

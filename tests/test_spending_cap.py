@@ -217,5 +217,7 @@ def test_max_cost_with_a_judge_model_without_price_is_refused_before_infer_spend
         done = runner(env, *base, *words, timeout=60)
         assert done.returncode == 2, done.stderr
         assert f"judge: --max-cost needs a price for {missing}" in done.stderr
+    done = runner(env, *base, "JUDGE_ARGS=--max-cost nan", timeout=60)  # a cap in JUDGE_ARGS is checked up front too
+    assert done.returncode == 2 and "judge: --max-cost nan: give a positive amount in USD" in done.stderr
     assert server.chat_requests() == []
     assert not (tmp_path / "clbench").exists()
