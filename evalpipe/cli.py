@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import benchmarks, redact
-from .client import thinking
+from .client import spending, thinking
 from .datasets import hub
 from .errors import BadInput
 from .store.paths import DEFAULT_ROOT
@@ -223,11 +223,26 @@ def _cost_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--max-cost",
-        type=float,
+        type=_usd,
         metavar="USD",
         help="spend at most this much in this run: no call starts whose worst case could pass it; "
         "exit 6 when reached (docs/results.md#a-spending-cap)",
     )
+    g.add_argument(
+        "--spending-ledger",
+        type=Path,
+        metavar="FILE",
+        help="with --max-cost: count from what this file says was spent, and add each reply's cost to it "
+        "(the runner's, so that MAX_COST caps all the stages of an invocation)",
+    )
+
+
+def _usd(text: str) -> float:
+    """argparse's type for --max-cost (spending.amount checks it, as it does the runner's MAX_COST)."""
+    try:
+        return spending.amount(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _batch_args(g: argparse._ArgumentGroup) -> None:

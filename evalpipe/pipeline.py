@@ -21,7 +21,6 @@ evaluates a served model night after night and exits 8 when something changed (e
 import argparse
 import ctypes
 import difflib
-import math
 import os
 import re
 import shlex
@@ -30,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import benchmarks, cli
 from .client import spending
@@ -125,11 +124,9 @@ def _check(plan: Plan) -> None:
     max_cost = plan.get("MAX_COST")
     if max_cost is not None:
         try:
-            ok = math.isfinite(float(max_cost)) and float(max_cost) > 0
+            spending.amount(max_cost)
         except ValueError:
-            ok = False
-        if not ok:
-            raise UsageError(f"MAX_COST={max_cost}: expected an amount in USD above 0")
+            raise UsageError(f"MAX_COST={max_cost}: expected an amount in USD above 0") from None
     label = plan.get("JUDGE_LABEL")
     if label is not None and not JUDGE_LABEL.fullmatch(label):
         raise UsageError(f"JUDGE_LABEL={label}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
@@ -140,33 +137,27 @@ def _check(plan: Plan) -> None:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
 
 
-def _cost_flags() -> argparse.ArgumentParser:
-    """The flags of a stage's command line that say what it may spend on which model."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--model")
-    parser.add_argument("--judge-model", default=cli.DEFAULT_JUDGE_MODEL)
-    parser.add_argument("--prices")
-    parser.add_argument("--max-cost")
-    return parser
-
-
 def check_prices(plan: Plan) -> None:
     """With a spending cap, every model the plan's stages will call has a price, before the first stage spends
     anything (BadInput, exit 2): a judge model missing from the table must not be found after infer has paid."""
     bench = benchmarks.get(plan.get("BENCH") or benchmarks.DEFAULT)
+    cost_flags = argparse.ArgumentParser(add_help=False)  # what a stage's command line may spend, on which model
+    cost_flags.add_argument("--model")
+    cost_flags.add_argument("--judge-model", default=cli.DEFAULT_JUDGE_MODEL)
+    cost_flags.add_argument("--prices")
+    cost_flags.add_argument("--max-cost")
     for stage in plan.stages:
         if stage not in ("infer", "judge", "error-analysis") or (stage != "infer" and not bench.judge_uses_llm):
             continue
-        flags, _ = _cost_flags().parse_known_args(command(plan, stage)[2:])
+        flags, _ = cost_flags.parse_known_args(command(plan, stage)[2:])
         if flags.max_cost is None:
             continue
-        try:
-            max_cost = float(flags.max_cost)
-        except ValueError:
-            continue  # the stage's own parser says what is wrong with it
         model = flags.model if stage == "infer" else flags.judge_model
         try:
-            spending.cap_for(max_cost, flags.prices, model)
+            spending.amount(flags.max_cost)
+            spending.prices_for(flags.prices, model)
+        except ValueError as exc:  # a cap in ARGS or JUDGE_ARGS: refused before any stage spends, as MAX_COST is
+            raise UsageError(f"{stage}: --max-cost {exc}") from None
         except BadInput as exc:
             raise UsageError(f"{stage}: {exc}") from None
 
@@ -174,6 +165,13 @@ def check_prices(plan: Plan) -> None:
 def _flag(plan: Plan, var: str, flag: str) -> list[str]:
     value = plan.get(var)
     return [flag, value] if value is not None else []
+
+
+def _cap(plan: Plan) -> list[str]:
+    """MAX_COST, and the ledger that makes it cap the whole invocation (`run` gives one)."""
+    if plan.get("MAX_COST") is None:
+        return []
+    return ["--max-cost", plan.settings["MAX_COST"], *(["--spending-ledger", plan.ledger] if plan.ledger else [])]
 
 
 def command(plan: Plan, stage: str) -> list[str]:
@@ -199,7 +197,7 @@ def command(plan: Plan, stage: str) -> list[str]:
             *_flag(plan, "DATA", "--input"),
             *_flag(plan, "MAX_SAMPLES", "--max-samples"),
             *_flag(plan, "WORKERS", "--workers"),
-            *_flag(plan, "MAX_COST", "--max-cost"),
+            *_cap(plan),
             *shlex.split(plan.get("ARGS") or ""),
         ]
     if stage == "score":
@@ -213,7 +211,7 @@ def command(plan: Plan, stage: str) -> list[str]:
         *_flag(plan, "JUDGE_MODEL", "--judge-model"),
         *_flag(plan, "JUDGE_LABEL", "--judge-label"),
         *_flag(plan, "WORKERS", "--workers"),
-        *_flag(plan, "MAX_COST", "--max-cost"),
+        *_cap(plan),
         *shlex.split(plan.get("JUDGE_ARGS") or ""),
     ]
 
@@ -236,11 +234,6 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(128 + signal.SIGKILL)
 
     return hook
-
-
-def exit_code(returncode: int) -> int:
-    """A child's return code as a shell would give it: killed by signal N is 128 + N (Popen says -N)."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class _Signals:
@@ -277,7 +270,7 @@ class _Signals:
             if returncode < 0 and not self.received:
                 name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
                 print(f"pipeline: {name} was killed by {_signal_name(-returncode)}", file=sys.stderr)
-            return exit_code(returncode)
+            return 128 - returncode if returncode < 0 else returncode  # as a shell says killed by signal N: 128 + N
         finally:
             self.child = None
 
@@ -312,21 +305,11 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
-    if plan.get("MAX_COST") is None:
+    if plan.get("MAX_COST") is None or plan.ledger is not None:
         return _run(plan)
-    if plan.ledger is not None:
-        return _run_with_ledger(plan, plan.ledger)
     with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
         # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
-        return _run_with_ledger(plan, os.path.join(folder, "spent"))
-
-
-def _run_with_ledger(plan: Plan, ledger: str) -> int:
-    os.environ[spending.LEDGER_ENV] = ledger
-    try:
-        return _run(plan)
-    finally:
-        del os.environ[spending.LEDGER_ENV]
+        return _run(replace(plan, ledger=os.path.join(folder, "spent")))
 
 
 def _run(plan: Plan) -> int:

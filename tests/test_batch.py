@@ -336,6 +336,7 @@ def test_open_batches_keep_other_engines_and_other_configurations_out(server, st
     for flags in ([], ["--export-batch", "x.jsonl"]):
         proc = stage.infer("--temperature", "0.2", *flags)
         assert proc.returncode == 2 and "still open" in proc.stderr and "--backend batch" in proc.stderr
+    assert stage.infer("--temperature", "0.2", "--dry-run").returncode == 0  # a dry run sends nothing
     assert server.chat_requests() == [] and len(server.batches()) == 1
 
 

@@ -4,7 +4,6 @@ FakeOpenAI's Files and Batches endpoints with the real openai client (no subproc
 import json
 import signal
 import socket
-from argparse import Namespace
 from dataclasses import dataclass
 
 import openai
@@ -49,20 +48,8 @@ def pending_for(out, tasks=TASKS):
     return lambda: [t for t in tasks if t.id not in jsonl.ids_in(out, lambda r: r["idx"])]
 
 
-def args(**kw) -> Namespace:
-    base = {
-        "batch_wait": 0.0,
-        "batch_poll": 0.01,
-        "max_retries": 0,
-        "batch_max_requests": 50_000,
-        "batch_max_bytes": 200 * 1024 * 1024,
-        "grace": 5.0,
-        "log_every": 30.0,
-        "progress": "log",
-        "backend": "batch",
-        "dry_run": False,
-    }
-    return Namespace(**{**base, **kw})
+def settings(**kw) -> runner.Settings:
+    return runner.Settings(**{"batch_poll_s": 0.01, "grace_s": 5.0, "progress": "log", **kw})
 
 
 def endpoint_for(server) -> Endpoint:
@@ -78,7 +65,7 @@ def keep_sigterm():
 
 
 def go(server, out, tasks=TASKS, **kw):
-    return advance("infer", pending_for(out, tasks), work, endpoint_for(server), out, args(**kw))
+    return advance("infer", pending_for(out, tasks), work, endpoint_for(server), out, settings(**kw))
 
 
 # ---------------------------------------------------------------- the state file
@@ -126,13 +113,11 @@ def test_other_engines_are_refused_while_batches_are_open(tmp_path):
     out = tmp_path / "infer.jsonl"
     open_ = [{"id": "batch_a"}, {"input_file_id": "file-x"}]
     with pytest.raises(BadInput) as refused:
-        refuse_other_engines(out, open_, args(backend="online"))
+        refuse_other_engines(out, open_)
     message = str(refused.value)
     assert "2 Batch API batches" in message and "batch_a, (being created)" in message
     assert str(state_path(out)) in message and "--backend batch" in message
-    refuse_other_engines(out, open_, args(backend="batch"))  # the batch engine continues them
-    refuse_other_engines(out, open_, args(backend="online", dry_run=True))  # a dry run sends nothing
-    refuse_other_engines(out, [], args(backend="online"))  # nothing open
+    refuse_other_engines(out, [])  # nothing open (the Batch API's engine and --dry-run: test_batch.py)
 
 
 # ---------------------------------------------------------------- advance against FakeOpenAI
@@ -169,14 +154,14 @@ def test_cron_steps_exit_75_until_the_batch_is_imported(server, tmp_path):
 def test_batch_wait_keeps_polling_in_one_call(server, tmp_path):
     server.handler, server.batch_polls_to_finish = answer, 3
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait=20, batch_poll=0.01) == EXIT_OK
+    assert go(server, out, batch_wait_s=20, batch_poll_s=0.01) == EXIT_OK
     assert len(read_jsonl(out)) == 5 and len(server.batches()) == 1
 
 
 def test_expired_batches_keep_their_answers_and_the_rest_is_sent_again(server, tmp_path):
     server.handler, server.batch_polls_to_finish, server.batch_expire_after = answer, 1, 2
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait=20) == EXIT_OK
+    assert go(server, out, batch_wait_s=20) == EXIT_OK
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
         ("expired", 5),
         ("expired", 3),
@@ -189,7 +174,7 @@ def test_a_request_that_keeps_failing_is_given_up_after_max_submissions(server, 
     server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content.endswith(" 1") else answer(r)
     server.batch_polls_to_finish = 1
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait=20) == EXIT_INCOMPLETE
+    assert go(server, out, batch_wait_s=20) == EXIT_INCOMPLETE
     assert [b["request_counts"]["total"] for b in server.batches()] == [5] + [1] * (MAX_SUBMISSIONS - 1)
     assert sorted(r["idx"] for r in read_jsonl(out)) == ["t0", "t2", "t3", "t4"]
     [failed] = [cid for cid, n in State(out).submissions.items() if cid.startswith("t1~")]
@@ -207,7 +192,7 @@ def test_a_batch_that_fails_validation_is_bad_input_with_its_reasons(server, tmp
     server.batch_fail_validation, server.batch_polls_to_finish = True, 1
     out = tmp_path / "infer.jsonl"
     with pytest.raises(BadInput, match="failed validation .*batch_fail_validation"):
-        go(server, out, batch_wait=20)
+        go(server, out, batch_wait_s=20)
     [entry] = State(out).batches
     assert entry["imported"] and entry["status"] == "failed" and entry["errors"]["data"]
     assert len(server.batches()) == 1 and read_jsonl(out) == []
@@ -215,7 +200,7 @@ def test_a_batch_that_fails_validation_is_bad_input_with_its_reasons(server, tmp
 
 def upload_requests(server, tmp_path, out):
     lines = batch.request_lines(TASKS, work, endpoint_for(server))
-    [path] = batch.write_request_files(lines, batch_backend.files_dir(out) / "input-crash.jsonl")
+    [path] = batch.write_request_files(lines, batch_backend.files_dir(out) / "input-crash.jsonl", settings())
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
     uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
     entry = {"input": str(path), "input_file_id": uploaded.id, "requests": len(lines)}
@@ -230,7 +215,7 @@ def test_a_batch_created_before_a_crash_saved_its_id_is_adopted(server, tmp_path
     out = tmp_path / "infer.jsonl"
     client, uploaded = upload_requests(server, tmp_path, out)
     created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    assert go(server, out, batch_wait=20) == EXIT_OK
+    assert go(server, out, batch_wait_s=20) == EXIT_OK
     assert [b["id"] for b in server.batches()] == [created.id]  # nothing submitted twice
     assert State(out).batches[0]["id"] == created.id
     assert len(read_jsonl(out)) == 5
@@ -240,7 +225,7 @@ def test_an_upload_that_never_became_a_batch_is_dropped_and_sent_again(server, t
     server.handler, server.batch_polls_to_finish = answer, 1
     out = tmp_path / "infer.jsonl"
     upload_requests(server, tmp_path, out)
-    assert go(server, out, batch_wait=20) == EXIT_OK
+    assert go(server, out, batch_wait_s=20) == EXIT_OK
     assert len(server.batches()) == 1 and len(read_jsonl(out)) == 5
     assert [b.get("input") for b in State(out).batches if "crash" in b.get("input", "")] == []
 
@@ -248,7 +233,7 @@ def test_an_upload_that_never_became_a_batch_is_dropped_and_sent_again(server, t
 def test_without_an_endpoint_there_is_nothing_to_batch(tmp_path):
     out = tmp_path / "score.json"
     with pytest.raises(BadInput, match="makes no API calls"):
-        advance("score", lambda: [], work, None, out, args())
+        advance("score", lambda: [], work, None, out, settings())
     assert not state_path(out).exists()
 
 
@@ -256,7 +241,7 @@ def test_a_server_without_a_batch_api_is_a_refusal(server, tmp_path):
     out = tmp_path / "infer.jsonl"
     endpoint = Endpoint("m", base_url=server.base_url.replace("/v1", "/no-batches-here"), api_key=API_KEY)
     with pytest.raises(EndpointRefused, match="the Batch API refused us") as refused:
-        advance("infer", pending_for(out), work, endpoint, out, args())
+        advance("infer", pending_for(out), work, endpoint, out, settings())
     assert API_KEY not in str(refused.value)
     assert not state_path(out).exists()
 
@@ -268,4 +253,4 @@ def test_nothing_listening_is_unreachable_and_says_where(tmp_path):
     out = tmp_path / "infer.jsonl"
     endpoint = Endpoint("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY)
     with pytest.raises(EndpointUnreachable, match=f"cannot reach the Batch API at http://127.0.0.1:{port}/v1"):
-        advance("infer", pending_for(out), work, endpoint, out, args())
+        advance("infer", pending_for(out), work, endpoint, out, settings())

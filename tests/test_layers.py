@@ -90,3 +90,22 @@ def test_no_import_cycle():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_the_client_is_handed_plain_values_never_the_command_line():
+    """client/ is below the stages' flags: it imports no argparse, takes no parameter named `args`, and reads no
+    `args.` attribute; a stage turns its flags into values (runner.Settings, amounts, paths) once."""
+    found = []
+    for name, path in sorted(MODULES.items()):
+        if not name.startswith("evalpipe.client."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(m.split(".")[0] == "argparse" for m in modules):
+                    found.append(f"{name}:{node.lineno} imports argparse")
+            elif isinstance(node, ast.arg) and node.arg == "args":
+                found.append(f"{name}:{node.lineno} takes a parameter `args`")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args":
+                found.append(f"{name}:{node.lineno} reads args.{node.attr}")
+    assert not found, "client/ sees the command line:\n" + "\n".join(found)

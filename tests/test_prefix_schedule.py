@@ -66,12 +66,8 @@ class Recorder:
 
 
 def run(tasks, work, output, **kw):
-    kw.setdefault("workers", 4)
-    return asyncio.run(
-        asyncio.wait_for(
-            runner.run(tasks, len(tasks), work, output, label="unit", progress="log", group_of=group_of, **kw), 30
-        )
-    )
+    settings = runner.Settings(**{"workers": 4, "progress": "log", **kw})
+    return asyncio.run(asyncio.wait_for(runner.run(tasks, work, output, settings, label="unit", group_of=group_of), 30))
 
 
 # ---------------------------------------------------------------- the scheduler in runner.run

@@ -186,5 +186,9 @@ def test_a_rerun_under_another_configuration_is_refused(server, stage, tmp_path)
     (tmp_path / "other.jsonl.manifest.json").write_text((tmp_path / "infer.jsonl.manifest.json").read_text())
     proc = stage("infer", "--model", "m2", "--output", "other.jsonl", "--temperature", "0.2")
     assert proc.returncode == 2 and "model: 'm' → 'm2'" in proc.stderr
+    other.write_text("")  # no row, but finished calls of chained tasks in the step cache: paid for all the same
+    (tmp_path / "other.jsonl.steps.jsonl").write_text('{"task": "t0", "step": 0}\n')
+    proc = stage("infer", "--model", "m2", "--output", "other.jsonl", "--temperature", "0.2")
+    assert proc.returncode == 2 and "model: 'm' → 'm2'" in proc.stderr
     stage.infer("--temperature", "0.7", "--allow-config-change", check=0)
     assert len(read_jsonl(tmp_path / "infer.jsonl")) == 12

@@ -8,7 +8,6 @@ import errno
 import os
 import signal
 import time
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +31,9 @@ def tasks(n: int) -> list[Task]:
     return [Task(f"t{i}", f"question {i}") for i in range(n)]
 
 
-def run(pending, work, output: Path, **kw):
-    kw.setdefault("workers", 4)
-    kw.setdefault("label", "unit")
-    kw.setdefault("progress", "log")
-    return asyncio.run(runner.run(pending, len(pending), work, output, **kw))
+def run(pending, work, output: Path, label="unit", **kw):
+    settings = runner.Settings(**{"workers": 4, "progress": "log", **kw})
+    return asyncio.run(runner.run(pending, work, output, settings, label=label))
 
 
 async def echo(task):
@@ -232,8 +229,8 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
 # ---------------------------------------------------------------- run_with_client against the loopback server
 
 
-def args(**kw) -> Namespace:
-    return Namespace(**{"workers": 3, "grace": 5.0, "log_every": 30.0, "progress": "log", **kw})
+def settings(**kw) -> runner.Settings:
+    return runner.Settings(**{"workers": 3, "grace_s": 5.0, "progress": "log", **kw})
 
 
 def endpoint_for(server, **kw) -> Endpoint:
@@ -249,7 +246,7 @@ async def ask(task, client):
 def test_run_with_client_sends_one_call_per_task_and_writes_its_answer(server, tmp_path):
     server.handler = lambda r: Reply(content="A:" + r.last_content, delay=0.02)
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(6), out, args(), ask))
+    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(6), out, settings(), ask))
     rows = {r["idx"]: r for r in read_jsonl(out)}
     assert len(read_jsonl(out)) == 6 and rows["t4"]["model_output"] == "A:question 4"
     assert rows["t4"]["usage"]["completion_tokens"] >= 1
@@ -263,7 +260,7 @@ def test_run_with_client_http_failures_become_side_file_rows(server, tmp_path):
         Reply.error(400, "unsupported content") if r.last_content == "question 2" else Reply("ok")
     )
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(4), out, args(), ask))
+    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(4), out, settings(), ask))
     assert sorted(r["idx"] for r in read_jsonl(out)) == ["t0", "t1", "t3"]
     [failure] = read_jsonl(runner.failures_path(out))
     assert failure["idx"] == "t2" and "HTTP 400" in failure["error"] and "unsupported content" in failure["error"]
@@ -274,7 +271,9 @@ def test_run_with_client_http_failures_become_side_file_rows(server, tmp_path):
 def test_run_with_client_stops_when_the_endpoint_refuses(server, tmp_path):
     server.handler = lambda r: Reply.error(401, "invalid api key", code="invalid_api_key")
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(30), out, args(workers=2), ask))
+    summary = asyncio.run(
+        runner.run_with_client("infer", endpoint_for(server), tasks(30), out, settings(workers=2), ask)
+    )
     assert summary.refused is not None and summary.written == 0
     assert len(server.chat_requests()) < 30
     with pytest.raises(EndpointRefused, match="refused model 'm'"):
@@ -289,5 +288,5 @@ def test_run_with_client_without_an_endpoint_hands_work_no_client(tmp_path):
         return {"idx": task.id}
 
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("score", None, tasks(3), out, args(), work))
+    summary = asyncio.run(runner.run_with_client("score", None, tasks(3), out, settings(), work))
     assert seen == [None, None, None] and summary.written == 3

@@ -198,7 +198,7 @@ def test_bad_price_tables_and_ledgers_are_refused_before_any_call(billing, env, 
     ledger = tmp_path / "spent"
     for bad in ("nan", "-5", "inf", "x"):
         ledger.write_text(f"0.25\n{bad}\n")
-        done = infer({**env, "EVALPIPE_SPENDING_LEDGER": str(ledger)}, tmp_path, "--max-cost", 1)
+        done = infer(env, tmp_path, "--max-cost", 1, "--spending-ledger", ledger)
         assert done.returncode == 2, done.stderr
         assert f"{ledger}:2: the spending ledger holds {bad!r}" in done.stderr
     assert server.chat_requests() == []
@@ -217,5 +217,7 @@ def test_max_cost_with_a_judge_model_without_price_is_refused_before_infer_spend
         done = runner(env, *base, *words, timeout=60)
         assert done.returncode == 2, done.stderr
         assert f"judge: --max-cost needs a price for {missing}" in done.stderr
+    done = runner(env, *base, "JUDGE_ARGS=--max-cost nan", timeout=60)  # a cap in JUDGE_ARGS is checked up front too
+    assert done.returncode == 2 and "judge: --max-cost nan: give a positive amount in USD" in done.stderr
     assert server.chat_requests() == []
     assert not (tmp_path / "clbench").exists()

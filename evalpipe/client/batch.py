@@ -13,10 +13,12 @@ in any order changes nothing it should not.
 """
 
 import asyncio
+import dataclasses
 import hashlib
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -27,10 +29,9 @@ from . import runner
 from .llm import Completion, Endpoint, completion_from, context_length_error
 
 URL = "/v1/chat/completions"
-MAX_REQUESTS = 50_000  # OpenAI Batch API limits per input file
-MAX_BYTES = 200 * 1024 * 1024
 
-Work = Callable[[object, object], Awaitable[dict | None]]
+# work(task, client): a stage's work on one of its tasks, which this module knows by their `.id`
+Work = Callable[[Any, Any], Awaitable[dict | None]]
 
 
 def custom_id(task_id, body: dict) -> str:
@@ -56,7 +57,7 @@ class CapturingClient:
         raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
 
 
-def request_lines(pending: list, work: Work, endpoint: Endpoint) -> list[dict]:
+def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list[dict]:
     """The next call of every pending task that needs one (tasks done without a call need none)."""
     lines = []
 
@@ -71,10 +72,9 @@ def request_lines(pending: list, work: Work, endpoint: Endpoint) -> list[dict]:
     return lines
 
 
-def write_request_files(
-    lines: list[dict], path: Path, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_BYTES
-) -> list[Path]:
+def write_request_files(lines: list[dict], path: Path, settings: runner.Settings) -> list[Path]:
     """Write `lines` to `path`, or to `<stem>-001<suffix>`, `-002`, ... when they exceed a file's limits."""
+    max_requests, max_bytes = settings.batch_max_requests, settings.batch_max_bytes
     parts: list[list[bytes]] = [[]]
     size = 0
     for line in lines:
@@ -97,14 +97,16 @@ def write_request_files(
     return targets
 
 
-def export(label: str, pending: list, work: Work, endpoint: Endpoint | None, path: Path, args) -> int:
+def export(
+    label: str, pending: runner.Tasks, work: Work, endpoint: Endpoint | None, path: Path, settings: runner.Settings
+) -> int:
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --export-batch")
     lines = request_lines(pending, work, endpoint)
     if not lines:
         print(f"{label}: no pending task needs a call; nothing exported", file=sys.stderr)
         return 0
-    files = write_request_files(lines, path, args.batch_max_requests, args.batch_max_bytes)
+    files = write_request_files(lines, path, settings)
     print(
         f"{label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
         f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)",
@@ -192,14 +194,14 @@ BATCH_FLAG = {"infer": "batch", "judge": "judge_batch", "error analysis": "analy
 
 def import_files(
     label: str,
-    pending: list,
+    pending: runner.Tasks,
     work: Work,
     endpoint: Endpoint | None,
     paths: list[Path],
     output: Path,
-    args,
+    settings: runner.Settings,
     current: dict | None = None,
-):
+) -> runner.RunSummary:
     """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
     `current`: the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
     if endpoint is None:
@@ -230,16 +232,5 @@ def import_files(
 
     if paths:
         print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    return asyncio.run(
-        runner.run(
-            pending,
-            len(pending),
-            replay,
-            output,
-            workers=1,
-            label=label,
-            grace_s=args.grace,
-            log_every_s=args.log_every,
-            progress=args.progress,
-        )
-    )
+    one_at_a_time = dataclasses.replace(settings, workers=1)
+    return asyncio.run(runner.run(pending, replay, output, one_at_a_time, label=label))

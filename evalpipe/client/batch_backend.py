@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..store import jsonl
 from ..store.checkpoint import StepCache
-from . import batch
+from . import batch, runner
 from .llm import Endpoint, connect_failure, describe
 
 FINISHED = {"completed", "expired", "cancelled", "failed"}
@@ -79,9 +79,9 @@ def open_batches(output: Path) -> list[dict]:
     return State(output).open_batches() if state_path(output).exists() else []
 
 
-def refuse_other_engines(output: Path, in_batches: list[dict], args) -> None:
-    """Open Batch API batches hold calls already paid for: no other engine may run them again."""
-    if in_batches and args.backend != "batch" and not args.dry_run:
+def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:
+    """Open Batch API batches hold calls already paid for: no engine but the Batch API's may run them again."""
+    if in_batches:
         ids = ", ".join(b.get("id", "(being created)") for b in in_batches)
         raise BadInput(
             f"{len(in_batches)} Batch API batches for {output} are still open ({ids}; see {state_path(output)}): "
@@ -89,19 +89,19 @@ def refuse_other_engines(output: Path, in_batches: list[dict], args) -> None:
         )
 
 
-def _client(endpoint: Endpoint, args):
+def _client(endpoint: Endpoint):
     import openai
 
-    return openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, args.max_retries))
+    return openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
 
 
 def advance(
     label: str,
-    pending_now: Callable[[], list],
+    pending_now: Callable[[], runner.Tasks],
     work: batch.Work,
     endpoint: Endpoint | None,
     output: Path,
-    args,
+    settings: runner.Settings,
     current: Callable[[], dict] | None = None,
 ) -> int:
     """One or more steps (see the module docstring); returns the stage's exit code."""
@@ -110,21 +110,24 @@ def advance(
     import openai
 
     sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
-    client = _client(endpoint, args)
+    client = _client(endpoint)
     state = State(output)
-    deadline = time.monotonic() + args.batch_wait
-    wait = args.batch_poll
+    deadline = time.monotonic() + settings.batch_wait_s
+    wait = settings.batch_poll_s
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     passes = 0
+
+    def import_files(paths: list[Path]) -> runner.RunSummary:
+        rows = current() if current else None
+        return batch.import_files(label, pending_now(), work, endpoint, paths, output, settings, rows)
+
     try:
         while True:
             passes += 1
-            changed |= _collect(label, client, state, pending_now, work, endpoint, output, args, current)
+            changed |= _collect(label, client, state, output, import_files)
             if changed:
-                batch.import_files(
-                    label, pending_now(), work, endpoint, [], output, args, current() if current else None
-                )
-                _submit(label, client, state, pending_now(), work, endpoint, output, args)
+                import_files([])
+                _submit(label, client, state, pending_now(), work, endpoint, output, settings)
                 changed = False
             running = state.open_batches()
             if not running or time.monotonic() + wait > deadline:
@@ -162,7 +165,9 @@ def advance(
     return EXIT_OK
 
 
-def _collect(label, client, state: State, pending_now, work, endpoint, output, args, current) -> bool:
+def _collect(
+    label: str, client, state: State, output: Path, import_files: Callable[[list[Path]], runner.RunSummary]
+) -> bool:
     """Retrieve open batches; download and import finished ones. True if one finished."""
     finished = False
     for entry in state.open_batches():
@@ -195,9 +200,7 @@ def _collect(label, client, state: State, pending_now, work, endpoint, output, a
                 downloaded.append(target)
         entry["files"] = [str(p) for p in downloaded]
         if downloaded:
-            summary = batch.import_files(
-                label, pending_now(), work, endpoint, downloaded, output, args, current() if current else None
-            )
+            summary = import_files(downloaded)
             if summary.interrupted or summary.refused:
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
@@ -227,11 +230,8 @@ def _adopt(client, entry: dict) -> bool:
     return False
 
 
-def _submit(label, client, state: State, pending: list, work, endpoint, output, args) -> None:
-    in_flight = set()
-    for entry in state.open_batches():
-        for _, line in jsonl.iter_rows(entry["input"]):
-            in_flight.add(line["custom_id"])
+def _submit(label, client, state: State, pending, work, endpoint, output, settings) -> None:
+    in_flight = {line["custom_id"] for entry in state.open_batches() for _, line in jsonl.iter_rows(entry["input"])}
     lines = [
         line
         for line in batch.request_lines(pending, work, endpoint)
@@ -240,7 +240,7 @@ def _submit(label, client, state: State, pending: list, work, endpoint, output, 
     if not lines:
         return
     name = f"input-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}.jsonl"
-    paths = batch.write_request_files(lines, files_dir(output) / name, args.batch_max_requests, args.batch_max_bytes)
+    paths = batch.write_request_files(lines, files_dir(output) / name, settings)
     for path in paths:
         ids = [line["custom_id"] for _, line in jsonl.iter_rows(path)]
         uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")

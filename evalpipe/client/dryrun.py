@@ -8,11 +8,14 @@ next prompt at that length).
 """
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from . import cost
 from .llm import Completion, Endpoint
+from .runner import Tasks
 
 CHARS_PER_TOKEN = 4
 DEFAULT_COMPLETION_TOKENS = 1000
@@ -27,12 +30,9 @@ class RecordingClient:
 
     batched = False
 
-    def __init__(self, endpoint: Endpoint, completion_tokens: int, first_call_only: bool = False):
-        self.endpoint = endpoint
-        self.completion_tokens = completion_tokens
-        self.first_call_only = first_call_only
-        self.calls = 0
-        self.prompt_chars = 0
+    def __init__(self, endpoint: Endpoint | None, completion_tokens: int, first_call_only: bool):
+        self.endpoint, self.completion_tokens, self.first_call_only = endpoint, completion_tokens, first_call_only
+        self.calls = self.prompt_chars = 0
 
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         self.calls += 1
@@ -50,35 +50,29 @@ class RecordingClient:
 
 def estimate(
     label: str,
-    pending: list,
-    work: Callable[[object, RecordingClient], Awaitable[object]],
+    pending: Tasks,
+    work: Callable[[Any, RecordingClient], Awaitable[object]],
     endpoint: Endpoint | None,
     max_tokens: int | None,
     prices: cost.Prices,
     *,
     first_call_only: bool = False,
     max_cost: float | None = None,
-) -> dict:
-    """Run `work(task, client)` for every pending task against a recording client; print and return the totals."""
+) -> None:
+    """Run `work(task, client)` for every pending task against a recording client; print the totals."""
     completion_tokens = max_tokens or DEFAULT_COMPLETION_TOKENS
-    calls = prompt_chars = 0
+    client = RecordingClient(endpoint, completion_tokens, first_call_only)
+
+    async def count() -> None:
+        for task in pending:
+            with contextlib.suppress(_FirstCallOnly):
+                await work(task, client)
+
     if endpoint is not None:
-
-        async def count() -> None:
-            nonlocal calls, prompt_chars
-            for task in pending:
-                client = RecordingClient(endpoint, completion_tokens, first_call_only)
-                try:
-                    await work(task, client)
-                except _FirstCallOnly:
-                    pass
-                calls += client.calls
-                prompt_chars += client.prompt_chars
-
         asyncio.run(count())
-    usage = {"prompt_tokens": prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
+    calls = client.calls
+    usage = {"prompt_tokens": client.prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
     price = prices.cost(endpoint.model, usage) if endpoint is not None else 0.0
-    result = {"tasks": len(pending), "calls": calls, **usage, "cost_usd": price}
     assumed = (
         f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
     )
@@ -102,4 +96,3 @@ def estimate(
         f"  nothing was sent",
         file=sys.stderr,
     )
-    return result

@@ -8,12 +8,14 @@ read-only): then the rows still finishing are kept in a rescue file for the next
 """
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -23,6 +25,28 @@ from .limiter import AdaptiveLimit
 from .llm import ChatClient, Endpoint
 from .scheduler import GroupOf, PrefixSchedule
 from .spending import SpendingCap, SpendingCapReached
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a stage's calls go: its flags, read once by the stage (engine.py) and handed down as values."""
+
+    workers: int = 8  # calls in flight at most
+    grace_s: float = 10.0  # after a stop, how long the calls in flight may take
+    log_every_s: float = 30.0
+    progress: str = "auto"
+    batch_max_requests: int = 50_000  # OpenAI Batch API limits per input file
+    batch_max_bytes: int = 200 * 1024 * 1024
+    batch_wait_s: float = 0.0  # --backend batch: keep polling this long
+    batch_poll_s: float = 30.0
+
+
+class Tasks(Protocol):
+    """The pending tasks: counted, and read (again) from the start each time they are iterated."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator: ...
 
 
 @dataclass
@@ -63,13 +87,10 @@ class _Progress:
                 self.bar.set_postfix(failed=self.failed)
             return
         now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self.log()
-
-    def log(self) -> None:
-        elapsed = time.monotonic() - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if now - self.last < self.every:
+            return
+        self.last = now
+        rate = self.done / (now - self.started) if now > self.started else 0.0
         print(
             f"{self.label}: {self.done}/{self.total} finished, {self.failed} failed, {rate:.2f} tasks/s",
             file=sys.stderr,
@@ -100,10 +121,8 @@ class _Rescue:
 
     def close(self) -> None:
         if self._file is not None:
-            try:
+            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
                 self._file.close()
-            except (OutputUnwritable, OSError):
-                pass  # the rows are in the file; only their fsync failed
 
     def note(self) -> str:
         path, parts = jsonl.rescue_path(self.output), []
@@ -220,36 +239,27 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
             _, still_running = await asyncio.wait([all_done], timeout=grace_s)
             if still_running:
                 all_done.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await all_done
-        except asyncio.CancelledError:
-            pass
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
 async def run(
-    tasks: Iterable,
-    total: int,
-    work: Callable[[object], Awaitable[dict | None]],
+    tasks: Tasks,
+    work: Callable[[Any], Awaitable[dict | None]],
     output: Path,
+    settings: Settings,
     *,
-    workers: int,
     label: str,
-    grace_s: float = 10.0,
-    log_every_s: float = 30.0,
-    progress: str = "auto",
     group_of: GroupOf | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task; each task has `.id`. Returns what happened.
-
-    `group_of` (a task's prefix group, or None) hands the tasks out through a scheduler.PrefixSchedule:
-    each group's first task alone, its siblings once it is answered. Without it, tasks go in order.
-
-    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file
-    could not be written.
-    """
+    """Run `work(task)` for every task (each has `.id`); returns what happened. With `group_of` (a task's prefix
+    group, or None) a scheduler.PrefixSchedule hands out each group's first task alone, its siblings once it is
+    answered; without it, tasks go in order. Raises OutputUnwritable, after the calls in flight finished, if the
+    output or a side file could not be written."""
+    total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
     if total == 0:
@@ -263,9 +273,9 @@ async def run(
 
     if schedule is not None:
         work = schedule.watching(work)
-    meter = _Progress(label, total, log_every_s, progress)
+    meter = _Progress(label, total, settings.log_every_s, settings.progress)
     started = time.monotonic()
-    sink = _Sink(output, summary, stop, label, grace_s)
+    sink = _Sink(output, summary, stop, label, settings.grace_s)
     try:
         running = [
             asyncio.create_task(_worker(next_task, work, sink, meter)) for _ in range(max(1, min(workers, total)))
@@ -285,31 +295,18 @@ async def run(
 async def run_with_client(
     label: str,
     endpoint: Endpoint | None,
-    pending: list,
+    pending: Tasks,
     output: Path,
-    args,
-    work: Callable[[object, ChatClient | None], Awaitable[dict]],
+    settings: Settings,
+    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
     group_of: GroupOf | None = None,
     cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards.
-
-    The client's requests in flight adapt to 429s below the --workers ceiling. `group_of`: as for `run`.
-    """
-    client = ChatClient(endpoint, AdaptiveLimit(args.workers), cap) if endpoint is not None else None
+    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards; its requests in flight
+    adapt to 429s below `settings.workers`."""
+    client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
     try:
-        return await run(
-            pending,
-            len(pending),
-            lambda task: work(task, client),
-            output,
-            workers=args.workers,
-            label=label,
-            grace_s=args.grace,
-            log_every_s=args.log_every,
-            progress=args.progress,
-            group_of=group_of,
-        )
+        return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
     finally:
         if client is not None:
             await client.aclose()

@@ -19,7 +19,6 @@ Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRI
 import asyncio
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +27,6 @@ import orjson
 from ..errors import EXIT_SPENDING_CAP, BadInput, StageError
 from . import cost
 
-# The runner's ledger of one pipeline invocation: each reply's cost is appended, and a stage starts counting
-# from what the stages before it spent, so that MAX_COST caps the whole invocation, not each stage.
-LEDGER_ENV = "EVALPIPE_SPENDING_LEDGER"
 DEFAULT_WORST_COMPLETION = 16_384  # completion tokens a call may answer when it sends no cap on them
 PROMPT_OVERHEAD = 16  # tokens a request adds around its messages (a reply's primer)
 FIRST_IN_FLIGHT = 2  # calls in flight until a reply has shown what the endpoint bills
@@ -61,7 +57,9 @@ class SpendingCap:
     cap_usd: float
     prices: cost.Prices
     model: str
-    ledger: str | None = None  # the runner's ledger (LEDGER_ENV) each reply's cost is appended to, if any
+    # --spending-ledger: the runner's file each reply's cost is appended to, and a stage starts counting from what
+    # the stages before it spent, so that MAX_COST caps the whole invocation, not each stage
+    ledger: Path | None = None
     spent_usd: float = 0.0
     reserved_usd: float = 0.0
     in_flight: int = 0
@@ -111,7 +109,7 @@ class SpendingCap:
         if spent > reservation.usd and reservation.bound_usd > 0:
             self.factor = max(self.factor, spent / reservation.bound_usd)
         self.billed = True
-        if self.ledger and spent:
+        if self.ledger is not None and spent:
             with open(self.ledger, "a") as f:
                 f.write(f"{spent!r}\n")
         self._done()
@@ -122,29 +120,40 @@ class SpendingCap:
         self._changed = asyncio.Event()
 
 
-def cap_for(max_cost: float | None, prices_path, model: str | None) -> SpendingCap | None:
-    """The stage's cap, or None without --max-cost; BadInput (exit 2, before any call) for a model with no price."""
-    if max_cost is None:
-        return None
-    if not (math.isfinite(max_cost) and max_cost > 0):
-        raise BadInput(f"--max-cost {max_cost:g}: give a positive amount in USD")
+def amount(text: str) -> float:
+    """A cap in USD as given (--max-cost, MAX_COST): a finite amount above 0, else ValueError saying so."""
+    try:
+        usd = float(text)
+    except ValueError:
+        usd = math.nan
+    if not (math.isfinite(usd) and usd > 0):
+        raise ValueError(f"{text}: give a positive amount in USD")
+    return usd
+
+
+def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
+    """The price table, which must price `model`: BadInput (exit 2, before any call) otherwise."""
     prices = cost.load_prices(prices_path)
     if model is None or prices.price_for(model) is None:
         raise BadInput(
             f"--max-cost needs a price for {model!r}, and {prices.source} has none: add it to a --prices file "
             "(or set EVALPIPE_PRICES)"
         )
-    ledger = os.environ.get(LEDGER_ENV)
-    return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent_before(ledger))
+    return prices
 
 
-def spent_before(ledger: str | None) -> float:
+def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
+    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent."""
+    return SpendingCap(max_cost, prices_for(prices_path, model), model, ledger, spent_usd=spent_before(ledger))
+
+
+def spent_before(ledger: Path | None) -> float:
     """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one). A line that
     is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed caps nothing."""
-    if not ledger or not Path(ledger).exists():
+    if ledger is None or not ledger.exists():
         return 0.0
     total = 0.0
-    for number, line in enumerate(Path(ledger).read_text().split("\n"), 1):
+    for number, line in enumerate(ledger.read_text().split("\n"), 1):
         if not line.strip():
             continue
         try:

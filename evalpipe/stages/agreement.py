@@ -79,16 +79,19 @@ def judge_model(path: Path) -> str | None:
     return (manifest.read_run(path) or {}).get("judge_model")
 
 
-def for_run(bench: Benchmark, judge_path: Path) -> dict | None:
-    """judge.jsonl against each judge-<label>.jsonl beside it (None when there is none)."""
+def _beside(bench: Benchmark, judge_path: Path, prefix: Any = None) -> dict[str, tuple[Rows, int, str | None]]:
+    """`judge_path` and each judge-<label>.jsonl beside it, by file name: their rows, provisional rows and judge
+    model (none when there is no judge-<label>.jsonl)."""
     labelled = paths.labelled_judge_files(judge_path.parent)
     if not labelled:
-        return None
-    files = {}
-    for path in [judge_path, *labelled.values()]:
-        rows, provisional = load(bench, path)
-        files[path.name] = (rows, provisional, judge_model(path))
-    return report(files)
+        return {}
+    return {p.name: (*load(bench, p, prefix), judge_model(p)) for p in [judge_path, *labelled.values()]}
+
+
+def for_run(bench: Benchmark, judge_path: Path) -> dict | None:
+    """judge.jsonl against each judge-<label>.jsonl beside it (None when there is none)."""
+    files = _beside(bench, judge_path)
+    return report(files) if files else None
 
 
 def pooled(bench: Benchmark, run_dirs: list[Path]) -> dict | None:
@@ -97,16 +100,15 @@ def pooled(bench: Benchmark, run_dirs: list[Path]) -> dict | None:
     merged: dict[str, tuple[Rows, int, set]] = {}
     used = []
     for run_dir in run_dirs:
-        labelled = paths.labelled_judge_files(run_dir)
-        if not labelled or not shards.exists(run_dir / "judge.jsonl"):
-            continue
-        used.append(run_dir.name)
-        for path in [run_dir / "judge.jsonl", *labelled.values()]:
-            rows, provisional = load(bench, path, prefix=run_dir.name)
-            old_rows, old_prov, models = merged.get(path.name, ({}, 0, set()))
+        judge_path = run_dir / "judge.jsonl"
+        files = _beside(bench, judge_path, prefix=run_dir.name) if shards.exists(judge_path) else {}
+        if files:
+            used.append(run_dir.name)
+        for name, (rows, provisional, model) in files.items():
+            old_rows, old_prov, models = merged.get(name, ({}, 0, set()))
             old_rows.update(rows)
-            models.add(judge_model(path))
-            merged[path.name] = (old_rows, old_prov + provisional, models)
+            models.add(model)
+            merged[name] = (old_rows, old_prov + provisional, models)
     if not used:
         return None
     # a file name judged by different models across runs is no one judge's repeat

@@ -13,46 +13,58 @@ the work on one task — and `run` does the rest, in this order:
 """
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from ..benchmarks import Task, row_id
 from ..client import batch, batch_backend, cost, dryrun, runner, spending
 from ..client.llm import TOKEN_FIELDS, Endpoint
 from ..errors import EXIT_OK, BadInput
-from ..store import lock, manifest
+from ..store import jsonl, lock, manifest
+from ..store.checkpoint import StepCache
 
-# The work on one task: work(task, client) -> its row.
-Work = Callable[[Any, Any], Awaitable[dict]]
-# Yields the work for a run; True: a paid run's (it records what must be kept), False: for --dry-run and export.
-Session = Callable[[bool], AbstractContextManager[Work]]
-# What the output holds: the ids (a set), or which ids are done (judge's stages, whose rows can be pending).
-Written = Any
-# The tasks still to do: a list, or a Pending (iterated and counted only).
-PendingTasks = Any
+# The work on one task: work(task, client) -> its row (None: nothing to write now). The client is an
+# llm.ChatClient, or a stand-in that answers as one does (batch.py's, dryrun.py's), or None without an endpoint.
+Work = Callable[[Task, Any], Awaitable[dict | None]]
 
 
 class Pending:
     """The tasks still to do, counted when made and read lazily each time they are iterated: a stage over a
     million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
 
-    def __init__(self, count: int, tasks: Callable[[], Iterator]):
+    def __init__(self, count: int, tasks: Callable[[], Iterator[Task]]):
         self.count, self._tasks = count, tasks
 
     def __len__(self) -> int:
-        """How many tasks."""
         return self.count
 
-    def __iter__(self) -> Iterator:
-        """The tasks, read again from the start."""
+    def __iter__(self) -> Iterator[Task]:
         return self._tasks()
+
+
+class Rows(Protocol):
+    """How a stage makes its rows, and what it counts and says of those a run made."""
+
+    def session(self, paying: bool) -> AbstractContextManager[Work]:
+        """The work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's."""
+        ...
+
+    def counts(self, summary: runner.RunSummary) -> dict:
+        """What the manifest adds of a run."""
+        ...
+
+    def settle(self, code: int) -> int:
+        """The last word on an online or import run's exit code."""
+        ...
 
 
 @dataclass
 class Job:
-    """What one API-calling stage asks of the engine; the hooks at the end have defaults."""
+    """What one API-calling stage asks of the engine."""
 
     label: str  # in messages, batch files and the failures side file: "infer", "judge", "error analysis"
     output: Path
@@ -60,29 +72,37 @@ class Job:
     fingerprint: dict | None  # what makes the rows what they are; None: nothing to keep apart
     manifest: dict  # what the manifest records of this invocation
     total: tuple[str, int]  # what the pending tasks are counted out of, e.g. ("selected", 100)
-    written: Callable[[], Written]  # what the output holds now: ids, or the latest row per id
-    pending_given: Callable[[Written], PendingTasks]  # the tasks still to do, given `written()`
-    announce: Callable[[PendingTasks], None]  # print what this invocation will do, given the pending tasks
-    session: Session
+    # the ids the output holds that are done; true when it holds any row (all paid for, done or not)
+    written: Callable[[], set]
+    pending_given: Callable[[set], Pending]  # the tasks still to do, given `written()`
+    announce: Callable[[Pending], None]  # print what this invocation will do, given the pending tasks
+    rows: Rows
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
-    rows_pending: bool = False  # a pending task can have a row already: the batch engines compare with it
-    current_rows: Callable[[], dict] | None = None  # with rows_pending: the output's latest row per id (else written)
-    also_paid_for: Callable[[], bool] = lambda: False  # paid-for work besides rows and open batches
-    run_counts: Callable[[runner.RunSummary], dict] = lambda summary: {}  # what the manifest adds of a run
-    settle: Callable[[int], int] = lambda code: code  # the last word on an online or import run's exit code
+    # a pending task can have a row already (a judge's stand-in): the batch engines compare with the output's latest
+    rows_pending: bool = False
     # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
-    prefix_group: Callable[[Any], str | None] | None = None
+    prefix_group: Callable[[Task], str | None] | None = None
 
 
 def run(job: Job, args) -> int:
     """Run the job's pending tasks through the engine the flags choose; return the exit code."""
     if args.dry_run:
         return _dry_run(job, args)
+    settings = runner.Settings(
+        workers=args.workers,
+        grace_s=args.grace,
+        log_every_s=args.log_every,
+        progress=args.progress,
+        batch_max_requests=args.batch_max_requests,
+        batch_max_bytes=args.batch_max_bytes,
+        batch_wait_s=args.batch_wait,
+        batch_poll_s=args.batch_poll,
+    )
     cap = None
-    if job.endpoint is not None:  # a rule judge spends nothing
-        cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model)
-        if cap is not None and (args.backend == "batch" or args.export_batch or args.import_batch):
+    if job.endpoint is not None and args.max_cost is not None:  # a rule judge spends nothing
+        if args.backend == "batch" or args.export_batch or args.import_batch:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
+        cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
         _seed_token_field(job)
         written = job.written()
@@ -91,22 +111,32 @@ def run(job: Job, args) -> int:
         pending = job.pending_given(written)
         job.announce(pending)
         if args.export_batch:
-            with job.session(False) as work:
-                return batch.export(job.label, pending, work, job.endpoint, args.export_batch, args)
+            with job.rows.session(False) as work:
+                return batch.export(job.label, pending, work, job.endpoint, args.export_batch, settings)
         record = manifest.Record(job.output, job.manifest)
-        counts = _counts(job, pending)
+        name, total = job.total  # the manifest's counts before the run
+        counts = {name: total, "done_before": total - len(pending), "pending": len(pending)}
         if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
-            return job.settle(EXIT_OK)
-        with job.session(True) as work:
+            return job.rows.settle(EXIT_OK)
+        with job.rows.session(True) as work:
             if args.backend == "batch":
-                return _advance(job, args, work, record, counts)
-            summary = _calls(job, args, pending, work, written, cap)
-        extra = job.run_counts(summary)
+                return _advance(job, settings, work, record, counts)
+            if args.import_batch:  # the rows the batch files complete
+                current = jsonl.latest_rows(job.output, row_id) if job.rows_pending else None
+                summary = batch.import_files(
+                    job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
+                )
+            else:
+                online = runner.run_with_client(
+                    job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
+                )
+                summary = asyncio.run(online)
+        extra = job.rows.counts(summary)
         learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
-    return job.settle(runner.finish(job.label, summary, job.output))
+    return job.rows.settle(runner.finish(job.label, summary, job.output))
 
 
 def _seed_token_field(job: Job) -> None:
@@ -134,7 +164,7 @@ def _dry_run(job: Job, args) -> int:
     """--dry-run: announce and estimate the pending calls; reads only (no folder, lock file or manifest)."""
     pending = job.pending_given(job.written())
     job.announce(pending)
-    with job.session(False) as work:
+    with job.rows.session(False) as work:
         dryrun.estimate(
             job.label,
             pending,
@@ -148,45 +178,26 @@ def _dry_run(job: Job, args) -> int:
     return EXIT_OK
 
 
-def _refuse(job: Job, args, written: Written, in_batches: list[dict]) -> None:
+def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
     """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches.
-    A rule's rows (no endpoint) cost nothing: the benchmark's `is_judged` decides which to grade again."""
-    paid_for = job.endpoint is not None and (written or in_batches or job.also_paid_for())
+    A rule's rows (no endpoint) cost nothing: the benchmark's `is_judged` decides which to grade again. A step
+    cache with steps in it (infer's chained calls) is paid for too, though no row has them yet."""
+    steps = StepCache.path_for(job.output)
+    paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
     if job.fingerprint is not None and paid_for and not args.allow_config_change:
         manifest.refuse_if_changed(job.output, job.fingerprint)
-    batch_backend.refuse_other_engines(job.output, in_batches, args)
+    if args.backend != "batch":
+        batch_backend.refuse_other_engines(job.output, in_batches)
 
 
-def _counts(job: Job, pending: PendingTasks) -> dict:
-    """The manifest's counts before the run: the total, how many were done before, how many pending."""
-    name, total = job.total
-    return {name: total, "done_before": total - len(pending), "pending": len(pending)}
-
-
-def _advance(job: Job, args, work: Work, record: manifest.Record, counts: dict) -> int:
+def _advance(job: Job, settings: runner.Settings, work: Work, record: manifest.Record, counts: dict) -> int:
     """--backend batch: advance the Batch API state file by a step (or more, with --batch-wait)."""
 
-    def still_pending() -> list:
+    def still_pending() -> Pending:
         """The tasks without a finished row now."""
         return job.pending_given(job.written())
 
-    current = (job.current_rows or job.written) if job.rows_pending else None
-    code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, args, current=current)
+    current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
+    code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, settings, current)
     record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
     return code
-
-
-def _calls(
-    job: Job, args, pending: PendingTasks, work: Work, written: Written, cap: spending.SpendingCap | None
-) -> runner.RunSummary:
-    """--import-batch: the rows the batch files complete; else the calls, online."""
-    if args.import_batch:
-        current = (job.current_rows() if job.current_rows else written) if job.rows_pending else None
-        return batch.import_files(
-            job.label, pending, work, job.endpoint, args.import_batch, job.output, args, current=current
-        )
-    return asyncio.run(
-        runner.run_with_client(
-            job.label, job.endpoint, pending, job.output, args, work, group_of=job.prefix_group, cap=cap
-        )
-    )

@@ -186,7 +186,7 @@ def rows_job(
     if shard is not None:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
-    stand_ins = _StandIns(label, bench, work)
+    stand_ins = _StandIns(label, bench, work, _formats(bench, endpoint, output))
 
     def written() -> _Done:
         done = _done_ids(output, is_done, cut=shard is not None)
@@ -212,27 +212,20 @@ def rows_job(
         written=written,
         pending_given=rows.pending,
         announce=announce,
-        session=stand_ins.session,
+        rows=stand_ins,
         first_call_only=True,
         rows_pending=True,
-        current_rows=lambda: jsonl.latest_rows(output, row_id),
-        run_counts=_run_counts(bench, endpoint, output, stand_ins),
-        settle=stand_ins.settle,
     )
 
 
-def _run_counts(bench: Benchmark, endpoint: Endpoint | None, output: Path, stand_ins: "_StandIns"):
-    """What the manifest adds of a run: the stand-ins, and what an LLM judge asking for JSON learned of the
-    endpoint's response_format (seeded here with what earlier runs learned)."""
-    formats = getattr(bench, "judge_formats", None)  # judge_format.Formats
-    if formats is None or endpoint is None:
-        return stand_ins.counts
-    formats.seed(manifest.learned(output, "judge_format"))
-
-    def run_counts(summary) -> dict:
-        return {**stand_ins.counts(summary), "learned": {"judge_format": formats.state()}}
-
-    return run_counts
+def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
+    """What an LLM judge asking for JSON learns of the endpoint's response_format (judge_format.Formats), seeded
+    with what earlier runs learned; None for other judges."""
+    formats = getattr(bench, "judge_formats", None)
+    if formats is not None and endpoint is not None:
+        formats.seed(manifest.learned(output, "judge_format"))
+        return formats
+    return None
 
 
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
@@ -264,9 +257,9 @@ def _record(
 class _StandIns:
     """The rows a run writes as stand-ins (the judge API failed): the next run does them again."""
 
-    def __init__(self, label: str, bench: Benchmark, work: Callable[..., Awaitable[dict]]):
+    def __init__(self, label: str, bench: Benchmark, work: Callable[..., Awaitable[dict]], formats):
         """Watch `work` for `label`, asking `bench` which rows are stand-ins."""
-        self.label, self.bench, self.work = label, bench, work
+        self.label, self.bench, self.work, self.formats = label, bench, work, formats
         self.ids: set = set()  # of this run (every earlier one was pending again)
         self.elsewhere: set = set()  # rows to redo that an uncut run leaves to their shards (_done_ids)
 
@@ -284,8 +277,9 @@ class _StandIns:
         yield grade
 
     def counts(self, summary) -> dict:
-        """What the manifest records of them."""
-        return {"retry_later": len(self.ids)}
+        """What the manifest records of them, and what the judge learned of response_format (judge_format.py)."""
+        learned = {} if self.formats is None else {"learned": {"judge_format": self.formats.state()}}
+        return {"retry_later": len(self.ids), **learned}
 
     def settle(self, code: int) -> int:
         """Say how many rows the next run does again; a run that left stand-ins is incomplete."""

@@ -1,7 +1,6 @@
 """infer: ask the model for every selected task that has no row yet."""
 
 import argparse
-import functools
 import gc
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..client import cost
 from ..client.llm import Endpoint
+from ..client.runner import RunSummary
 from ..client.thinking import budget_advice
 from ..datasets import hub
 from ..store import jsonl, manifest, paths, shards
@@ -113,7 +113,7 @@ class Selected:
 def _job(
     bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, output: Path, endpoint: Endpoint
 ) -> engine.Job:
-    """infer's job: one row per selected task, by id; a step cache with steps in it is paid for too."""
+    """infer's job: one row per selected task, by id."""
     fingerprint = manifest.fingerprint(
         args,
         {
@@ -123,8 +123,7 @@ def _job(
         },
         ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers
     )
-    prompt_tokens = _PromptTokens()
-    thinking = _ThinkingBudget(args.max_tokens)
+    rows = _Rows(bench, args.slim, output, args.max_tokens)
 
     def announce(pending: engine.Pending) -> None:
         """Say how many of the selected tasks are done and how many this run does."""
@@ -145,10 +144,7 @@ def _job(
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=tasks.pending,
         announce=announce,
-        session=functools.partial(_solver, bench, args.slim, output, prompt_tokens, thinking),
-        also_paid_for=lambda: _has_steps(output),
-        run_counts=lambda summary: {"interrupted": summary.interrupted, **prompt_tokens.counts()},
-        settle=lambda code: thinking.say(prompt_tokens.say(code)),
+        rows=rows,
         prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
     )
 
@@ -156,31 +152,6 @@ def _job(
 def _groups_tasks(bench: Benchmark) -> bool:
     """Whether the benchmark puts tasks in prefix groups (without a group the tasks go in order, as they are read)."""
     return type(bench).prefix_group is not Benchmark.prefix_group
-
-
-class _PromptTokens:
-    """The prompt tokens of the rows this run makes, and how many the endpoint read from its prompt cache."""
-
-    def __init__(self) -> None:
-        self.total = self.cached = 0
-
-    def add(self, row: dict) -> None:
-        for call in cost.api_calls(row):
-            usage = call.usage or {}
-            self.total += usage.get("prompt_tokens", 0)
-            self.cached += usage.get("cached_tokens", 0)
-
-    def counts(self) -> dict:
-        return {"prompt_tokens": self.total, "cached_prompt_tokens": self.cached}
-
-    def say(self, code: int) -> int:
-        """After the run's counts: the cached share of its prompt tokens (the exit code is left as it is)."""
-        if self.total:
-            print(
-                f"infer: {self.cached:,} of {self.total:,} prompt tokens cached ({self.cached / self.total:.1%})",
-                file=sys.stderr,
-            )
-        return code
 
 
 def _record(
@@ -203,16 +174,44 @@ def _record(
     }
 
 
-class _ThinkingBudget:
-    """This run's answers that ran out of tokens while thinking, and the completion tokens the others used."""
+class _Rows:
+    """The rows this run makes: their prompt tokens (and how many the endpoint read from its prompt cache), and
+    the answers that ran out of tokens while thinking (and the completion tokens the others used)."""
 
-    def __init__(self, budget: int | None) -> None:
+    def __init__(self, bench: Benchmark, slim: bool, output: Path, budget: int | None) -> None:
+        self.bench, self.slim, self.output = bench, slim, output
         self.budget = budget  # --max-tokens (None: the endpoint's own limit)
+        self.prompt_tokens = self.cached = 0
         self.truncated = self.answered = 0
         self.stopped_at = self.finished_used = 0  # the most completion tokens of a call of each
 
-    def add(self, row: dict) -> None:
-        used = max((_completion_tokens(call.usage) for call in cost.api_calls(row)), default=0)
+    @contextmanager
+    def session(self, paying: bool) -> Iterator[engine.Work]:
+        """The work on one task with the output's step cache (recording new steps when `paying`), closed after."""
+        steps = StepCache(self.output, record=paying)
+
+        async def solve(task: Task, client) -> dict:
+            """The task's inference row (with --slim, without `messages`, and its `thinking` null: left out)."""
+            row = await self.bench.solve(task, client, steps)
+            self._add(row)
+            if self.slim:
+                row.pop("messages", None)
+                if "thinking" in row:
+                    row["thinking"] = None  # still there: model_output was separated from it (thinking.text_to_grade)
+            return row
+
+        try:
+            yield solve
+        finally:
+            steps.close()
+
+    def _add(self, row: dict) -> None:
+        calls = cost.api_calls(row)
+        for call in calls:
+            usage = call.usage or {}
+            self.prompt_tokens += usage.get("prompt_tokens", 0)
+            self.cached += usage.get("cached_tokens", 0)
+        used = max((_completion_tokens(call.usage) for call in calls), default=0)
         if row.get("status") == THINKING_TRUNCATED:
             self.truncated += 1
             self.stopped_at = max(self.stopped_at, used)
@@ -220,8 +219,22 @@ class _ThinkingBudget:
             self.answered += 1
             self.finished_used = max(self.finished_used, used)
 
-    def say(self, code: int) -> int:
-        """The stage's last line when answers ran out of tokens while thinking: what to raise --max-tokens to."""
+    def counts(self, summary: RunSummary) -> dict:
+        return {
+            "interrupted": summary.interrupted,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached,
+        }
+
+    def settle(self, code: int) -> int:
+        """After the run's counts: the cached share of its prompt tokens; when answers ran out of tokens while
+        thinking, what to raise --max-tokens to (the exit code is left as it is)."""
+        if self.prompt_tokens:
+            print(
+                f"infer: {self.cached:,} of {self.prompt_tokens:,} prompt tokens cached "
+                f"({self.cached / self.prompt_tokens:.1%})",
+                file=sys.stderr,
+            )
         if self.truncated:
             limit = f"--max-tokens {self.budget}" if self.budget else "the endpoint's own limit (no --max-tokens)"
             finished = f"; the answers that finished used up to {self.finished_used:,}" if self.answered else ""
@@ -237,33 +250,3 @@ class _ThinkingBudget:
 def _completion_tokens(usage: dict | None) -> int:
     value = (usage or {}).get("completion_tokens")
     return value if type(value) is int else 0
-
-
-@contextmanager
-def _solver(
-    bench: Benchmark, slim: bool, output: Path, prompt_tokens: _PromptTokens, thinking: _ThinkingBudget, paying: bool
-):
-    """Yield the work on one task with the output's step cache (recording new steps when `paying`); close it after."""
-    steps = StepCache(output, record=paying)
-
-    async def solve(task, client):
-        """The task's inference row (with --slim, without `messages`, and its `thinking` null: left out)."""
-        row = await bench.solve(task, client, steps)
-        prompt_tokens.add(row)
-        thinking.add(row)
-        if slim:
-            row.pop("messages", None)
-            if "thinking" in row:
-                row["thinking"] = None  # still there: model_output was separated from it (thinking.text_to_grade)
-        return row
-
-    try:
-        yield solve
-    finally:
-        steps.close()
-
-
-def _has_steps(output: Path) -> bool:
-    """Whether the output's step cache holds finished calls (paid for, though no row has them yet)."""
-    steps_path = StepCache.path_for(output)
-    return steps_path.exists() and steps_path.stat().st_size > 0

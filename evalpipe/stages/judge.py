@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     if getattr(args, "error_analysis", False):
         return error_analysis.main(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
-    output = args.output or labelled(_default_output(in_path), args.judge_label)
+    output = args.output or _default_output(in_path, args.judge_label)
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
     shard = shards.chosen(args.shard, args.shards)
@@ -110,18 +110,9 @@ def check_judge_label(args) -> None:
         raise BadInput("give --judge-label or --output, not both")
 
 
-def labelled(judge_path: Path, label: str | None) -> Path:
-    """judge.jsonl → judge-<label>.jsonl (any other judge file: <stem>-<label>.jsonl); no label: as is."""
-    if not label:
-        return judge_path
-    if judge_path.name == "judge.jsonl":
-        return judge_path.with_name(paths.judge_file_name(label))
-    return judge_path.with_name(f"{judge_path.stem}-{label}{judge_path.suffix}")
-
-
-def _default_output(in_path: Path) -> Path:
-    """judge.jsonl beside an infer.jsonl (not one fetched from the Hub), else outputs/<input-name>_graded.jsonl
-    as upstream."""
+def _default_output(in_path: Path, label: str | None) -> Path:
+    """judge.jsonl (judge-<label>.jsonl) beside an infer.jsonl not fetched from the Hub, else
+    outputs/<input-name>_graded.jsonl as upstream (<input-name>_graded-<label>.jsonl)."""
     if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
-        return in_path.with_name("judge.jsonl")
-    return Path("outputs") / f"{in_path.stem}_graded.jsonl"
+        return in_path.with_name(paths.judge_file_name(label))
+    return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"
