@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
+from ..benchmarks.base import shard_key
 from ..client.llm import Endpoint
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths, shards
@@ -53,7 +54,7 @@ def shard_filter(
         return keep
 
     def kept(row: dict) -> bool:
-        return (keep is None or keep(row)) and shard.takes(bench.shard_key(Task(row_id(row), row, 0)))
+        return (keep is None or keep(row)) and shard.takes(shard_key(bench, row_id(row), row))
 
     return kept
 

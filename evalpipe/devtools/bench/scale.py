@@ -132,7 +132,7 @@ def coin_flip_files(work: Path, n: int) -> Path:
     infer_out, judge_out = open(run / "infer.jsonl", "wb"), open(run / "judge.jsonl", "wb")
     infer_lines: list[bytes] = []
     judge_lines: list[bytes] = []
-    for i, task in enumerate(bench.iter_tasks(data)):
+    for i, task in enumerate(bench.load(data)):
         gold = task.row["target"]
         pred = gold if i % 4 else "YES"
         infer_row = {
@@ -284,7 +284,7 @@ def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
     """aggregate.py over 3 runs of 2 models: the other five runs' score.json is run-1's, their items.json
     made from the dataset with other predictions."""
     bench = CoinFlip()
-    tasks = bench.load(work / "cf-data.jsonl")
+    tasks = list(bench.load(work / "cf-data.jsonl"))
     rng = random.Random(0)
     read = [run / "score.json", run / "items.json"]
     for model, right in (("m", 0.75), ("n", 0.7)):
