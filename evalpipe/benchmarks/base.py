@@ -163,7 +163,7 @@ class Benchmark:
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
-        (iterate them once: a large dataset is read again) and the judge rows by id (last row per id, only the
+        (iterate them once: a large dataset is read again) and their judge rows by id (last row per id, only the
         `score_fields` keys; a task without a row counts as wrong).
 
         Called by score, which then writes each figure's value into it; no API. Coverage, judge statuses and cost

@@ -187,7 +187,7 @@ class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
     Options = CoinFlipOptions
-    score_fields = ("prediction",)
+    score_fields = ("prediction", "target")
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
         "selected tasks, with unparsed and missing answers counted as wrong. Answered is the share of selected tasks "
@@ -310,11 +310,8 @@ class CoinFlip(Benchmark):
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         confusion = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
         unparsed = 0
-        for task in tasks:
-            row = judged.get(task.id)
-            if row is None:
-                continue
-            pred, gold = row.get("prediction"), task.row["target"]
+        for row in judged.values():  # the selected tasks' rows: their gold answer is the dataset's
+            pred, gold = row.get("prediction"), row.get("target")
             if pred is None:
                 unparsed += 1
             elif pred == "YES":
@@ -357,5 +354,7 @@ class CoinFlip(Benchmark):
             values.append(
                 (None,) * len(names) if row is None else _item_values(task.row["target"], row.get("prediction"))
             )
-        columns = {name: list(column) for name, column in zip(names, zip(*values))} if values else {n: [] for n in names}
+        columns = (
+            {name: list(column) for name, column in zip(names, zip(*values))} if values else {n: [] for n in names}
+        )
         return {"keys": keys, "clusters": None, "groups": {}, "columns": columns}

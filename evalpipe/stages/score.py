@@ -114,25 +114,22 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
     )
 
 
-def coverage(
-    bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[dict, int]]
-) -> tuple[Coverage, dict[str, int]]:
-    """How much of the selected tasks (their ids) the judge rows cover (`counted`: theirs, by `_counted`), and
-    the judge statuses among them."""
-    missing = [key for key in ids if key not in judged]
+def coverage(bench: Benchmark, ids: list, selected: dict, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:
+    """How much of the selected tasks (their ids) their judge rows (`selected`, by id) cover, and the judge statuses
+    among them (`counted`: by `_counted`)."""
+    missing = [key for key in ids if key not in selected]
     statuses: Counter = Counter()
     to_rejudge = truncated = 0
     for row, count in counted:
         statuses[row.get("judge_status", "ok")] += count
         to_rejudge += bench.is_provisional(row) * count
         truncated += (row.get("status") == THINKING_TRUNCATED) * count
-    graded = len(ids) - len(missing)
     covered: Coverage = {
         "expected": len(ids),
-        "graded": graded,
+        "graded": len(selected),
         "missing": len(missing),
         "missing_ids": missing[:20],
-        "extra_rows_ignored": len(judged) - graded,
+        "extra_rows_ignored": 0,
         "to_rejudge": to_rejudge,
     }
     if truncated:
@@ -140,24 +137,25 @@ def coverage(
     return covered, dict(sorted(statuses.items()))
 
 
-def _counted(judged: Mapping, ids: list) -> list[tuple[dict, int]]:
+def _counted(selected: dict, ids: list) -> list[tuple[dict, int]]:
     """Each distinct judge row of the selected tasks and how many tasks have it (`read_judged` shares one dict
     between rows of the same values: a million rows are a handful)."""
-    rows = [judged[key] for key in ids if key in judged]
-    objects = {id(row): row for row in rows}
-    return [(objects[key], count) for key, count in Counter(map(id, rows)).items()]
+    objects = {id(row): row for row in selected.values()}
+    return [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
 
 
 def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
     """One run's metrics: the benchmark's details and figures (from `columns`, the run's item columns, made here
     when not given), then coverage and judge statuses."""
-    details = bench.details(tasks, judged)
     if columns is None:
         columns = bench.item_columns(tasks, judged)
+    ids = tasks.ids if isinstance(tasks, SelectedTasks) and tasks.ids is not None else [task.id for task in tasks]
+    selected = {key: judged[key] for key in ids if key in judged}
+    details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
-    ids = [task.id for task in tasks]
-    counted = _counted(judged, ids)
-    metrics["coverage"], metrics["judge_status"] = coverage(bench, ids, judged, counted)
+    counted = _counted(selected, ids)
+    metrics["coverage"], metrics["judge_status"] = coverage(bench, ids, selected, counted)
+    metrics["coverage"]["extra_rows_ignored"] = len(judged) - len(selected)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
         counts = field_counts(counted, key)
         if counts:
