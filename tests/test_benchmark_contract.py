@@ -95,7 +95,7 @@ def test_each_figure_is_declared_once(case):
     assert columns["clusters"] is None or len(columns["clusters"]) == n
     assert any(v is None for values in columns["columns"].values() for v in values)  # ungraded tasks stay None
     json.dumps(columns)
-    model = items.ModelItems([columns], bench.item_cluster)
+    model = items.ModelItems([columns], bench.prefix_group)
     shown = figures.tables(bench.figures, metrics)
     compared = 0
     for figure in bench.figures:

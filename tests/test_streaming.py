@@ -64,7 +64,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     assert got["cost"]["stages"]["infer"]["calls"] == N - 1
     assert got["cost"]["stages"]["infer"]["tokens"]["prompt_tokens"] == tokens
     columns = bench.item_columns(tasks, latest)
-    expected = {"format": items.FORMAT, "benchmark": bench.name, "cluster": bench.item_cluster, **columns}
+    expected = {"format": items.FORMAT, "benchmark": bench.name, "cluster": bench.prefix_group, **columns}
     assert (tmp_path / "items.json").read_bytes() == orjson.dumps(expected)  # written a column at a time
 
 

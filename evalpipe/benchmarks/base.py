@@ -88,9 +88,10 @@ class Benchmark:
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
     judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
     score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what details(), item_columns() and is_provisional() read
-    # the key of a task's `metadata` (copied into its rows) naming the tasks that share its leading messages (e.g.
-    # one long context): infer sends a group's first task alone and the rest once it is answered, so that a
-    # prefix-caching server computes the prefix once, and a group stays in one shard. None: no groups
+    # the key of a task's `metadata` (copied into its rows) naming the tasks that share their leading messages
+    # (e.g. one long context): infer sends a group's first task alone and the rest once it is answered, so that a
+    # prefix-caching server computes the prefix once; a group stays in one shard; and its tasks, not independent,
+    # are one cluster in aggregate's error bars (items.json's `cluster`). None: no groups
     prefix_group: ClassVar[str | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
@@ -102,7 +103,6 @@ class Benchmark:
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
     # how report.html facets and details the samples (results/shapes.py), made from the figures
     viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
-    item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
     thinking: str = "separate"  # --thinking (thinking.MODES), set by the stage: what of a row's text is graded
 
     def __init__(self, options: Any = None):

@@ -523,7 +523,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
     }
     # tasks that share a context are not independent: their error bars are clustered by it
-    item_cluster = "context_id"
     prefix_group = "context_id"  # a context's tasks share the system message and the long context after it
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
     viewer_shape = CLBenchShape

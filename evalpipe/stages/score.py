@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
         if second is not None:
             metrics["agreement"] = second
     # items.json before score.json, so that a score.json is never older than its items
-    jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.item_cluster, columns))
+    jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.prefix_group, columns))
     del columns
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))

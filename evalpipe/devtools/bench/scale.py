@@ -299,7 +299,7 @@ def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
                 for t in tasks
             }
             (other / "items.json").write_bytes(
-                b"".join(items.encoded(bench.name, bench.item_cluster, bench.item_columns(tasks, judged)))
+                b"".join(items.encoded(bench.name, bench.prefix_group, bench.item_columns(tasks, judged)))
             )
             read += [other / "score.json", other / "items.json"]
     del tasks, judged
