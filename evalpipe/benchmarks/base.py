@@ -153,7 +153,6 @@ class Benchmark:
 
     def is_provisional(self, row: dict) -> bool:
         """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.
-
         Called by judge on the rows it has, and by score to count them; no API."""
         return False
 
@@ -164,10 +163,8 @@ class Benchmark:
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
         (iterate them once: a large dataset is read again) and their judge rows by id (last row per id, only the
-        `score_fields` keys; a task without a row counts as wrong).
-
-        Called by score, which then writes each figure's value into it; no API. Coverage, judge statuses and cost
-        are score's: leave them out. Default: nothing."""
+        `score_fields` keys; a task without a row counts as wrong). Called by score; no API. Coverage, judge
+        statuses and cost are score's: leave them out. Default: nothing."""
         return {}
 
     def format_metrics(self, metrics: dict) -> str:
@@ -192,11 +189,10 @@ class Benchmark:
         return []
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
-        """One run's values per item (items.json), that the `figures` are sums of.
-
-        Called by score with `details`' arguments; no API. A value is None where the item was not
-        graded in this run (aggregate averages each item over the runs that graded it). Default:
-        each task is an item, its column `score` the judge row's 0/1 score."""
+        """One run's values per item (items.json), that the `figures` are sums of, from the selected tasks (iterate
+        them once) and the judge rows by id. Called by score; no API. A value is None where the item was not graded
+        in this run (aggregate averages each item over the runs that graded it). Default: each task is an item,
+        its column `score` the judge row's 0/1 score."""
         keys, scores = [], []
         for task in tasks:
             row = judged.get(task.id)

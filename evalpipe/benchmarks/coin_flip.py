@@ -70,13 +70,9 @@ def worked_example(question: str, answer: str) -> str:
 
 
 def parse_answer(text: str, mode: str = "evalscope") -> str | None:
-    """YES, NO, or None when unparsed.
-
-    evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's, see `evalscope_extract`
-    and `evalscope_verdict`.
-    strict (an older, stricter rule for format-following studies): the text after the last
-    case-sensitive `ANSWER:` to the end of its line, stripped, must be YES or NO in any case.
-    """
+    """YES, NO, or None when unparsed. evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's.
+    strict (for format-following studies): the text after the last case-sensitive `ANSWER:` to the end of its
+    line, stripped, must be YES or NO in any case."""
     if mode == "strict":
         found = _STRICT.findall(text or "")
         if not found:
@@ -119,11 +115,6 @@ def _gold(value: Any) -> str | None:
     if isinstance(value, str) and value.strip().upper() in ("YES", "NO"):
         return value.strip().upper()
     return None
-
-
-def _rows(questions: list[str], golds: list[str]) -> list[dict]:
-    """CoinFlip's task rows."""
-    return [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
 
 
 def load_rows(path: Path) -> list:
@@ -218,12 +209,12 @@ class CoinFlip(Benchmark):
 
     def load(self, path: Path) -> Iterator[Task]:
         for first, ids, questions, golds in self._chunks(path):
-            yield from map(Task, ids, _rows(questions, golds), count(first))
+            rows = [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
+            yield from map(Task, ids, rows, count(first))
 
     def _chunks(self, path: Path) -> Iterator[tuple[int, list, list, list]]:
-        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, questions
-        and gold answers."""
-        # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
+        """The tasks a chunk of consecutive lines at a time: the first one's line, their ids, questions and gold
+        answers (a JSON array or Parquet file is one chunk)."""
         if path.suffix.lower() in (".json", ".parquet"):
             rows = load_rows(path)
             chunks = iter([(1, rows)] if rows else [])
