@@ -6,7 +6,8 @@ import itertools
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -149,7 +150,7 @@ def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns:
     when not given), then coverage and judge statuses."""
     if columns is None:
         columns = bench.item_columns(tasks, judged)
-    ids = tasks.ids if isinstance(tasks, SelectedTasks) and tasks.ids is not None else [task.id for task in tasks]
+    ids = tasks.ids if isinstance(tasks, _Selected) and tasks.ids is not None else [task.id for task in tasks]
     selected = {key: judged[key] for key in ids if key in judged}
     details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
@@ -200,10 +201,10 @@ def main(argv: list[str]) -> int:
     judged, ledger, read = read_judged(parts, fields)
     tasks: Iterable[Task]
     if data is None:  # the judge rows stand in for the dataset
-        latest = jsonl.latest_rows(judge_path, row_id)
+        latest = {row_id(row): row for part in parts for _, row in jsonl.iter_rows(part, torn_tail_ok=True)}
         tasks = [Task(key, row, 0) for key, row in latest.items()]
     else:
-        tasks = SelectedTasks(bench, data, max_samples)
+        tasks = _Selected(bench, data, max_samples)
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
@@ -244,6 +245,21 @@ def main(argv: list[str]) -> int:
     code = _exit_code(metrics["coverage"])
     _say_thinking_truncated(metrics["coverage"], judge_path)
     return code
+
+
+@dataclass
+class _Selected(SelectedTasks):
+    """The selected tasks, read again at each iteration, and the ids of the last whole reading: coverage takes
+    those of the item columns' reading rather than read the dataset once more."""
+
+    ids: list | None = field(default=None, init=False)
+
+    def __iter__(self) -> Iterator[Task]:
+        ids = []
+        for task in super().__iter__():
+            ids.append(task.id)
+            yield task
+        self.ids = ids
 
 
 def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.Ledger, int]:

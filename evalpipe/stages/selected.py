@@ -1,7 +1,7 @@
 """The tasks a run selects from its dataset, as infer and score read them."""
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..benchmarks import Benchmark, Task
@@ -19,13 +19,9 @@ class SelectedTasks:
     max_samples: int | None
     shard: Shard | None = None
 
-    ids: list | None = field(default=None, init=False)  # of the last whole reading (score's coverage reads these)
-
     def __iter__(self) -> Iterator[Task]:
-        tasks = self.bench.select(self.bench.load(self.data), self.max_samples)
-        bench, shard, ids = self.bench, self.shard, []
-        for task in tasks:
-            if shard is None or shard.takes(shard_key(bench, task.id, task.row)):
-                ids.append(task.id)
-                yield task
-        self.ids = ids
+        tasks = iter(self.bench.select(self.bench.load(self.data), self.max_samples))
+        if self.shard is None:
+            return tasks
+        takes, bench = self.shard.takes, self.bench
+        return (task for task in tasks if takes(shard_key(bench, task.id, task.row)))
