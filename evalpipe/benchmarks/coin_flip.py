@@ -15,7 +15,7 @@ from functools import cache, partial
 from itertools import count
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from ..results import tables
@@ -237,28 +237,22 @@ class CoinFlip(Benchmark):
         if not position:
             raise BadInput("no rows in the file", path)
 
-    def _checked(self, rows: list, path: Path, first: int) -> tuple[list, list]:
+    @staticmethod
+    def _checked(rows: list, path: Path, first: int) -> tuple[list, list]:
         """The rows' questions and gold answers, a row at a time: a row without them is an error."""
         questions: list[str] = []
         golds: list[str] = []
         for line, row in enumerate(rows, first):
-            try:
-                question, gold = row["question"], _gold(row["answer"])
-            except (KeyError, TypeError):
-                question = gold = None
+            if not isinstance(row, dict):
+                raise BadInput("expected an object with 'question' and 'answer'", path, line)
+            question, gold = row.get("question"), _gold(row.get("answer"))
             if gold is None or type(question) is not str or not question:
-                self._reject(row, path, line)
+                if not isinstance(question, str) or not question.strip():
+                    raise BadInput("no 'question' string", path, line)
+                raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
             questions.append(question)
             golds.append(gold)
         return questions, golds
-
-    @staticmethod
-    def _reject(row: Any, path: Path, line: int) -> NoReturn:
-        if not isinstance(row, dict):
-            raise BadInput("expected an object with 'question' and 'answer'", path, line)
-        if not isinstance(row.get("question"), str) or not row["question"].strip():
-            raise BadInput("no 'question' string", path, line)
-        raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
 
     def infer_prompts(self) -> list[str]:
         return [self.prompt("{question}")]

@@ -115,10 +115,10 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
     )
 
 
-def coverage(bench: Benchmark, ids: list, selected: dict, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:
-    """How much of the selected tasks (their ids) their judge rows (`selected`, by id) cover, and the judge statuses
-    among them (`counted`: by `_counted`)."""
-    missing = [key for key in ids if key not in selected]
+def _coverage(bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:
+    """How much of the selected tasks (their ids) the judge rows cover, and the judge statuses among the selected
+    tasks' rows (`counted`)."""
+    missing = [key for key in ids if key not in judged]
     statuses: Counter = Counter()
     to_rejudge = truncated = 0
     for row, count in counted:
@@ -127,10 +127,10 @@ def coverage(bench: Benchmark, ids: list, selected: dict, counted: list[tuple[di
         truncated += (row.get("status") == THINKING_TRUNCATED) * count
     covered: Coverage = {
         "expected": len(ids),
-        "graded": len(selected),
+        "graded": len(ids) - len(missing),
         "missing": len(missing),
         "missing_ids": missing[:20],
-        "extra_rows_ignored": 0,
+        "extra_rows_ignored": len(judged) - len(ids) + len(missing),
         "to_rejudge": to_rejudge,
     }
     if truncated:
@@ -138,9 +138,9 @@ def coverage(bench: Benchmark, ids: list, selected: dict, counted: list[tuple[di
     return covered, dict(sorted(statuses.items()))
 
 
-def _counted(selected: dict, ids: list) -> list[tuple[dict, int]]:
-    """Each distinct judge row of the selected tasks and how many tasks have it (`read_judged` shares one dict
-    between rows of the same values: a million rows are a handful)."""
+def _counted(selected: dict) -> list[tuple[dict, int]]:
+    """Each distinct judge row and how many tasks have it (`read_judged` shares one dict between rows of the same
+    values: a million rows are a handful)."""
     objects = {id(row): row for row in selected.values()}
     return [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
 
@@ -154,14 +154,13 @@ def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns:
     selected = {key: judged[key] for key in ids if key in judged}
     details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
-    counted = _counted(selected, ids)
-    metrics["coverage"], metrics["judge_status"] = coverage(bench, ids, selected, counted)
-    metrics["coverage"]["extra_rows_ignored"] = len(judged) - len(selected)
+    counted = _counted(selected)
+    metrics["coverage"], metrics["judge_status"] = _coverage(bench, ids, judged, counted)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
-        counts = field_counts(counted, key)
+        counts = _field_counts(counted, key)
         if counts:
             metrics[key] = counts
-    served = {name: field_counts(counted, key) for name, key in SERVED.items()}
+    served = {name: _field_counts(counted, key) for name, key in SERVED.items()}
     if any(served.values()):
         metrics["served"] = {name: counts for name, counts in served.items() if counts}
     return metrics
@@ -178,7 +177,7 @@ SERVED = {
 }
 
 
-def field_counts(counted: list[tuple], key: str) -> dict[str, int]:
+def _field_counts(counted: list[tuple], key: str) -> dict[str, int]:
     """How many judge rows (`_counted` rows and their counts) have each value of `key` (rows without it are not
     counted)."""
     counts: dict[str, int] = {}
