@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.benchmarks.base import shard_key
 from evalpipe.benchmarks.coin_flip import CoinFlip
 from evalpipe.devtools import fakeruns
+from evalpipe.stages.selected import shard_key
 from evalpipe.store import shards
 
 from .conftest import ROOT, runner

@@ -230,13 +230,6 @@ def group_of(bench: Benchmark, row: dict) -> str | None:
     return None if group is None else str(group)
 
 
-def shard_key(bench: Benchmark, task_id: Any, row: dict) -> object:
-    """What decides a task's shard (shards.py): its prefix group, so that a group stays in one shard and its
-    prefix is computed once, else its id. `row` may be the task's dataset, inference or judge row."""
-    group = group_of(bench, row)
-    return task_id if group is None else group
-
-
 class ErrorAnalysis:
     """Optional capability: classify why failed solutions failed (`judge.py --error-analysis`).
 

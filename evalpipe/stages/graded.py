@@ -11,11 +11,11 @@ from pathlib import Path
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import shard_key
 from ..client.llm import Endpoint
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths, shards
 from . import engine
+from .selected import shard_key
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")

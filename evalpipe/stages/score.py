@@ -14,7 +14,7 @@ import orjson
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import ErrorAnalysis, shard_key
+from ..benchmarks.base import ErrorAnalysis
 from ..client import cost
 from ..client.thinking import budget_advice
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
@@ -24,7 +24,7 @@ from ..results.items import ItemColumns
 from ..store import jsonl, manifest, paths, shards
 from ..store.rows import THINKING_TRUNCATED, Coverage, ShardCoverage
 from . import agreement
-from .selected import SelectedTasks
+from .selected import SelectedTasks, shard_key
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -109,10 +109,7 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
             f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
             "answered; put back the file infer read"
         )
-    raise BadInput(
-        f"{what}, or run infer and judge again on this one into a new run (--run N)",
-        data,
-    )
+    raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
 
 
 def _coverage(bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:

@@ -3,9 +3,10 @@
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..benchmarks import Benchmark, Task
-from ..benchmarks.base import shard_key
+from ..benchmarks.base import group_of
 from ..store.shards import Shard
 
 
@@ -25,3 +26,10 @@ class SelectedTasks:
             return tasks
         takes, bench = self.shard.takes, self.bench
         return (task for task in tasks if takes(shard_key(bench, task.id, task.row)))
+
+
+def shard_key(bench: Benchmark, task_id: Any, row: dict) -> object:
+    """What decides a task's shard (shards.py): its prefix group, so that a group stays in one shard and its
+    prefix is computed once, else its id. `row` may be the task's dataset, inference or judge row."""
+    group = group_of(bench, row)
+    return task_id if group is None else group
