@@ -34,7 +34,7 @@ def case(request, tmp_path):
 
 def run_through(bench, server, data, tmp_path, n=4):
     """The stages' calls, in process: load, select, solve n tasks, grade them, score the run."""
-    tasks = bench.select(bench.load(data), None)
+    tasks = list(bench.select(bench.load(data), None))
 
     async def go():
         endpoint = Endpoint(model="m", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=1)
@@ -54,7 +54,7 @@ def run_through(bench, server, data, tmp_path, n=4):
 
 def test_load_gives_distinct_stable_ids(case):
     bench, _, data, _ = case
-    first, again = bench.load(data), bench.load(data)
+    first, again = list(bench.load(data)), list(bench.load(data))  # a list, or read as it goes
     assert len(first) >= 4 and len({t.id for t in first}) == len(first)
     assert [t.id for t in first] == [t.id for t in again]
     assert [t.id for t in bench.select(first, 2)] == [t.id for t in bench.select(again, 2)]  # a prefix keeps its ids
@@ -95,7 +95,7 @@ def test_each_figure_is_declared_once(case):
     assert columns["clusters"] is None or len(columns["clusters"]) == n
     assert any(v is None for values in columns["columns"].values() for v in values)  # ungraded tasks stay None
     json.dumps(columns)
-    model = items.ModelItems([columns], bench.item_cluster)
+    model = items.ModelItems([columns], bench.prefix_group)
     shown = figures.tables(bench.figures, metrics)
     compared = 0
     for figure in bench.figures:
@@ -127,7 +127,7 @@ def test_options_round_trip_through_the_flags(case):
 @pytest.mark.parametrize("case", [n for n in NAMES if isinstance(benchmarks.get(n), ErrorAnalysis)], indirect=True)
 def test_error_analysis_capability(case):
     bench, server, data, tmp_path = case
-    tasks, _, graded, _ = run_through(bench, server, data, tmp_path, n=len(bench.load(data)))
+    tasks, _, graded, _ = run_through(bench, server, data, tmp_path, n=len(list(bench.load(data))))
     failed = [row for row in graded if bench.needs_error_analysis(row)]
     assert failed, "the example replies should fail some tasks"
 

@@ -169,7 +169,7 @@ def test_loader_reads_json_exports_with_stable_ids(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps({"rows": [{"row_idx": i, "row": r} for i, r in enumerate(rows)]}))
     write_jsonl(tmp_path / "c.jsonl", [{**r, "answer": r["answer"].upper()} for r in rows])
     ids = [[t.id for t in CoinFlip().load(tmp_path / name)] for name in ("a.json", "b.json", "c.jsonl")]
-    assert ids[0] == ids[1] == ids[2] == [t.id for t in CoinFlip().load(DATA / "test.jsonl")[:5]]
+    assert ids[0] == ids[1] == ids[2] == [t.id for t in list(CoinFlip().load(DATA / "test.jsonl"))[:5]]
 
 
 def test_loader_errors_name_the_line(tmp_path):
@@ -177,7 +177,7 @@ def test_loader_errors_name_the_line(tmp_path):
         tmp_path / "bad.jsonl", [{"question": "Q: x", "answer": "yes"}, {"question": "Q: y", "answer": "maybe"}]
     )
     with pytest.raises(BadInput, match=r"bad.jsonl:2: 'answer' must be yes or no"):
-        CoinFlip().load(tmp_path / "bad.jsonl")
+        list(CoinFlip().load(tmp_path / "bad.jsonl"))
 
 
 def test_ids_are_the_position_and_the_crc32_of_the_question(tmp_path):
@@ -186,7 +186,7 @@ def test_ids_are_the_position_and_the_crc32_of_the_question(tmp_path):
     rows = read_jsonl(DATA / "test.jsonl")[:2000]
     rows[1500]["answer"] = f" {rows[1500]['answer'].title()} "
     write_jsonl(tmp_path / "d.jsonl", rows)
-    tasks = CoinFlip().load(tmp_path / "d.jsonl")
+    tasks = list(CoinFlip().load(tmp_path / "d.jsonl"))
     assert [t.id for t in tasks] == [
         f"{i:05d}-{binascii.crc32(r['question'].encode()):08x}" for i, r in enumerate(rows)
     ]
@@ -196,14 +196,14 @@ def test_ids_are_the_position_and_the_crc32_of_the_question(tmp_path):
     rows[1800]["answer"] = "maybe"
     write_jsonl(tmp_path / "d.jsonl", rows)
     with pytest.raises(BadInput, match=r"d.jsonl:1801: 'answer' must be yes or no"):
-        CoinFlip().load(tmp_path / "d.jsonl")
+        list(CoinFlip().load(tmp_path / "d.jsonl"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is not None, reason="pyarrow is installed")
 def test_parquet_without_pyarrow_is_a_clear_error(tmp_path):
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
     with pytest.raises(BadInput, match="needs pyarrow"):
-        CoinFlip().load(tmp_path / "x.parquet")
+        list(CoinFlip().load(tmp_path / "x.parquet"))
 
 
 # ---- the pipeline

@@ -13,6 +13,7 @@ import pytest
 
 from evalpipe.benchmarks.coin_flip import CoinFlip
 from evalpipe.devtools import fakeruns
+from evalpipe.stages.selected import shard_key
 from evalpipe.store import shards
 
 from .conftest import ROOT, runner
@@ -193,7 +194,8 @@ def test_absurd_shard_counts_are_refused_and_the_largest_is_reported_briefly(env
     assert done.returncode == 2 and "at most 10,000" in done.stderr
     # the largest count allowed, one shard of it written: score lists the others briefly, at once
     bench = CoinFlip()
-    k = shards.index(bench.shard_key(bench.load(data)[0]), shards.MAX_SHARDS)
+    first = next(iter(bench.load(data)))
+    k = shards.index(shard_key(bench, first.id, first.row), shards.MAX_SHARDS)
     stage.infer("--bench", "coin_flip", "--input", data, "--shard", f"{k}/10000", check=0)
     stage("judge", "--bench", "coin_flip", "--input", "infer.jsonl", "--shard", f"{k}/10000", check=0)
     score = stage("score", "--bench", "coin_flip", "--input", "judge.jsonl", timeout=60)

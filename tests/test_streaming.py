@@ -1,6 +1,5 @@
 """Stages that stream their files: score joins judge rows to the dataset in whatever order they were written,
-judge reads the latest row of an id that has several, each as when the whole file was held by id; score counts
-the calls of a block of rows at once as cost.api_calls counts them row by row."""
+judge reads the latest row of an id that has several, each as when the whole file was held by id."""
 
 import asyncio
 import random
@@ -11,9 +10,8 @@ import orjson
 import pytest
 
 from evalpipe.benchmarks.coin_flip import CoinFlip
-from evalpipe.client import cost
 from evalpipe.results import items
-from evalpipe.stages import score, score_input
+from evalpipe.stages import score
 
 from .conftest import ROOT, read_jsonl, score_missing_one, write_jsonl
 
@@ -32,7 +30,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     data = tmp_path / "data.jsonl"
     data.write_text("".join(src[i % len(src)] for i in range(N)))
     bench = CoinFlip()
-    tasks = bench.load(data)
+    tasks = list(bench.load(data))
     rng = random.Random(order)
     rows = [judge_row(bench, t, rng.choice(["ANSWER: YES", "ANSWER: NO", "?"]), i) for i, t in enumerate(tasks)]
     del rows[7]  # a task without a row
@@ -66,7 +64,7 @@ def test_score_joins_judge_rows_in_any_order_with_repeats_extras_and_gaps(tmp_pa
     assert got["cost"]["stages"]["infer"]["calls"] == N - 1
     assert got["cost"]["stages"]["infer"]["tokens"]["prompt_tokens"] == tokens
     columns = bench.item_columns(tasks, latest)
-    expected = {"format": items.FORMAT, "benchmark": bench.name, "cluster": bench.item_cluster, **columns}
+    expected = {"format": items.FORMAT, "benchmark": bench.name, "cluster": bench.prefix_group, **columns}
     assert (tmp_path / "items.json").read_bytes() == orjson.dumps(expected)  # written a column at a time
 
 
@@ -92,7 +90,7 @@ def test_judge_grades_the_latest_row_of_a_repeated_id_in_first_seen_order(tmp_pa
 def test_a_bad_judge_line_is_named_by_its_line_in_the_file(tmp_path):
     bench = CoinFlip()
     data = ROOT / "data" / "coin_flip" / "test.jsonl"
-    tasks = bench.load(data)
+    tasks = list(bench.load(data))
     rows = [judge_row(bench, t, "ANSWER: YES", 1) for t in tasks] * 4
     lines = [orjson.dumps(row) + b"\n" for row in rows]
     bad = len(lines) * 5 // 6  # in a later chunk of the file
@@ -103,35 +101,3 @@ def test_a_bad_judge_line_is_named_by_its_line_in_the_file(tmp_path):
     assert done.returncode == 2, done.stderr
     assert f"judge.jsonl:{bad + 1}: invalid JSON" in done.stderr
     assert not (tmp_path / "score.json").exists() and not (tmp_path / "items.json").exists()
-
-
-def test_calls_counted_a_block_at_a_time_are_those_cost_api_calls_finds_row_by_row():
-    rng = random.Random(3)
-    shapes = [
-        lambda: {"model": "m", "usage": {"prompt_tokens": rng.randint(0, 9)}, "latency_s": rng.random()},
-        lambda: {"model": "m", "usage": {"prompt_tokens": 3, "cached_tokens": 1}, "latency_s": None},
-        lambda: {"model": "m", "usage": None, "latency_s": 0.5},
-        lambda: {"model": "n", "usage": {"completion_tokens": 2}, "latency_s": 1},
-        lambda: {"model": "m", "latency_s": 0.25},
-        lambda: {"model": "m", "usage": {"prompt_tokens": 1}, "latency_s": 0.1, "batch": True},
-        lambda: {"usage": {"prompt_tokens": 4}, "latency_s": 0.2},
-        lambda: {"model": "m", "calls": {"a": {"usage": {"prompt_tokens": 5}, "latency_s": 0.3}}},
-        lambda: {"model": "m", "usage": {}, "latency_s": 0.1, "judge_model": "j", "judge_usage": {"prompt_tokens": 7}},
-        lambda: {"model": "m", "usage": {"prompt_tokens": 1}, "latency_s": 0.1, "analysis_model": "a"},
-        lambda: {"idx": "no calls"},
-    ]
-    for trial in range(200):
-        # each block of rows of one to three shapes: of one, as a run's rows are, it is counted at once where it can be
-        blocks = [[rng.choice(kinds)() for _ in range(rng.randint(0, 6))] for kinds in _kinds(rng, shapes)]
-        by_block, by_row = cost.Ledger(), cost.Ledger()
-        for block in blocks:
-            score_input.add_calls(by_block, block)
-            for row in block:
-                for call in cost.api_calls(row):
-                    by_row.add(*call)
-        prices = cost.load_prices()
-        assert by_block.summary(prices) == by_row.summary(prices), (trial, blocks)
-
-
-def _kinds(rng: random.Random, shapes: list) -> list[list]:
-    return [rng.sample(shapes, rng.choice([1, 1, 2, 3])) for _ in range(rng.randint(1, 4))]

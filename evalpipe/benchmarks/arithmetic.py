@@ -6,6 +6,7 @@ it at an endpoint as a quick smoke test (`make infer judge score BENCH=arithmeti
 """
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,8 +50,8 @@ class Arithmetic(Benchmark):
             reply = numbers[-1] if numbers else ""
         return exact_match(row, reply, unread="empty_output")
 
-    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
-        return {"solved": sum(judged[t.id]["score"] for t in tasks if t.id in judged)}
+    def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
+        return {"solved": sum(row["score"] for row in judged.values())}  # the selected tasks' rows
 
     def sample_rows(self, tasks: int) -> list[dict]:
         return [{**row, "id": f"copy-{i:04d}"} for i, row in enumerate(super().sample_rows(tasks))]

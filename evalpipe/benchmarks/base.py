@@ -10,10 +10,10 @@ docs/adding-a-benchmark.md walks through adding one.
 """
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..client import thinking
 from ..errors import ContextTooLong
@@ -80,81 +80,6 @@ async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fiel
     return out
 
 
-class TaskList(Sequence):
-    """Tasks held as two aligned lists, their ids and their rows (score's: a million tasks without a million
-    Task objects); a Task is made when one is asked for. `task_ids` and `task_rows` read the lists as they are."""
-
-    def __init__(self, ids: list, rows: list[dict]):
-        self.ids, self.rows = ids, rows
-
-    def __len__(self) -> int:
-        """How many tasks."""
-        return len(self.ids)
-
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> "TaskList": ...
-
-    def __getitem__(self, index):
-        """The task at `index`, or a TaskList of a slice."""
-        if isinstance(index, slice):
-            return TaskList(self.ids[index], self.rows[index])
-        return Task(self.ids[index], self.rows[index], 0)
-
-    def __iter__(self) -> Iterator[Task]:
-        """The tasks, made one at a time."""
-        return map(Task, self.ids, self.rows, itertools.repeat(0))
-
-
-def task_ids(tasks: Sequence[Task]) -> list:
-    """The tasks' ids, in order."""
-    return tasks.ids if isinstance(tasks, TaskList) else [t.id for t in tasks]
-
-
-def task_rows(tasks: Sequence[Task]) -> list[dict]:
-    """The tasks' rows, in order."""
-    return tasks.rows if isinstance(tasks, TaskList) else [t.row for t in tasks]
-
-
-class JudgedRows(Mapping):
-    """The judge rows of the selected tasks as score reads them: aligned with the tasks (None: no row), so that
-    `judge_rows` hands them over without a lookup per task; a mapping by id is built only if one is asked for."""
-
-    def __init__(self, tasks: Sequence[Task], rows: list):
-        self.tasks, self.rows = tasks, rows
-        self._by_id: dict | None = None
-
-    def _table(self) -> dict:
-        if self._by_id is None:
-            self._by_id = {key: row for key, row in zip(task_ids(self.tasks), self.rows) if row is not None}
-        return self._by_id
-
-    def __getitem__(self, key):
-        """The row of a task id."""
-        return self._table()[key]
-
-    def __iter__(self):
-        """The ids of the tasks with a row."""
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        """How many tasks have a row."""
-        return len(self._table())
-
-    def get(self, key, default=None):
-        """The row of a task id, else `default`."""
-        return self._table().get(key, default)
-
-
-def judge_rows(tasks: Sequence[Task], judged: Mapping) -> list:
-    """Each task's judge row, in task order (None: it has none): as aligned by score, else looked up by id."""
-    if isinstance(judged, JudgedRows) and judged.tasks is tasks:
-        return judged.rows
-    return list(map(judged.get, task_ids(tasks)))
-
-
 class Benchmark:
     """The three answers are required (`load`, `solve`, `grade`); the rest, `figures` too, are defaults."""
 
@@ -163,9 +88,11 @@ class Benchmark:
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
     judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
     score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what details(), item_columns() and is_provisional() read
-    # what details(), item_columns() and error_analysis_metrics() read of a task's row; None: all of it
-    # (score keeps only these of each task, so a million tasks need not be held whole)
-    task_fields: ClassVar[tuple[str, ...] | None] = None
+    # the key of a task's `metadata` (copied into its rows) naming the tasks that share their leading messages
+    # (e.g. one long context): infer sends a group's first task alone and the rest once it is answered, so that a
+    # prefix-caching server computes the prefix once; a group stays in one shard; and its tasks, not independent,
+    # are one cluster in aggregate's error bars (items.json's `cluster`). None: no groups
+    prefix_group: ClassVar[str | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
     demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
@@ -176,7 +103,6 @@ class Benchmark:
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
     # how report.html facets and details the samples (results/shapes.py), made from the figures
     viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
-    item_cluster: ClassVar[str | None] = None  # the dataset field whose tasks are not independent (a cluster)
     thinking: str = "separate"  # --thinking (thinking.MODES), set by the stage: what of a row's text is graded
 
     def __init__(self, options: Any = None):
@@ -184,8 +110,9 @@ class Benchmark:
 
     # ---- the answers (the fourth, which figures a run has, is `figures` above)
 
-    def load(self, path: Path) -> list[Task]:
-        """Which tasks: read a dataset file into tasks, in file order.
+    def load(self, path: Path) -> Iterable[Task]:
+        """Which tasks: read a dataset file into tasks, in file order (a list, or a generator that reads the
+        file as it goes: infer and score then read it again rather than hold a million tasks).
 
         Called by infer and score (and tools) before anything else; never calls an API. Raises
         errors.BadInput(message, path, line) for a row it cannot use. A task's id must be stable
@@ -219,53 +146,13 @@ class Benchmark:
 
     # ---- optional, with defaults
 
-    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
-        """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream."""
-        return tasks if max_samples is None else tasks[:max_samples]
-
-    def selects_prefix(self) -> bool:
-        """Whether `select` is the default prefix, so that the tasks can be selected as they are read."""
-        return type(self).select is Benchmark.select
-
-    def iter_tasks(self, path: Path) -> Iterator[Task]:
-        """`load`, one task at a time: the same tasks and the same errors. infer and score read the
-        dataset through it to hold ids, not tasks; a benchmark that can read its file lazily overrides it."""
-        return iter(self.load(path))
-
-    def selected(self, path: Path, max_samples: int | None) -> Iterator[Task]:
-        """The tasks `select` keeps, in dataset order; lazily where `select` is the default prefix (every row
-        is still read, so a bad row past the prefix is an error as with `load`)."""
-        if not self.selects_prefix():
-            return iter(self.select(self.load(path), max_samples))
-        tasks = self.iter_tasks(path)
+    def select(self, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
+        """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream (every row is still
+        read, so that a bad row past the prefix is an error as with `load`)."""
         return tasks if max_samples is None else _prefix(tasks, max_samples)
-
-    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
-        """`iter_tasks` a block at a time, as the ids and the rows of its tasks (score holds a million tasks so,
-        without a Task each); `fields`: the keys of the rows that will be read (None: all), the others may be
-        left out. A benchmark that reads its file a chunk at a time overrides it."""
-        tasks = self.iter_tasks(path)
-        while block := list(itertools.islice(tasks, 4096)):
-            yield [task.id for task in block], [task.row for task in block]
-
-    def prefix_group(self, task: Task) -> str | None:
-        """Which tasks share this task's leading messages (e.g. one long context), as a key; None: no group.
-
-        Called by infer on each pending task; no API. infer sends a group's first task alone and
-        its siblings once it is answered, so that a prefix-caching server (vLLM, SGLang, OpenAI's
-        prompt caching) computes the shared prefix once (`--prefix-schedule off`: dataset order).
-        The key may be sent to the endpoint as a cache key: nothing secret. Default: no groups."""
-        return None
-
-    def shard_key(self, task: Task) -> object:
-        """What decides a task's shard (shards.py): its prefix group, so that a group stays in one shard and its
-        prefix is computed once, else its id. `task.row` may be the task's inference or judge row."""
-        group = self.prefix_group(task)
-        return task.id if group is None else group
 
     def is_provisional(self, row: dict) -> bool:
         """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.
-
         Called by judge on the rows it has, and by score to count them; no API."""
         return False
 
@@ -273,13 +160,11 @@ class Benchmark:
         """Whether judge, with its current options, leaves this judge row as it is (else grades again)."""
         return not self.is_provisional(row)
 
-    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
-        and their judge rows (last row per id, only the `score_fields` keys; a task without a row counts as wrong).
-
-        Called by score, which then writes each figure's value into it; no API. Coverage, judge statuses and cost
-        are score's: leave them out. score passes a TaskList and rows aligned with it: `task_rows(tasks)` and
-        `judge_rows(tasks, judged)` read them in task order without a lookup per task. Default: nothing."""
+        (iterate them once: a large dataset is read again) and their judge rows by id (last row per id, only the
+        `score_fields` keys; a task without a row counts as wrong). Called by score; no API. Coverage, judge
+        statuses and cost are score's: leave them out. Default: nothing."""
         return {}
 
     def format_metrics(self, metrics: dict) -> str:
@@ -303,17 +188,17 @@ class Benchmark:
         """The prompt templates the judge fills in (part of the judge's fingerprint)."""
         return []
 
-    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
-        """One run's values per item (items.json), that the `figures` are sums of.
-
-        Called by score with `details`' arguments; no API. A value is None where the item was not
-        graded in this run (aggregate averages each item over the runs that graded it). Default:
-        each task is an item, its column `score` the judge row's 0/1 score."""
-        provisional = self.is_provisional
-        scores = [
-            None if row is None or provisional(row) else int(row.get("score") == 1) for row in judge_rows(tasks, judged)
-        ]
-        return {"keys": task_ids(tasks), "clusters": None, "groups": {}, "columns": {"score": scores}}
+    def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
+        """One run's values per item (items.json), that the `figures` are sums of, from the selected tasks (iterate
+        them once) and the judge rows by id. Called by score; no API. A value is None where the item was not graded
+        in this run (aggregate averages each item over the runs that graded it). Default: each task is an item,
+        its column `score` the judge row's 0/1 score."""
+        keys, scores = [], []
+        for task in tasks:
+            row = judged.get(task.id)
+            keys.append(task.id)
+            scores.append(None if row is None or self.is_provisional(row) else int(row.get("score") == 1))
+        return {"keys": keys, "clusters": None, "groups": {}, "columns": {"score": scores}}
 
     # ---- for the test server, chaos runs and contract tests (never used by the stages)
 
@@ -330,11 +215,19 @@ class Benchmark:
         return f"answer {seed}"
 
 
-def _prefix(tasks: Iterator[Task], max_samples: int) -> Iterator[Task]:
+def _prefix(tasks: Iterable[Task], max_samples: int) -> Iterator[Task]:
     """The first `max_samples` tasks, reading the rest to the end."""
+    tasks = iter(tasks)
     yield from itertools.islice(tasks, max_samples)
     for _ in tasks:
         pass
+
+
+def group_of(bench: Benchmark, row: dict) -> str | None:
+    """The prefix group of a task, from its dataset row or its inference or judge row (`Benchmark.prefix_group`)."""
+    meta = row.get("metadata")
+    group = meta.get(bench.prefix_group) if bench.prefix_group and isinstance(meta, dict) else None
+    return None if group is None else str(group)
 
 
 class ErrorAnalysis:
@@ -359,7 +252,9 @@ class ErrorAnalysis:
         """Make the analysis row (docs/outputs.md#rows) for one failed solution, calling `judge`."""
         raise NotImplementedError
 
-    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
+    def error_analysis_metrics(
+        self, tasks: Iterable[Task], judged: Mapping[Any, dict], analyses: dict[Any, dict]
+    ) -> dict:
         """The analysis figures of one run (score.json's `<error_analysis_name>`). Called by score; no API."""
         raise NotImplementedError
 

@@ -8,7 +8,7 @@ requirement_status and score. Our extra keys come after those.
 import json
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from ..results.shapes import CLBenchShape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from ..store.rows import THINKING_TRUNCATED, row_id
-from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag
+from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, group_of
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient, Endpoint, Served
@@ -435,7 +435,7 @@ class CLBench(ErrorAnalysis, Benchmark):
         "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
     }
     # tasks that share a context are not independent: their error bars are clustered by it
-    item_cluster = "context_id"
+    prefix_group = "context_id"  # a context's tasks share the system message and the long context after it
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
     viewer_shape = CLBenchShape
     figures = (
@@ -507,14 +507,8 @@ class CLBench(ErrorAnalysis, Benchmark):
             "model": model.endpoint.model,
         }
         # online only: a batch's request lines (and their custom ids) stay as earlier runs wrote them
-        key = self.prefix_group(task) if not model.batched and self._sends_cache_key(model.endpoint) else None
+        key = group_of(self, task.row) if not model.batched and self._sends_cache_key(model.endpoint) else None
         return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
-
-    def prefix_group(self, task: Task) -> str | None:
-        """The task's context: its tasks share the system message and the long context after it."""
-        meta = task.row.get("metadata")
-        context = meta.get("context_id") if isinstance(meta, dict) else None
-        return None if context is None else str(context)
 
     def _sends_cache_key(self, endpoint: "Endpoint") -> bool:
         """--prompt-cache-key: auto sends it where the field is known to be taken, OpenAI's API."""
@@ -677,7 +671,9 @@ class CLBench(ErrorAnalysis, Benchmark):
             out.update(analysis_status=asked.status, analysis_error=asked.error)
         return out | asked.accounts("analysis_", judge.endpoint.model)
 
-    def error_analysis_metrics(self, tasks: list[Task], judged: dict[Any, dict], analyses: dict[Any, dict]) -> dict:
+    def error_analysis_metrics(
+        self, tasks: Iterable[Task], judged: Mapping[Any, dict], analyses: dict[Any, dict]
+    ) -> dict:
         counts = {t: 0 for t in ERROR_TYPES}
         statuses: dict[str, int] = {}
         failed = analyzed = 0
@@ -737,7 +733,7 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     # ---- which metrics a run has
 
-    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         overall = _Tally()
         by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
         by_sub: dict[str, _Tally] = {}
@@ -759,20 +755,19 @@ class CLBench(ErrorAnalysis, Benchmark):
             "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
         }
 
-    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+    def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """Each task an item, solved 0/1 (None: no final grade in this run), clustered by its context."""
-        solved, clusters, categories, subs = [], [], [], []
-        get = judged.get
+        keys, solved, clusters, categories, subs = [], [], [], [], []
         for task in tasks:
             meta = task.row.get("metadata") or {}
-            row = get(task.id)
+            row = judged.get(task.id)
+            keys.append(task.id)
             solved.append(
                 None if row is None or self.is_provisional(row) else int(_normalize_score(row.get("score")) == 1)
             )
             clusters.append(meta.get("context_id"))  # None: this task is a cluster of its own
             categories.append(str(meta.get("context_category", "(none)")))
             subs.append(str(meta.get("sub_category", "(none)")))
-        keys = [t.id for t in tasks]
         if all(c is None for c in clusters):  # a dataset without context ids: items are independent
             clustered = None
         else:

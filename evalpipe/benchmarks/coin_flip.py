@@ -9,13 +9,13 @@ import json
 import random
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 from itertools import count
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from ..results import tables
@@ -24,7 +24,7 @@ from ..results.items import ItemColumns, ItemFigure
 from ..results.shapes import CoinFlipShape
 from ..store import jsonl
 from ..store.paths import PROJECT
-from .base import Benchmark, Task, flag, judge_rows, one_call, task_ids, task_rows
+from .base import Benchmark, Task, flag, one_call
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
@@ -70,13 +70,9 @@ def worked_example(question: str, answer: str) -> str:
 
 
 def parse_answer(text: str, mode: str = "evalscope") -> str | None:
-    """YES, NO, or None when unparsed.
-
-    evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's, see `evalscope_extract`
-    and `evalscope_verdict`.
-    strict (an older, stricter rule for format-following studies): the text after the last
-    case-sensitive `ANSWER:` to the end of its line, stripped, must be YES or NO in any case.
-    """
+    """YES, NO, or None when unparsed. evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's.
+    strict (for format-following studies): the text after the last case-sensitive `ANSWER:` to the end of its
+    line, stripped, must be YES or NO in any case."""
     if mode == "strict":
         found = _STRICT.findall(text or "")
         if not found:
@@ -121,11 +117,6 @@ def _gold(value: Any) -> str | None:
     return None
 
 
-def _rows(questions: list[str], golds: list[str]) -> list[dict]:
-    """CoinFlip's task rows."""
-    return [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
-
-
 def load_rows(path: Path) -> list:
     """The rows of a JSON array / {"rows": [...]} file, or of a Parquet file (JSONL is read a chunk at a time)."""
     suffix = path.suffix.lower()
@@ -149,6 +140,7 @@ def load_rows(path: Path) -> list:
     return data
 
 
+@cache  # a handful of outcomes: a million tasks share their tuples
 def _item_values(gold: str, pred: str | None) -> tuple[int, ...]:
     """One graded item's tp, yes, positive, correct, parsed, f1_num and f1_den."""
     gold_yes = gold == "YES"
@@ -186,8 +178,7 @@ class CoinFlip(Benchmark):
     name = "coin_flip"
     default_data = DATA_DIR / "test.jsonl"
     Options = CoinFlipOptions
-    score_fields = ("prediction",)
-    task_fields = ("target",)
+    score_fields = ("prediction", "target")
     aggregate_note = (
         "F1 (positive class YES, over parsed answers) is the headline; accuracy and YES ratio are over all "
         "selected tasks, with unparsed and missing answers counted as wrong. Answered is the share of selected tasks "
@@ -210,31 +201,20 @@ class CoinFlip(Benchmark):
         self.demos = ""
         fewshot, data = self.options.fewshot, self.options.fewshot_data
         if fewshot:
-            pool = self.load(data)
+            pool = list(self.load(data))
             if fewshot > len(pool):
                 raise BadInput(f"--fewshot {fewshot} is more than the {len(pool)} rows", data)
             picked = random.Random(self.options.fewshot_seed).sample(pool, fewshot)
             self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
 
-    def load(self, path: Path) -> list[Task]:
-        return list(self.iter_tasks(path))
-
-    def iter_tasks(self, path: Path) -> Iterator[Task]:
+    def load(self, path: Path) -> Iterator[Task]:
         for first, ids, questions, golds in self._chunks(path):
-            yield from map(Task, ids, _rows(questions, golds), count(first))
-
-    def task_blocks(self, path: Path, fields: tuple[str, ...] | None = None) -> Iterator[tuple[list, list[dict]]]:
-        targets = {gold: {"target": gold} for gold in ("YES", "NO")}
-        for _, ids, questions, golds in self._chunks(path):
-            if fields is None or "question" in fields:
-                yield ids, _rows(questions, golds)
-            else:  # score's: the gold answer alone, one dict of each
-                yield ids, list(map(targets.__getitem__, golds))
+            rows = [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
+            yield from map(Task, ids, rows, count(first))
 
     def _chunks(self, path: Path) -> Iterator[tuple[int, list, list, list]]:
-        """The tasks a chunk of consecutive lines at a time: the first one's line (or index), their ids, questions
-        and gold answers."""
-        # JSONL is read a chunk at a time; a JSON array or Parquet file is read whole anyway
+        """The tasks a chunk of consecutive lines at a time: the first one's line, their ids, questions and gold
+        answers (a JSON array or Parquet file is one chunk)."""
         if path.suffix.lower() in (".json", ".parquet"):
             rows = load_rows(path)
             chunks = iter([(1, rows)] if rows else [])
@@ -257,28 +237,22 @@ class CoinFlip(Benchmark):
         if not position:
             raise BadInput("no rows in the file", path)
 
-    def _checked(self, rows: list, path: Path, first: int) -> tuple[list, list]:
+    @staticmethod
+    def _checked(rows: list, path: Path, first: int) -> tuple[list, list]:
         """The rows' questions and gold answers, a row at a time: a row without them is an error."""
         questions: list[str] = []
         golds: list[str] = []
         for line, row in enumerate(rows, first):
-            try:
-                question, gold = row["question"], _gold(row["answer"])
-            except (KeyError, TypeError):
-                question = gold = None
+            if not isinstance(row, dict):
+                raise BadInput("expected an object with 'question' and 'answer'", path, line)
+            question, gold = row.get("question"), _gold(row.get("answer"))
             if gold is None or type(question) is not str or not question:
-                self._reject(row, path, line)
+                if not isinstance(question, str) or not question.strip():
+                    raise BadInput("no 'question' string", path, line)
+                raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
             questions.append(question)
             golds.append(gold)
         return questions, golds
-
-    @staticmethod
-    def _reject(row: Any, path: Path, line: int) -> NoReturn:
-        if not isinstance(row, dict):
-            raise BadInput("expected an object with 'question' and 'answer'", path, line)
-        if not isinstance(row.get("question"), str) or not row["question"].strip():
-            raise BadInput("no 'question' string", path, line)
-        raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
 
     def infer_prompts(self) -> list[str]:
         return [self.prompt("{question}")]
@@ -318,13 +292,11 @@ class CoinFlip(Benchmark):
         ItemFigure("YES ratio", "yes", key="yes_ratio"),
     )
 
-    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         confusion = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
         unparsed = 0
-        for task_row, row in zip(task_rows(tasks), judge_rows(tasks, judged)):
-            if row is None:
-                continue
-            pred, gold = row.get("prediction"), task_row["target"]
+        for row in judged.values():  # the selected tasks' rows: their gold answer is the dataset's
+            pred, gold = row.get("prediction"), row.get("target")
             if pred is None:
                 unparsed += 1
             elif pred == "YES":
@@ -357,20 +329,17 @@ class CoinFlip(Benchmark):
     def example_reply(self, prompt: str, seed: int) -> str:
         return f"Tracking the coin.\nANSWER: {'YES' if seed % 3 else 'NO'}"
 
-    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+    def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""
         names = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
-        missing = (None,) * len(names)
-        by_outcome: dict[tuple, tuple] = {}  # (gold, prediction) → the item's values: a handful of outcomes
-        values: list[tuple] = []
-        for task_row, row in zip(task_rows(tasks), judge_rows(tasks, judged)):
-            if row is None:
-                values.append(missing)
-                continue
-            outcome = (task_row["target"], row.get("prediction"))
-            item = by_outcome.get(outcome)
-            if item is None:
-                item = by_outcome[outcome] = _item_values(*outcome)
-            values.append(item)
-        columns = {name: list(map(itemgetter(i), values)) for i, name in enumerate(names)}
-        return {"keys": task_ids(tasks), "clusters": None, "groups": {}, "columns": columns}
+        keys, values = [], []
+        for task in tasks:
+            row = judged.get(task.id)
+            keys.append(task.id)
+            values.append(
+                (None,) * len(names) if row is None else _item_values(task.row["target"], row.get("prediction"))
+            )
+        columns = (
+            {name: list(column) for name, column in zip(names, zip(*values))} if values else {n: [] for n in names}
+        )
+        return {"keys": keys, "clusters": None, "groups": {}, "columns": columns}

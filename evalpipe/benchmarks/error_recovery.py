@@ -10,7 +10,7 @@ The prompt strings are the reference eval's, reproduced verbatim so results stay
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,7 +198,7 @@ class ErrorRecovery(Benchmark):
             raise BadInput("no problems in the file", path)
         return tasks
 
-    def select(self, tasks: list[Task], max_samples: int | None) -> list[Task]:
+    def select(self, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
         """`--max-samples N`: the first N problems, each with its three variations."""
         return tasks if max_samples is None else [t for t in tasks if t.row["problem"] < max_samples]
 
@@ -301,7 +301,7 @@ class ErrorRecovery(Benchmark):
 
     # ---- which metrics a run has
 
-    def details(self, tasks: list[Task], judged: dict[Any, dict]) -> dict:
+    def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
@@ -334,7 +334,7 @@ class ErrorRecovery(Benchmark):
             },
         }
 
-    def item_columns(self, tasks: list[Task], judged: dict[Any, dict]) -> ItemColumns:
+    def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """One item per problem: its NR, CR and IR correctness (None: not graded in this run), and CR − IR."""
         position: dict[str, int] = {}
         keys: list[str] = []

@@ -22,7 +22,7 @@ def _units(bench: Benchmark, source: Path) -> tuple[str | None, dict[Hashable, d
     """The dataset's items, in file order: each with its stratum, its tasks' ids and the lines they were read from."""
     by = next((f.by for f in bench.figures if f.by), None)
     units: dict[Hashable, dict] = {}
-    for task in bench.iter_tasks(source):
+    for task in bench.load(source):
         columns = bench.item_columns([task], {})  # one task's item key and group labels, no grades
         key = columns["keys"][0]
         stratum = columns["groups"][by][0] if by and by in columns["groups"] else None
@@ -70,7 +70,7 @@ def choose(bench: Benchmark, source: Path, n: int, seed: str) -> dict:
 def lines_of(bench: Benchmark, source: Path, ids: list[str]) -> list[int]:
     """The lines of `source` holding the tasks with these ids (a changed dataset: the same tasks, where still there)."""
     wanted = set(ids)
-    return sorted({task.line for task in bench.iter_tasks(source) if str(task.id) in wanted})
+    return sorted({task.line for task in bench.load(source) if str(task.id) in wanted})
 
 
 def write(source: Path, lines: list[int], output: Path) -> None:

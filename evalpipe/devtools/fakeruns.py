@@ -90,7 +90,7 @@ def coin_flip(
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_bytes(b"".join(src[i % len(src)] for i in range(tasks)))
     bench = CoinFlip()
-    loaded = bench.load(data)
+    loaded = list(bench.load(data))
     for m in range(models):
         skill = 0.55 + 0.4 * m / max(1, models - 1)
         for k in range(1, runs + 1):

@@ -79,7 +79,7 @@ def write_night(folder: Path, data: Path, model: ServedModel) -> None:
     """One night's judge rows for every task of `data`, as infer and judge would write them, then the real score."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "judge.jsonl", "wb") as f:
-        for task in CoinFlip().iter_tasks(data):
+        for task in CoinFlip().load(data):
             question, target = task.row["question"], task.row["target"]
             prediction = model.prediction(question)
             row = {

@@ -1,8 +1,5 @@
-"""What judge and error analysis share: a stage that writes a row per input row, graded by a model or a rule.
-
-A row is pending until the output's latest row for its id is done; the engine (engine.py) runs the job.
-judge.py grades inference rows; error_analysis.py classifies failed judge rows, with judge.py's flags.
-"""
+"""What judge and error analysis share: a stage that writes a row per input row (pending until the output's
+latest row for its id is done), graded by a model or a rule; the engine (engine.py) runs the job."""
 
 import gc
 import itertools
@@ -18,6 +15,7 @@ from ..client.llm import Endpoint
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths, shards
 from . import engine
+from .selected import shard_key
 
 # Model names upstream routes to AWS Bedrock; we speak only the OpenAI-compatible protocol.
 _BEDROCK_PREFIXES = ("anthropic.", "amazon.", "meta.", "mistral.", "cohere.")
@@ -53,7 +51,7 @@ def shard_filter(
         return keep
 
     def kept(row: dict) -> bool:
-        return (keep is None or keep(row)) and shard.takes(bench.shard_key(Task(row_id(row), row, 0)))
+        return (keep is None or keep(row)) and shard.takes(shard_key(bench, row_id(row), row))
 
     return kept
 
@@ -68,10 +66,9 @@ def refuse_bedrock(judge_model: str) -> None:
 
 
 class InputRows:
-    """A stage's input file (the inference rows; the judge rows for error analysis; over its parts: shards.py), as
-    its latest row per id that `keep` accepts, in the order the ids first occur: counted in one pass, then read
-    again lazily for the pending ones. Holds the latest row of an id that has several rows (rare), never the rows;
-    its ids only while it counts them (the ids of the output, which judge holds, are not held at the same time)."""
+    """A stage's input file (over its parts: shards.py) as its latest row per id that `keep` accepts, in the
+    order the ids first occur: counted in one pass, then read again lazily for the pending ones. Holds the
+    latest row of an id that has several rows (rare), never the rows; its ids only while it counts them."""
 
     def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
         self.path, self.keep = path, keep
@@ -124,9 +121,9 @@ class InputRows:
 
 
 def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Done":
-    """The ids whose latest row in the output, over its parts, `is_done` (holds ids, not rows). A run that is not
-    cut (`cut` false) leaves a row to redo in a shard file to its shard: the shard files are read after the
-    whole file, so a row it wrote there would not count (shards.py); those ids are done for it, and `elsewhere`."""
+    """The ids whose latest row in the output, over its parts, `is_done`. A run that is not cut leaves a row to
+    redo in a shard file to its shard (a row it wrote in the whole file would not count: shards.py); those ids
+    are done for it, and `elsewhere`."""
     done = _Done()
     whole = shards.whole(output)
     for part in shards.parts(output):
@@ -179,9 +176,8 @@ def rows_job(
     work: Callable[..., Awaitable[dict]],
     shard: shards.Shard | None = None,
 ) -> engine.Job:
-    """The job of a stage that writes a row per input row (judge, error analysis): a row is pending until
-    the output's latest row for its id `is_done`; `work(row, client)` makes it. A shard's job (`rows` holds
-    the shard's rows) writes the shard's file of `output`."""
+    """The job of a stage that writes a row per input row: pending until the output's latest row for its id
+    `is_done`; `work(row, client)` makes it. A shard's job writes the shard's file of `output`."""
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
     if shard is not None:
         shards.refuse_other_count(output, shard)
@@ -229,9 +225,9 @@ def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
 
 
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
-    """What makes the rows what they are: the prompts and the flags that shape a judge request; for a
-    rule, the benchmark's own judge options (e.g. CoinFlip's --parse). The answers' fingerprint (infer's)
-    never holds these: grading again another way leaves the answers as they are."""
+    """What makes the rows what they are: the prompts and the flags that shape a judge request; for a rule, the
+    benchmark's own judge options (e.g. CoinFlip's --parse). Never in infer's fingerprint: grading again
+    another way leaves the answers as they are."""
     if endpoint is None:
         own = [f.name for f in fields(bench.Options) if f.metadata.get("stage") == stage]
         return {"grader": "rule", **{name: getattr(bench.options, name) for name in own}}

@@ -5,10 +5,12 @@ import gc
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
+from ..benchmarks.base import group_of
 from ..client import cost
 from ..client.llm import Endpoint
 from ..client.runner import RunSummary
@@ -18,6 +20,7 @@ from ..store import jsonl, manifest, paths, shards
 from ..store.checkpoint import StepCache
 from ..store.rows import THINKING_TRUNCATED
 from . import engine
+from .selected import SelectedTasks
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -73,40 +76,24 @@ def main(argv: list[str]) -> int:
     return engine.run(_job(bench, args, tasks, Path(data), data_sha, output, endpoint), args)
 
 
-class Selected:
-    """The selected tasks (of a shard: those it takes): counted (and every row checked) once, then read again
-    lazily for the pending ones, so that infer holds the done ids, never the tasks. A benchmark that reads its
-    dataset whole, or selects other than a prefix, is held as it loads."""
+@dataclass
+class Selected(SelectedTasks):
+    """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones, so
+    that infer holds the done ids, never the tasks."""
 
-    def __init__(self, bench: Benchmark, data: Path, max_samples: int | None, shard: shards.Shard | None = None):
-        self.bench, self.data, self.max_samples, self.shard = bench, data, max_samples, shard
-        lazy = type(bench).iter_tasks is not Benchmark.iter_tasks and bench.selects_prefix()
-        self.held = None if lazy else list(bench.selected(data, max_samples))
-        if self.held is not None and shard is not None:
-            self.held = [task for task in self.held if shard.takes(bench.shard_key(task))]
-        self.count = len(self.held) if self.held is not None else sum(1 for _ in self._read())
+    def __post_init__(self) -> None:
+        self.count = sum(1 for _ in self)
 
     def __len__(self) -> int:
         """How many tasks are selected."""
         return self.count
 
-    def _read(self) -> Iterator[Task]:
-        if self.held is not None:
-            return iter(self.held)
-        tasks = self.bench.selected(self.data, self.max_samples)
-        if self.shard is None:
-            return tasks
-        shard_key, takes = self.bench.shard_key, self.shard.takes
-        return (task for task in tasks if takes(shard_key(task)))
-
     def pending(self, done: set) -> engine.Pending:
         """The selected tasks without a row in `done`, in dataset order."""
 
         def tasks() -> Iterator[Task]:
-            return (task for task in self._read() if task.id not in done)
+            return (task for task in self if task.id not in done)
 
-        if self.held is not None:
-            return engine.Pending(sum(1 for task in self.held if task.id not in done), tasks)
         return engine.Pending(sum(1 for _ in tasks()), tasks)
 
 
@@ -145,13 +132,11 @@ def _job(
         pending_given=tasks.pending,
         announce=announce,
         rows=rows,
-        prefix_group=bench.prefix_group if args.prefix_schedule == "on" and _groups_tasks(bench) else None,
+        # without groups the tasks go in order, as they are read
+        prefix_group=(lambda task: group_of(bench, task.row))
+        if args.prefix_schedule == "on" and bench.prefix_group
+        else None,
     )
-
-
-def _groups_tasks(bench: Benchmark) -> bool:
-    """Whether the benchmark puts tasks in prefix groups (without a group the tasks go in order, as they are read)."""
-    return type(bench).prefix_group is not Benchmark.prefix_group
 
 
 def _record(

@@ -2,18 +2,19 @@
 
 import argparse
 import gc
+import itertools
 import os
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import orjson
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import ErrorAnalysis, JudgedRows, judge_rows, task_ids
+from ..benchmarks.base import ErrorAnalysis
 from ..client import cost
 from ..client.thinking import budget_advice
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
@@ -22,7 +23,8 @@ from ..results.agreement import format_report as agreement_text
 from ..results.items import ItemColumns
 from ..store import jsonl, manifest, paths, shards
 from ..store.rows import THINKING_TRUNCATED, Coverage, ShardCoverage
-from . import agreement, score_input
+from . import agreement
+from .selected import SelectedTasks, shard_key
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
@@ -107,36 +109,25 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
             f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
             "answered; put back the file infer read"
         )
-    raise BadInput(
-        f"{what}, or run infer and judge again on this one into a new run (--run N)",
-        data,
-    )
+    raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
 
 
-def coverage(
-    bench: Benchmark, tasks: Sequence[Task], judged: Mapping, counted: list[tuple] | None = None
-) -> tuple[Coverage, dict[str, int]]:
-    """How much of the selected tasks the judge rows cover, and the judge statuses among them
-    (`counted`: the rows' `_distinct`, if known)."""
-    rows = judge_rows(tasks, judged)
-    statuses: dict[str, int] = {}
+def _coverage(bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:
+    """How much of the selected tasks (their ids) the judge rows cover, and the judge statuses among the selected
+    tasks' rows (`counted`)."""
+    missing = [key for key in ids if key not in judged]
+    statuses: Counter = Counter()
     to_rejudge = truncated = 0
-    for row, count in counted if counted is not None else _distinct(rows):
-        if row is None:
-            continue
-        status = row.get("judge_status", "ok")
-        statuses[status] = statuses.get(status, 0) + count
+    for row, count in counted:
+        statuses[row.get("judge_status", "ok")] += count
         to_rejudge += bench.is_provisional(row) * count
         truncated += (row.get("status") == THINKING_TRUNCATED) * count
-    missing = _missing_ids(tasks, rows)
-    graded = len(tasks) - missing[0]
-    extra = judged.extra_rows if isinstance(judged, _Judged) else len(judged) - graded
     covered: Coverage = {
-        "expected": len(tasks),
-        "graded": graded,
-        "missing": missing[0],
-        "missing_ids": missing[1],
-        "extra_rows_ignored": extra,
+        "expected": len(ids),
+        "graded": len(ids) - len(missing),
+        "missing": len(missing),
+        "missing_ids": missing[:20],
+        "extra_rows_ignored": len(judged) - len(ids) + len(missing),
         "to_rejudge": to_rejudge,
     }
     if truncated:
@@ -144,52 +135,29 @@ def coverage(
     return covered, dict(sorted(statuses.items()))
 
 
-def _distinct(rows: list) -> list[tuple]:
-    """(row, how many times) for each distinct row object (projected rows are shared: a handful of them)."""
-    counts = Counter(map(id, rows))
-    objects: dict = {}
-    for start in range(0, len(rows), 4096):  # the objects, found among the first rows as a rule
-        some = rows[start : start + 4096]
-        objects.update(zip(map(id, some), some))
-        if len(objects) == len(counts):
-            break
-    return [(objects[key], count) for key, count in counts.items()]
+def _counted(selected: dict) -> list[tuple[dict, int]]:
+    """Each distinct judge row and how many tasks have it (`read_judged` shares one dict between rows of the same
+    values: a million rows are a handful)."""
+    objects = {id(row): row for row in selected.values()}
+    return [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
 
 
-def _missing_ids(tasks: Sequence[Task], rows: list) -> tuple[int, list]:
-    """How many tasks have no judge row, and the first 20 of their ids."""
-    count = rows.count(None)
-    first: list = []
-    position = -1
-    while len(first) < min(count, 20):
-        position = rows.index(None, position + 1)
-        first.append(task_ids(tasks)[position])
-    return count, first
-
-
-class _Judged(JudgedRows):
-    """The rows score aligned with the selected tasks, with how many rows of other tasks the file has."""
-
-    def __init__(self, tasks: Sequence[Task], rows: list, extra_rows: int):
-        super().__init__(tasks, rows)
-        self.extra_rows = extra_rows
-
-
-def summarize(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
+def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
     """One run's metrics: the benchmark's details and figures (from `columns`, the run's item columns, made here
     when not given), then coverage and judge statuses."""
-    # the benchmark reads the tasks (a TaskList) and rows as the sequence and mapping they are (base.py)
-    details = bench.details(cast(list, tasks), cast(dict, judged))
     if columns is None:
-        columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+        columns = bench.item_columns(tasks, judged)
+    ids = tasks.ids if isinstance(tasks, _Selected) and tasks.ids is not None else [task.id for task in tasks]
+    selected = {key: judged[key] for key in ids if key in judged}
+    details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
-    counted = _distinct(judge_rows(tasks, judged))
-    metrics["coverage"], metrics["judge_status"] = coverage(bench, tasks, judged, counted)
+    counted = _counted(selected)
+    metrics["coverage"], metrics["judge_status"] = _coverage(bench, ids, judged, counted)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
-        counts = field_counts(counted, key)
+        counts = _field_counts(counted, key)
         if counts:
             metrics[key] = counts
-    served = {name: field_counts(counted, key) for name, key in SERVED.items()}
+    served = {name: _field_counts(counted, key) for name, key in SERVED.items()}
     if any(served.values()):
         metrics["served"] = {name: counts for name, counts in served.items() if counts}
     return metrics
@@ -206,12 +174,12 @@ SERVED = {
 }
 
 
-def field_counts(counted: list[tuple], key: str) -> dict[str, int]:
-    """How many judge rows (`_distinct` rows and their counts) have each value of `key` (rows without it are not
+def _field_counts(counted: list[tuple], key: str) -> dict[str, int]:
+    """How many judge rows (`_counted` rows and their counts) have each value of `key` (rows without it are not
     counted)."""
     counts: dict[str, int] = {}
     for row, count in counted:
-        value = None if row is None else row.get(key)
+        value = row.get(key)
         if value is not None:
             counts[str(value)] = counts.get(str(value), 0) + count
     return dict(sorted(counts.items()))
@@ -221,22 +189,26 @@ def main(argv: list[str]) -> int:
     """score.py: read the judge rows, count them against the selected tasks, write score.json."""
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
     judge_path = _judge_path(bench, args)
-    _require(judge_path)
+    parts = shards.parts(judge_path)  # the judge file as the files that hold it: its own, then its shards'
+    _require(judge_path, parts)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
     data, max_samples, described = selection(bench, args, judge_path)
-    if data is None:
-        tasks, rows, ledger = score_input.judged_rows_only(bench, judge_path, fields)
-        extra = 0
+    judged, ledger, read = read_judged(parts, fields)
+    tasks: Iterable[Task]
+    if data is None:  # the judge rows stand in for the dataset
+        latest = {row_id(row): row for part in parts for _, row in jsonl.iter_rows(part, torn_tail_ok=True)}
+        tasks = [Task(key, row, 0) for key, row in latest.items()]
     else:
-        tasks, rows, extra, ledger = score_input.judged_tasks(bench, data, max_samples, judge_path, fields)
-    judged = _Judged(tasks, rows, extra)
+        tasks = _Selected(bench, data, max_samples)
     output = args.output or judge_path.with_name(
         "score.json" if judge_path.name == "judge.jsonl" else f"{judge_path.stem}_score.json"
     )
     # per-item values: the figures of score.json and aggregate's item-level error bars (items.json) come from them
-    columns = bench.item_columns(cast(list, tasks), cast(dict, judged))
+    columns = bench.item_columns(tasks, judged)
     metrics = summarize(bench, tasks, judged, columns)
+    if read > metrics["coverage"]["graded"]:  # rows of other tasks, or several of a task (judged again)
+        ledger = _recounted(parts, {task.id for task in tasks})  # only the calls of the rows kept are the run's
     cut = shard_coverage(bench, tasks, judged, judge_path)
     if cut is not None:
         metrics["coverage"]["shards"] = cut
@@ -244,10 +216,8 @@ def main(argv: list[str]) -> int:
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
         if shards.exists(analysis_path):
             analyses = jsonl.latest_rows(analysis_path, row_id)
-            metrics[bench.error_analysis_name] = bench.error_analysis_metrics(
-                cast(list, tasks), cast(dict, judged), analyses
-            )
-            selected = set(task_ids(tasks))
+            metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
+            selected = {task.id for task in tasks}
             for task_id, row in analyses.items():
                 if task_id in selected:
                     for call in cost.api_calls(row):
@@ -260,7 +230,7 @@ def main(argv: list[str]) -> int:
         if second is not None:
             metrics["agreement"] = second
     # items.json before score.json, so that a score.json is never older than its items
-    jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.item_cluster, columns))
+    jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.prefix_group, columns))
     del columns
     jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
     print(bench.format_metrics(metrics))
@@ -273,15 +243,63 @@ def main(argv: list[str]) -> int:
     return code
 
 
-def _require(judge_path: Path) -> None:
+@dataclass
+class _Selected(SelectedTasks):
+    """The selected tasks, read again at each iteration, and the ids of the last whole reading: coverage takes
+    those of the item columns' reading rather than read the dataset once more."""
+
+    ids: list | None = field(default=None, init=False)
+
+    def __iter__(self) -> Iterator[Task]:
+        ids = []
+        for task in super().__iter__():
+            ids.append(task.id)
+            yield task
+        self.ids = ids
+
+
+def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.Ledger, int]:
+    """The judge file's last row per id on `fields`, the calls of all its rows, and how many rows it has. Rows of
+    the same values share one dict (told apart by their JSON: 1, 1.0 and true are equal keys): a million rows
+    hold a handful."""
+    latest: dict = {}
+    shared: dict[bytes, dict] = {}
+    ledger = cost.Ledger()
+    read = 0
+    for part in parts:
+        for _, rows in jsonl.iter_row_chunks(part, torn_tail_ok=True):
+            read += len(rows)
+            for row in rows:
+                kept = {key: row[key] for key in fields if key in row}
+                latest[row_id(row)] = shared.setdefault(jsonl.dumps(kept), kept)
+                for call in cost.api_calls(row):
+                    ledger.add(*call)
+    return latest, ledger, read
+
+
+def _recounted(parts: list[Path], selected: set) -> cost.Ledger:
+    """The calls of each selected task's last judge row only."""
+    calls = {}
+    for part in parts:
+        for _, row in jsonl.iter_rows(part, torn_tail_ok=True):
+            key = row_id(row)
+            if key in selected:
+                calls[key] = cost.api_calls(row)
+    ledger = cost.Ledger()
+    for call in itertools.chain.from_iterable(calls.values()):
+        ledger.add(*call)
+    return ledger
+
+
+def _require(judge_path: Path, parts: list[Path]) -> None:
     """Stop with a clear line when there is no judge file, saying which stage to run."""
-    if not shards.exists(judge_path):
+    if not parts:
         answered = shards.exists(judge_path.with_name("infer.jsonl"))
         needed = "run judge first" if answered else "no answers either: run infer, then judge"
         raise BadInput(f"no such judge file ({needed})", judge_path)
 
 
-def shard_coverage(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
+def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
     """For a run cut into shards (its judge file's count, else its inference file's): which shards have tasks
     without a final judge row, and which wrote no file (None: the run is not cut)."""
     infer_path = judge_path.with_name("infer.jsonl")
@@ -289,9 +307,9 @@ def shard_coverage(bench: Benchmark, tasks: Sequence[Task], judged: Mapping, jud
     if n is None:
         return None
     short = (
-        bench.shard_key(task)
-        for task, row in zip(tasks, judge_rows(tasks, judged))
-        if row is None or bench.is_provisional(row)
+        shard_key(bench, task.id, task.row)
+        for task in tasks
+        if task.id not in judged or bench.is_provisional(judged[task.id])
     )
     return {
         "count": n,

@@ -1,14 +1,10 @@
 """JSONL files: tolerant reading of our own outputs, strict reading of inputs, safe writing.
 
-Rows are appended with one write() each, unbuffered, so a process killed at any instant leaves
-at most one torn last line. Readers of our own outputs ignore that line and writers cut it off
-before appending, so the file stays valid JSONL. A write that fails part-way (a full disk) is
-cut back at once, so a row is never left torn in the middle of a file.
-
-Writes that fail for want of space or permission raise OutputUnwritable (errors.py).
-
-A run's file may be cut into shard files (shards.py): `run_rows`, `run_row_chunks`, `latest_rows`, `ids_in` and
-`iter_ids` read it whole, over its parts; `iter_rows` and `iter_row_chunks` read one file.
+Rows are appended with one unbuffered write() each, so a process killed at any instant leaves at most one
+torn last line, which readers of our own outputs ignore and writers cut off before appending. A write that
+fails part-way (a full disk) is cut back at once; one that fails for want of space or permission raises
+OutputUnwritable. `run_rows`, `latest_rows`, `ids_in` and `iter_ids` read a run's file over its parts
+(shards.py); `iter_rows` and `iter_row_chunks` read one file.
 """
 
 import hashlib
@@ -72,11 +68,8 @@ _CHUNK_BYTES = 1 << 16  # lines are parsed a chunk at a time: one call per chunk
 
 
 def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, row) for each non-blank line.
-
-    A line that is not a JSON object is a BadInput error naming the file and line, except a
-    last line without a newline when torn_tail_ok (a write cut short): it is skipped.
-    """
+    """(line number, row) for each non-blank line. A line that is not a JSON object is a BadInput naming the
+    file and line, except a last line without a newline when torn_tail_ok (a write cut short): skipped."""
     chunks = iter_row_chunks(path, torn_tail_ok=torn_tail_ok)
     return chain.from_iterable(zip(count(first), rows) for first, rows in chunks)  # no generator step per row
 
@@ -123,18 +116,11 @@ def run_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     return chain.from_iterable(iter_rows(part, torn_tail_ok=True) for part in shards.parts(Path(path)))
 
 
-def run_row_chunks(path: str | os.PathLike) -> Iterator[tuple[int, list[dict]]]:
-    """`iter_row_chunks` of one of our output files over all its parts (see `run_rows`)."""
-    return chain.from_iterable(iter_row_chunks(part, torn_tail_ok=True) for part in shards.parts(Path(path)))
-
-
 def latest_rows(
     path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
 ) -> dict[Any, Any]:
-    """The last row per id in one of our output files, over its parts (missing file: no rows).
-
-    `keep` maps each row to what is kept of it, so a large file need not be held whole.
-    """
+    """The last row per id in one of our output files, over its parts (missing file: no rows); `keep` maps each
+    row to what is kept of it."""
     rows: dict[Any, Any] = {}
     for _, row in run_rows(path):
         rows[key(row)] = row if keep is None else keep(row)
@@ -147,10 +133,8 @@ _FAST_ID = b'{"idx":"'
 def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
     """The ids that have a complete row in one of our output files, over its parts (missing file: none).
 
-    Our rows start with {"idx":"<id>", so for them the id is sliced from the line without
-    parsing it; other lines (upstream rows, escaped ids, a last line without newline) are
-    parsed, and a torn last line does not count. Holds ids only, never rows.
-    """
+    Our rows start with {"idx":"<id>", so the id is sliced from the line without parsing it; other lines
+    are parsed, and a torn last line does not count."""
     return set(iter_ids(path, key))
 
 
@@ -179,11 +163,9 @@ def _ids(path: Path, key: Callable[[dict], Any]) -> Iterator[Any]:
 
 
 def repair_tail(path: str | os.PathLike) -> str | None:
-    """Make the file end with a newline before we append to it.
-
-    A last line that is a complete JSON object (killed between the row and its newline) gets
-    its newline; any other unterminated tail is cut off. Returns what was done, or None.
-    """
+    """Make the file end with a newline before we append to it: a last line that is a complete JSON object
+    (killed between the row and its newline) gets its newline, any other unterminated tail is cut off.
+    Returns what was done, or None."""
     if not os.path.exists(path):
         return None
     refuse_unsafe_output(path)
@@ -220,11 +202,8 @@ def repair_tail(path: str | os.PathLike) -> str | None:
 
 
 class Appender:
-    """Appends rows to one JSONL file (its one writer: see lock.py), one unbuffered write per row.
-
-    A failed append leaves the file as it was before it and raises OutputUnwritable (no space or
-    no permission) or the OSError.
-    """
+    """Appends rows to one JSONL file (its one writer: see lock.py), one unbuffered write per row. A failed
+    append leaves the file as it was and raises OutputUnwritable (no space or no permission) or the OSError."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -325,10 +304,8 @@ def open_rescue(output: str | os.PathLike) -> Appender:
 
 
 def recover_rescued(output: str | os.PathLike) -> int:
-    """Append the rows an earlier run kept in the rescue file to `output`, then delete that file.
-
-    Returns how many rows were recovered. Call it holding the output's lock, before reading the output.
-    """
+    """Append the rows an earlier run kept in the rescue file to `output`, then delete that file; how many.
+    Call it holding the output's lock, before reading the output."""
     rescue = rescue_path(output)
     if not rescue.exists():
         return 0

@@ -1,15 +1,13 @@
 """A run cut into shards, and a run's files however it was cut.
 
-`--shard K/N` (K from 0 to N-1, as Slurm's `--array=0-(N-1)` and Kubernetes' completion indexes count)
-takes the tasks whose key — the task id, or its prefix group where the benchmark has one — hashes to K,
-and writes `<stem>.shard-K-of-N<suffix>` beside the run's file (`infer.shard-2-of-8.jsonl`), with its own
-lock, manifest and side files, so that N processes on N machines can write to one shared folder.
+`--shard K/N` (K from 0 to N-1, as Slurm's `--array=0-(N-1)` and Kubernetes' completion indexes count) takes
+the tasks whose key (the task id, or its prefix group) hashes to K, and writes `<stem>.shard-K-of-N<suffix>`
+beside the run's file, with its own lock, manifest and side files: N machines write to one shared folder.
 
-Every reader of a run's file reads it through `parts`: the file itself where it exists, then its shard
-files in shard order. A task has its rows in one part (a task done in one part is not done again by
-another cut), so the last row per id over the parts is the task's row as in one file; where a task has
-rows in two parts (a stand-in row judged again), the shard's comes last and counts, which is why an uncut
-run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
+Every reader of a run's file reads it through `parts`: the file itself where it exists, then its shard files
+in shard order. A task has its rows in one part, so the last row per id over the parts is the task's row as
+in one file; where a task has rows in two (a stand-in judged again), the shard's comes last and counts, which
+is why an uncut run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
 """
 
 import hashlib
@@ -71,9 +69,8 @@ def _count(n: int, source: str) -> int:
 
 def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.environ) -> Shard | None:
     """The shard of this invocation: --shard K/N; else a Slurm array task (SLURM_ARRAY_TASK_ID of a contiguous
-    array: K counted from its first index, N its task count); else a Kubernetes Indexed Job's
-    JOB_COMPLETION_INDEX with the count from --shards N. None: the whole run (also `--shard all`, for a job array
-    over something else, such as one model per task)."""
+    array, K counted from its first index); else a Kubernetes Indexed Job's JOB_COMPLETION_INDEX with --shards
+    N. None: the whole run (also `--shard all`, for a job array over something else)."""
     if flag == "all":
         return None
     if flag is not None:
@@ -174,7 +171,7 @@ def count(path: Path) -> int | None:
 
 def parts(path: Path) -> list[Path]:
     """The files that hold the run file `path`, in the order they are read: itself where it exists, then its
-    shard files (BadInput where shards of two counts are present)."""
+    shard files."""
     path = whole(path)
     return ([path] if path.exists() else []) + list(shard_files(path).values())
 

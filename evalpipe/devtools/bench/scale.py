@@ -25,8 +25,7 @@ from ..testserver import FakeOpenAI
 from .common import fixed_latency, tree_pss_kb
 from .report import Figure
 
-SCORE_TARGET_S = 5.0
-SCORE_FLOOR_RATIO = 3.0
+SCORE_TARGET_S = 8.0  # one plain pass over each file (issue 39): real runs are 2,000 to 10,000 rows
 SCORE_MEMORY_MB = 400
 AGGREGATE_TARGET_S = 5.0
 PEAK_MEMORY_TARGET_MB = 250
@@ -132,7 +131,7 @@ def coin_flip_files(work: Path, n: int) -> Path:
     infer_out, judge_out = open(run / "infer.jsonl", "wb"), open(run / "judge.jsonl", "wb")
     infer_lines: list[bytes] = []
     judge_lines: list[bytes] = []
-    for i, task in enumerate(bench.iter_tasks(data)):
+    for i, task in enumerate(bench.load(data)):
         gold = task.row["target"]
         pred = gold if i % 4 else "YES"
         infer_row = {
@@ -271,8 +270,8 @@ def score_figures(work: Path, run: Path, n: int) -> Iterator[Figure]:
     yield Figure(
         f"score.py over {n:,} judged rows (best of {SCORE_REPEATS}: " + ", ".join(f"{s:.1f}" for s in seconds) + " s)",
         f"{seconds[0]:.1f} s",
-        f"<= {SCORE_TARGET_S:.0f} s and <= {SCORE_FLOOR_RATIO:.0f}x the floor",
-        seconds[0] <= SCORE_TARGET_S and ratio <= SCORE_FLOOR_RATIO,
+        f"<= {SCORE_TARGET_S:.0f} s",
+        seconds[0] <= SCORE_TARGET_S,
         reference=f"bare orjson loop over judge + dataset {floor:.2f} s (best of {SCORE_REPEATS})",
         ratio=ratio,
     )
@@ -284,7 +283,7 @@ def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
     """aggregate.py over 3 runs of 2 models: the other five runs' score.json is run-1's, their items.json
     made from the dataset with other predictions."""
     bench = CoinFlip()
-    tasks = bench.load(work / "cf-data.jsonl")
+    tasks = list(bench.load(work / "cf-data.jsonl"))
     rng = random.Random(0)
     read = [run / "score.json", run / "items.json"]
     for model, right in (("m", 0.75), ("n", 0.7)):
@@ -300,7 +299,7 @@ def aggregate_figure(work: Path, run: Path, n: int) -> Iterator[Figure]:
                 for t in tasks
             }
             (other / "items.json").write_bytes(
-                b"".join(items.encoded(bench.name, bench.item_cluster, bench.item_columns(tasks, judged)))
+                b"".join(items.encoded(bench.name, bench.prefix_group, bench.item_columns(tasks, judged)))
             )
             read += [other / "score.json", other / "items.json"]
     del tasks, judged
