@@ -104,3 +104,21 @@ def test_a_stated_score_reads_the_same_in_a_whole_reply_and_in_one_cut_short():
         assert parse_judge_reply(body + "}", 0).score == score
         cut = parse_judge_reply(body + "\n", 0)
         assert (cut.how, cut.score) == ("score_only", score), stated
+
+
+def test_an_integer_past_python_s_digit_limit_is_a_parse_failure_not_a_crash():
+    huge = "1" * 5000
+    assert "not JSON" in parse_judge_reply('{"n": ' + huge + "}", 2)
+    verdict = parse_judge_reply('{"Overall Score": 0, "n": ' + huge + "}", 2)
+    assert isinstance(verdict, Verdict) and (verdict.how, verdict.score) == ("score_only", 0)  # as if cut short
+    assert isinstance(parse_error_types('{"Error Types": ["Refusal"], "Reason": "x", "n": ' + huge + "}"), str)
+
+
+def test_an_analysis_in_prose_is_read_last_stated_first_even_after_a_fenced_one():
+    first = json.dumps({"Error Types": ["Refusal"], "Reason": "first"})
+    second = json.dumps({"Error Types": ["Format Error"], "Reason": "second"})
+    assert parse_error_types(f"```json\n{first}\n```\nActually: {second}") == (
+        ["Format Error"],
+        "second",
+        "json_in_prose",
+    )

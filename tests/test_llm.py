@@ -4,9 +4,12 @@ import asyncio
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
+from evalpipe import redact
+from evalpipe.client import llm
 from evalpipe.client.llm import CallFailed, ChatClient, ContextTooLong, Endpoint
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EndpointRefused
@@ -186,3 +189,11 @@ def test_a_stage_that_makes_no_call_never_imports_the_sdk(tmp_path):
     check = "import sys; print('SDK loaded:', 'openai._client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", f"{make_client}; {check}"], cwd=ROOT, capture_output=True, text=True)
     assert done.stdout.strip() == "SDK loaded: True", done.stderr
+
+
+def test_an_echoed_key_is_taken_out_before_a_long_field_is_cut():
+    key = "sk-echoed-key-0123456789"
+    redact.register(key)
+    reply = types.SimpleNamespace(model="m" * 250 + key, system_fingerprint=None, choices=[])
+    served = llm.Served.of(reply)
+    assert served is not None and key[:5] not in served.model and served.model.startswith("m" * 250 + "[REDA")

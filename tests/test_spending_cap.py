@@ -86,6 +86,18 @@ def test_max_cost_spans_the_runner_s_stages_and_a_model_without_price_never_call
     run1 = tmp_path / "coin_flip" / "billed" / "run-1" / "infer.jsonl"
     assert len(run1.read_text().splitlines()) == 100
 
+    # a later invocation (its own ledger) with a higher cap resumes run 2: the ledger is not what makes rows
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpipe.pipeline", *words, "MAX_COST=5", "ARGS=--max-tokens 50"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len((run1.parent.parent / "run-2" / "infer.jsonl").read_text().splitlines()) == 100
+
     asked = len(server.chat_requests())
     done = infer({**env, "EVALPIPE_PRICES": str(tmp_path / "none.json")}, tmp_path, "--max-cost", 1)
     assert done.returncode == 2 and "cannot read the price table" in done.stderr

@@ -211,6 +211,8 @@ def test_a_damaged_or_unfinished_folder_still_gives_a_report(outputs, tmp_path):
     no_judge = root / "coin_flip" / "beta" / "run-2"
     (no_judge / "judge.jsonl").unlink()
     (no_judge / "score.json").unlink()
+    record = json.loads((no_judge / "infer.jsonl.manifest.json").read_text())
+    (no_judge / "infer.jsonl.manifest.json").write_text(json.dumps({**record, "counts": [1]}))  # damaged by hand
     half = root / "clbench" / "beta" / "run-3"  # a run still being written: half its answers, nothing else
     half.mkdir()
     answers = (root / "clbench" / "beta" / "run-1" / "infer.jsonl").read_bytes().split(b"\n")

@@ -147,8 +147,8 @@ def _candidates(text: str) -> tuple[list[tuple[Any, str]], list[str]]:
         found, failed = [(judge_format.loads(whole.removesuffix("```")), "json")], []
     except judge_format.TooDeep:
         raise
-    except json.JSONDecodeError as exc:
-        found, failed = [], [f"not JSON ({exc.msg})"]
+    except ValueError as exc:  # JSONDecodeError, or an integer past Python's digit limit
+        found, failed = [], [f"not JSON ({getattr(exc, 'msg', exc)})"]
     fenced = [obj for block in _FENCE.findall(text) for obj in _json_objects(block)]
     found += [(obj, "fenced_json") for obj in fenced[::-1]]
     return found + [(obj, "json_in_prose") for obj in list(_json_objects(text))[::-1]], failed
@@ -346,8 +346,8 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
         return f"JSON in the reply {exc.msg}"
     reasons = []
     for obj, how in candidates:
-        if not isinstance(obj, dict):
-            continue
+        if how == "fenced_json" or not isinstance(obj, dict):
+            continue  # an analysis is read whole, then from the prose, the last object stated first
         fields = {str(k).lower().replace("_", " "): v for k, v in obj.items()}
         types = fields.get("error types")
         if isinstance(types, str):

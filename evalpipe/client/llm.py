@@ -272,7 +272,7 @@ class Served:
         """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them), our key taken
         out (a server may echo it)."""
         said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
-        model, fingerprint = (redact.secrets(short_field(v)) if isinstance(v, str) and v else None for v in said)
+        model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
         effort = _applied_effort(response)
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
@@ -787,7 +787,7 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
     finish_reason = choice.finish_reason
     return Completion(
         text=reply.answer,
-        finish_reason=None if finish_reason is None else redact.secrets(short_field(str(finish_reason))),
+        finish_reason=None if finish_reason is None else short_field(redact.secrets(str(finish_reason))),
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,

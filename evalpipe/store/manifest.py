@@ -161,6 +161,7 @@ OPERATIONAL = {
     "dry_run",
     "prices",
     "max_cost",
+    "spending_ledger",
     "export_batch",
     "import_batch",
     "backend",

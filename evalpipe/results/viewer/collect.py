@@ -212,7 +212,8 @@ def _expected(folder: Path, score: dict | None) -> int | None:
     total = 0
     for part in [infer] if infer.exists() or not found else found.values():
         record = _read_json(manifest.path_for(part))
-        selected = ((record.get("counts") or {}) if isinstance(record, dict) else {}).get("selected")
+        counts = record.get("counts") if isinstance(record, dict) else None
+        selected = counts.get("selected") if isinstance(counts, dict) else None  # a damaged manifest: not known
         if not isinstance(selected, int):
             return None
         total += selected
