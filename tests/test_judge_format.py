@@ -209,6 +209,12 @@ def test_the_error_analysis_asks_for_its_own_schema():
             False,
         ),
         (429, "response_format rate limit", False),
+        (  # a proxy that echoes the request body: about response_format, though it names max_tokens
+            400,
+            "litellm.UnsupportedParamsError: does not support parameters: {'response_format': {'type': "
+            "'json_schema'}}. Received: {'max_tokens': 512, 'response_format': {...}}",
+            True,
+        ),
     ],
 )
 def test_which_errors_mean_unsupported(status, text, unsupported):

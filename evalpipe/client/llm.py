@@ -745,6 +745,8 @@ def token_field_refused(status: int | None, text: str, sent: str) -> bool:
     other = next(name for name in TOKEN_FIELDS if name != sent)
     if status not in (400, 422) or sent not in lowered or "too large" in lowered or context_length_error(status, text):
         return False
+    if "response_format" in lowered and other not in lowered:
+        return False  # a refused response_format, the request's max_tokens echoed beside it
     return other in lowered or any(hint in lowered for hint in _FIELD_REFUSED_HINTS)
 
 
