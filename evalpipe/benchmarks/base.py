@@ -173,8 +173,8 @@ class Benchmark:
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """One run's values per item (items.json), that the `figures` are sums of, from the selected tasks (iterate
         them once) and the judge rows by id. Called by score; no API. A value is None where the item was not graded
-        in this run (aggregate averages each item over the runs that graded it). Default: each task is an item,
-        its column `score` the judge row's 0/1 score."""
+        in this run (aggregate averages each item over the runs that graded it); `--max-samples` counts the keys
+        (`select`). Default: each task is an item, its column `score` the judge row's 0/1 score."""
         keys, scores = [], []
         for task in tasks:
             row = judged.get(task.id)
@@ -195,9 +195,9 @@ def stand_in(row: dict) -> bool:
 
 
 def select(bench: Benchmark, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
-    """`--max-samples N` (infer and score): the tasks of the first N items (`item_columns`' keys; one task, or
-    Error Recovery's problem with its three variations), as upstream. Every row is still read, so that a bad row
-    past them is an error as with `load`."""
+    """`--max-samples N` (infer and score): the tasks of the first N items (`item_columns`' keys, an item's tasks
+    consecutive: one task, or Error Recovery's problem with its three variations), as upstream. Every row is still
+    read, so that a bad row past them is an error as with `load`."""
     return tasks if max_samples is None else _first_items(bench, tasks, max_samples)
 
 
