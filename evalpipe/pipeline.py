@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from . import benchmarks, cli
+from .benchmarks.base import uses_judge_model
 from .client import spending
 from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput
 from .store.paths import JUDGE_LABEL, PROJECT
@@ -147,7 +148,7 @@ def check_prices(plan: Plan) -> None:
     cost_flags.add_argument("--prices")
     cost_flags.add_argument("--max-cost")
     for stage in plan.stages:
-        if stage not in ("infer", "judge", "error-analysis") or (stage != "infer" and not bench.judge_uses_llm):
+        if stage not in ("infer", "judge", "error-analysis") or (stage != "infer" and not uses_judge_model(bench)):
             continue
         flags, _ = cost_flags.parse_known_args(command(plan, stage)[2:])
         if flags.max_cost is None:

@@ -10,7 +10,9 @@ import pytest
 
 from evalpipe import benchmarks, cli
 from evalpipe.benchmarks import ErrorAnalysis
+from evalpipe.benchmarks.base import select, uses_judge_model
 from evalpipe.client.llm import ChatClient, Endpoint
+from evalpipe.devtools.fakes import sample_rows
 from evalpipe.devtools.testserver import FakeOpenAI, example_replies
 from evalpipe.results import figures, items
 from evalpipe.stages import score
@@ -27,14 +29,14 @@ def case(request, tmp_path):
     bench = benchmarks.get(request.param)
     server = FakeOpenAI(example_replies(bench)).start()
     data = tmp_path / "data.jsonl"
-    data.write_bytes(b"".join(jsonl.dumps(row) + b"\n" for row in bench.sample_rows(6)))
+    data.write_bytes(b"".join(jsonl.dumps(row) + b"\n" for row in sample_rows(bench, 6)))
     yield bench, server, data, tmp_path
     server.stop()
 
 
 def run_through(bench, server, data, tmp_path, n=4):
     """The stages' calls, in process: load, select, solve n tasks, grade them, score the run."""
-    tasks = list(bench.select(bench.load(data), None))
+    tasks = list(select(bench, bench.load(data), None))
 
     async def go():
         endpoint = Endpoint(model="m", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=1)
@@ -42,7 +44,7 @@ def run_through(bench, server, data, tmp_path, n=4):
         steps = StepCache(tmp_path / "infer.jsonl")
         try:
             answers = [await bench.solve(task, model, steps) for task in tasks[:n]]
-            judge = model if bench.judge_uses_llm else None
+            judge = model if uses_judge_model(bench) else None
             return answers, [await bench.grade(row, judge) for row in answers], model
         finally:
             steps.close()
@@ -57,7 +59,7 @@ def test_load_gives_distinct_stable_ids(case):
     first, again = list(bench.load(data)), list(bench.load(data))  # a list, or read as it goes
     assert len(first) >= 4 and len({t.id for t in first}) == len(first)
     assert [t.id for t in first] == [t.id for t in again]
-    assert [t.id for t in bench.select(first, 2)] == [t.id for t in bench.select(again, 2)]  # a prefix keeps its ids
+    assert [t.id for t in select(bench, first, 2)] == [t.id for t in select(bench, again, 2)]  # a prefix keeps its ids
 
 
 def test_solve_grade_metrics_against_the_server(case):
@@ -67,7 +69,7 @@ def test_solve_grade_metrics_against_the_server(case):
     assert [row["idx"] for row in answers] == ids and [row["idx"] for row in graded] == ids
     assert all(row.get("status") == "ok" and row.get("model") == "m" for row in answers)
     assert all(row["score"] in (0, 1) and isinstance(row["judge_status"], str) for row in graded)
-    # example_reply is what a well-formed reply looks like: every one is read as such (the test server, chaos
+    # the fake replies are what a well-formed reply looks like: every one is read as such (the test server, chaos
     # runs and a new benchmark's first run by hand rely on it)
     assert [row["judge_status"] for row in graded] == ["ok"] * 4, [row["judge_status"] for row in graded]
     json.dumps(answers), json.dumps(graded)  # rows are plain JSON
@@ -112,7 +114,7 @@ def test_each_figure_is_declared_once(case):
 def test_prompts_and_options_are_stable(case):
     bench, *_ = case
     other = type(bench)()
-    assert bench.infer_prompts() == other.infer_prompts() and bench.judge_prompts() == other.judge_prompts()
+    assert bench.prompts() == other.prompts()
     assert type(bench)(bench.options).options == bench.options
 
 

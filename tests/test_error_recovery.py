@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from evalpipe.benchmarks.base import select
 from evalpipe.benchmarks.error_recovery import (
     FINAL_ANSWER_PROMPT,
     FORMAT_HINTS,
@@ -312,7 +313,7 @@ def test_make_pipeline_metrics_by_hand(server, env, tmp_path):
 
 def test_stderr_and_missing_rows(tmp_path):
     b = ErrorRecovery()
-    tasks = b.select(b.load(SAMPLE), 4)
+    tasks = list(select(b, b.load(SAMPLE), 4))
     assert len(tasks) == 12
     judged = {}
     for t in tasks:

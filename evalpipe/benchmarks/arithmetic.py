@@ -37,8 +37,8 @@ class Arithmetic(Benchmark):
     def load(self, path: Path) -> list[Task]:
         return read_tasks(path, id=str, question=str, answer=str)
 
-    def infer_prompts(self) -> list[str]:
-        return [PROMPT]
+    def prompts(self) -> dict[str, list[str]]:
+        return {"infer": [PROMPT]}
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         return await one_call(task, model, PROMPT.format(question=task.row["question"]), task.row["answer"])
@@ -52,9 +52,3 @@ class Arithmetic(Benchmark):
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         return {"solved": sum(row["score"] for row in judged.values())}  # the selected tasks' rows
-
-    def sample_rows(self, tasks: int) -> list[dict]:
-        return [{**row, "id": f"copy-{i:04d}"} for i, row in enumerate(super().sample_rows(tasks))]
-
-    def example_reply(self, prompt: str, seed: int) -> str:
-        return str(seed % 200 - 100)

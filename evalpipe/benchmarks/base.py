@@ -9,8 +9,7 @@ graded, missing), call accounting and cost are the framework's: a benchmark neve
 docs/adding-a-benchmark.md walks through adding one.
 """
 
-import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,8 +19,6 @@ from ..errors import ContextTooLong
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import Shape
-from ..store import jsonl
 from ..store.checkpoint import StepCache
 from ..store.rows import THINKING_TRUNCATED
 
@@ -29,6 +26,7 @@ if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
 
 VALID_ROLES = {"system", "developer", "user", "assistant", "tool"}
+API_ERROR = "api_error"  # a judge_status: the judge API failed after its retries (`stand_in`)
 
 
 @dataclass(slots=True)
@@ -86,23 +84,18 @@ class Benchmark:
     name: ClassVar[str] = ""  # the --bench value and the outputs/<name>/ folder
     default_data: ClassVar[Path | None] = None  # the bundled dataset infer reads without --input
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
-    judge_uses_llm: ClassVar[bool] = False  # whether grade() calls the judge model (else it is a rule)
-    score_fields: ClassVar[tuple[str, ...]] = ("score",)  # what details(), item_columns() and is_provisional() read
+    score_fields: ClassVar[tuple[str, ...]] = ("score",)  # the judge row keys details() and item_columns() read
     # the key of a task's `metadata` (copied into its rows) naming the tasks that share their leading messages
     # (e.g. one long context): infer sends a group's first task alone and the rest once it is answered, so that a
     # prefix-caching server computes the prefix once; a group stays in one shard; and its tasks, not independent,
     # are one cluster in aggregate's error bars (items.json's `cluster`). None: no groups
     prefix_group: ClassVar[str | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
-    flag_note: ClassVar[str] = ""  # printed under the aggregate table when flagged() marks a model: what † means
-    demo: ClassVar[dict[str, str] | None] = None  # `make demo`'s settings on the local model (None: not in it)
     # infer's defaults for generation flags, where the reference sends its own (e.g. temperature 0)
     generation_defaults: ClassVar[dict[str, Any]] = {}
     # each figure of a run, declared once: its value in score.json (at `key`), its item-level error bars in
     # aggregate, and its place on the leaderboard, all as ratios of sums of item_columns() (results/figures.py)
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
-    # how report.html facets and details the samples (results/shapes.py), made from the figures
-    viewer_shape: ClassVar[Callable[[Sequence[ItemFigure]], Shape]] = Shape
     thinking: str = "separate"  # --thinking (thinking.MODES), set by the stage: what of a row's text is graded
 
     def __init__(self, options: Any = None):
@@ -134,9 +127,10 @@ class Benchmark:
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         """How a solution is graded: make the judge row (docs/outputs.md#rows) for one inference row.
 
-        Called by judge once per inference row not yet judged. `judge` is the judge model when
-        `judge_uses_llm`, else None (a rule). The row keeps the inference keys and adds `score`
-        (0/1) and `judge_status` ("ok", or why the score is a conservative 0).
+        Called by judge once per inference row not yet judged. `judge` is the judge model when `prompts()`
+        has judge templates, else None (a rule). The row keeps the inference keys and adds `score` (0/1)
+        and `judge_status` ("ok", or why the score is a conservative 0; `api_error`: a stand-in, see
+        `stand_in`).
         """
         raise NotImplementedError
 
@@ -146,19 +140,9 @@ class Benchmark:
 
     # ---- optional, with defaults
 
-    def select(self, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
-        """`--max-samples N` (infer and score): a prefix of the dataset's rows, as upstream (every row is still
-        read, so that a bad row past the prefix is an error as with `load`)."""
-        return tasks if max_samples is None else _prefix(tasks, max_samples)
-
-    def is_provisional(self, row: dict) -> bool:
-        """Whether a judge row is a stand-in (e.g. the judge API failed) that the next judge run redoes.
-        Called by judge on the rows it has, and by score to count them; no API."""
-        return False
-
     def is_judged(self, row: dict) -> bool:
         """Whether judge, with its current options, leaves this judge row as it is (else grades again)."""
-        return not self.is_provisional(row)
+        return not stand_in(row)
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
@@ -176,49 +160,55 @@ class Benchmark:
         lines += [f"  {name:20} {tables.pct(value):>6}" for name, value in headline(self.figures, metrics).items()]
         return "\n".join(lines)
 
-    def flagged(self, runs: list[dict]) -> bool:
-        """Whether aggregate marks a model's headline figure with † (`flag_note` says why), from its runs' metrics."""
-        return False
+    def flagged(self, runs: list[dict]) -> str:
+        """Why aggregate marks a model's headline figure with † (the note printed under the table), from its runs'
+        metrics; "": no mark."""
+        return ""
 
-    def infer_prompts(self) -> list[str]:
-        """The prompt templates infer fills in beyond the dataset's own text (part of the run's fingerprint)."""
-        return []
-
-    def judge_prompts(self) -> list[str]:
-        """The prompt templates the judge fills in (part of the judge's fingerprint)."""
-        return []
+    def prompts(self) -> dict[str, list[str]]:
+        """The prompt templates a stage fills in beyond the dataset's own text, by stage ("infer", "judge"): part of
+        that stage's fingerprint. Judge templates make it an LLM-graded benchmark: grade gets the judge model."""
+        return {}
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """One run's values per item (items.json), that the `figures` are sums of, from the selected tasks (iterate
         them once) and the judge rows by id. Called by score; no API. A value is None where the item was not graded
-        in this run (aggregate averages each item over the runs that graded it). Default: each task is an item,
-        its column `score` the judge row's 0/1 score."""
+        in this run (aggregate averages each item over the runs that graded it); `--max-samples` counts the keys
+        (`select`). Default: each task is an item, its column `score` the judge row's 0/1 score."""
         keys, scores = [], []
         for task in tasks:
             row = judged.get(task.id)
             keys.append(task.id)
-            scores.append(None if row is None or self.is_provisional(row) else int(row.get("score") == 1))
+            scores.append(None if row is None or stand_in(row) else int(row.get("score") == 1))
         return {"keys": keys, "clusters": None, "groups": {}, "columns": {"score": scores}}
 
-    # ---- for the test server, chaos runs and contract tests (never used by the stages)
 
-    def sample_rows(self, tasks: int) -> list[dict]:
-        """Dataset rows for about `tasks` tasks with distinct ids, made from `default_data`.
-        Default: its rows repeated (right when a task's id comes from its position)."""
-        assert self.default_data is not None, f"{self.name} has no default_data to make rows from"
-        rows = [row for _, row in jsonl.iter_rows(self.default_data)]
-        return (rows * (tasks // len(rows) + 1))[:tasks]
-
-    def example_reply(self, prompt: str, seed: int) -> str:
-        """A well-formed reply to one of this benchmark's own requests (`prompt` is its last message),
-        varied by `seed`: what the loopback test server answers. Default: free text."""
-        return f"answer {seed}"
+def uses_judge_model(bench: Benchmark) -> bool:
+    """Whether `bench` is graded by the judge model (it has judge prompt templates), else by a rule."""
+    return bool(bench.prompts().get("judge"))
 
 
-def _prefix(tasks: Iterable[Task], max_samples: int) -> Iterator[Task]:
-    """The first `max_samples` tasks, reading the rest to the end."""
-    tasks = iter(tasks)
-    yield from itertools.islice(tasks, max_samples)
+def stand_in(row: dict) -> bool:
+    """Whether a judge or analysis row stands in for a grade because the judge API failed after its retries: the
+    next run redoes it, and score counts its task as not graded."""
+    return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
+
+
+def select(bench: Benchmark, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
+    """`--max-samples N` (infer and score): the tasks of the first N items (`item_columns`' keys, an item's tasks
+    consecutive: one task, or Error Recovery's problem with its three variations), as upstream. Every row is still
+    read, so that a bad row past them is an error as with `load`."""
+    return tasks if max_samples is None else _first_items(bench, tasks, max_samples)
+
+
+def _first_items(bench: Benchmark, tasks: Iterable[Task], max_samples: int) -> Iterator[Task]:
+    tasks, items = iter(tasks), set[Any]()
+    for task in tasks:
+        [item] = bench.item_columns([task], {})["keys"]
+        if item not in items and len(items) == max_samples:
+            break
+        items.add(item)
+        yield task
     for _ in tasks:
         pass
 

@@ -25,5 +25,5 @@ class Capitals(Benchmark):
     async def grade(self, row: dict, judge) -> dict:
         return exact_match(row, choice_letter(self.graded_text(row)))
 
-    def infer_prompts(self) -> list[str]:
-        return [MULTIPLE_CHOICE]
+    def prompts(self) -> dict[str, list[str]]:
+        return {"infer": [MULTIPLE_CHOICE]}

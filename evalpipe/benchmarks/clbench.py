@@ -17,11 +17,10 @@ from ..client import cost, judge_format
 from ..errors import BadInput, CallFailed, ContextTooLong
 from ..results import tables
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import CLBenchShape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from ..store.rows import THINKING_TRUNCATED, row_id
-from .base import VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, group_of
+from .base import API_ERROR, VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, group_of, stand_in
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient, Endpoint, Served
@@ -61,7 +60,7 @@ Answer with one JSON object and nothing else, with exactly these keys:
 
 # judge_status values; the first two are real grades, the rest are conservative zero scores
 OK, SALVAGED = "ok", "salvaged"
-EMPTY_OUTPUT, API_ERROR, PARSE_ERROR = "empty_output", "api_error", "parse_error"
+EMPTY_OUTPUT, PARSE_ERROR = "empty_output", "parse_error"
 JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED = "judge_context_length", "judge_truncated"
 
 # The contract's JSON shape, asked for through response_format (keys in the contract's order: the
@@ -426,18 +425,11 @@ class CLBench(ErrorAnalysis, Benchmark):
     name = "clbench"
     default_data = PROJECT / "data" / "clbench" / "sample.jsonl"
     Options = CLBenchOptions
-    judge_uses_llm = True
     score_fields = ("score", "judge_status", "judge_format", "judge_parse")
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
-    demo = {
-        "MAX_SAMPLES": "6",
-        "ARGS": "--max-tokens 64 --temperature 0.8",
-        "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
-    }
     # tasks that share a context are not independent: their error bars are clustered by it
     prefix_group = "context_id"  # a context's tasks share the system message and the long context after it
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
-    viewer_shape = CLBenchShape
     figures = (
         ItemFigure("Overall", "solved", key="overall/solving_rate"),
         ItemFigure("{}", "solved", by="category", key="by_category/{}/solving_rate"),
@@ -517,11 +509,8 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     # ---- how a solution is graded
 
-    def is_provisional(self, row: dict) -> bool:
-        return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
-
     def is_judged(self, row: dict) -> bool:
-        return self._is_final(row.get("judge_status")) and not self.is_provisional(row)
+        return self._is_final(row.get("judge_status")) and not stand_in(row)
 
     def _is_final(self, status: Any) -> bool:
         """Whether a judge or analysis status stands: an API error never, a parse error or a cut reply unless
@@ -591,7 +580,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             elif row.get("status") == THINKING_TRUNCATED:
                 why = "the token budget ran out while the model was thinking: no final answer, score 0 (no judge call)"
             return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
-        assert judge is not None  # judge_uses_llm: the judge stage always passes the judge model
+        assert judge is not None  # judge prompts: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
         contract = Contract(
@@ -705,31 +694,11 @@ class CLBench(ErrorAnalysis, Benchmark):
             return {"Error types (share of failed solutions)": dict(analysis["share"])}
         return {}
 
-    def judge_prompts(self) -> list[str]:
-        return [self.judge_template]
+    def prompts(self) -> dict[str, list[str]]:
+        return {"judge": [self.judge_template]}
 
     def error_analysis_prompts(self) -> list[str]:
         return [ERROR_ANALYSIS_PROMPT]
-
-    # ---- for the test server, chaos runs and contract tests
-
-    def sample_rows(self, tasks: int) -> list[dict]:
-        """The bundled sample's rows repeated, each copy a new task (`metadata.task_id` is the id)."""
-        rows = super().sample_rows(tasks)
-        return [
-            {**row, "metadata": {**row.get("metadata", {}), "task_id": f"copy-{i:04d}"}} for i, row in enumerate(rows)
-        ]
-
-    def example_reply(self, prompt: str, seed: int) -> str:
-        """A verdict for our judge prompt (score from the seed), error types for the analysis prompt."""
-        if "Response to grade:" in prompt and "Rubrics:" in prompt:
-            listed = prompt.split("Rubrics:", 1)[1].split("Response to grade:", 1)[0]
-            n, score = len(re.findall(r"^\d+\. ", listed, re.M)), seed % 2
-            statuses = ["yes" if score else "no"] * n
-            return json.dumps({JUDGE_KEYS[0]: f"r{seed}", JUDGE_KEYS[1]: statuses, JUDGE_KEYS[2]: score})
-        if '"Error Types"' in prompt:
-            return json.dumps({"Error Types": [ERROR_TYPES[seed % len(ERROR_TYPES)]], "Reason": f"r{seed}"})
-        return f"answer {seed}"
 
     # ---- which metrics a run has
 
@@ -762,9 +731,7 @@ class CLBench(ErrorAnalysis, Benchmark):
             meta = task.row.get("metadata") or {}
             row = judged.get(task.id)
             keys.append(task.id)
-            solved.append(
-                None if row is None or self.is_provisional(row) else int(_normalize_score(row.get("score")) == 1)
-            )
+            solved.append(None if row is None or stand_in(row) else int(_normalize_score(row.get("score")) == 1))
             clusters.append(meta.get("context_id"))  # None: this task is a cluster of its own
             categories.append(str(meta.get("context_category", "(none)")))
             subs.append(str(meta.get("sub_category", "(none)")))

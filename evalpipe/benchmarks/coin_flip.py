@@ -11,7 +11,7 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import cache, partial
+from functools import cache
 from itertools import count
 from operator import itemgetter
 from pathlib import Path
@@ -21,7 +21,6 @@ from ..errors import BadInput
 from ..results import tables
 from ..results.figures import headline
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import CoinFlipShape
 from ..store import jsonl
 from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, one_call
@@ -184,12 +183,6 @@ class CoinFlip(Benchmark):
         "selected tasks, with unparsed and missing answers counted as wrong. Answered is the share of selected tasks "
         "with a parsed YES or NO."
     )
-    flag_note = (
-        "† Most answers unparsed (Answered below 50% on average over runs): F1 covers only the parsed answers, "
-        "so it can be high while the model mostly fails to answer; read it with Answered and Accuracy."
-    )
-    # three worked demos teach even the tiny model the ANSWER line
-    demo = {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"}
     # what EvalScope sends for coin_flip; infer uses it unless --temperature is given (docs/upstream.md)
     generation_defaults = {"temperature": 0.0}
     options: CoinFlipOptions
@@ -254,8 +247,8 @@ class CoinFlip(Benchmark):
             golds.append(gold)
         return questions, golds
 
-    def infer_prompts(self) -> list[str]:
-        return [self.prompt("{question}")]
+    def prompts(self) -> dict[str, list[str]]:
+        return {"infer": [self.prompt("{question}")]}
 
     def prompt(self, question: str) -> str:
         return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
@@ -279,7 +272,6 @@ class CoinFlip(Benchmark):
         }
 
     # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
-    viewer_shape = partial(CoinFlipShape, template=ZERO_SHOT)
     figures = (
         # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
         ItemFigure(
@@ -310,9 +302,14 @@ class CoinFlip(Benchmark):
             "unparsed": unparsed,
         }
 
-    def flagged(self, runs: list[dict]) -> bool:
+    def flagged(self, runs: list[dict]) -> str:
         shares = [s for s in map(answered_share, runs) if s is not None]
-        return bool(shares) and sum(shares) / len(shares) < 0.5
+        if shares and sum(shares) / len(shares) < 0.5:
+            return (
+                "† Most answers unparsed (Answered below 50% on average over runs): F1 covers only the parsed "
+                "answers, so it can be high while the model mostly fails to answer; read it with Answered and Accuracy."
+            )
+        return ""
 
     def format_metrics(self, metrics: dict) -> str:
         cov, c = metrics["coverage"], metrics["confusion"]
@@ -325,9 +322,6 @@ class CoinFlip(Benchmark):
             lines.append("  most answers unparsed: F1 covers only the parsed ones")
         lines.append(f"  confusion (positive YES): TP {c['tp']}  FP {c['fp']}  FN {c['fn']}  TN {c['tn']}")
         return "\n".join(lines)
-
-    def example_reply(self, prompt: str, seed: int) -> str:
-        return f"Tracking the coin.\nANSWER: {'YES' if seed % 3 else 'NO'}"
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""

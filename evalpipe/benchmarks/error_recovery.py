@@ -20,7 +20,6 @@ from ..datasets.error_recovery import TASKS
 from ..errors import BadInput, ContextTooLong
 from ..results import stats
 from ..results.items import ItemColumns, ItemFigure
-from ..results.shapes import ErrorRecoveryShape
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from ..store.paths import PROJECT
@@ -48,7 +47,6 @@ FORMAT_HINTS = {
 VARIATIONS = ("NR", "CR", "IR")
 LOSS = "Performance loss (1 − IR/CR)"
 PER_TASK = "Per task"  # the title of aggregate's table of NR/CR/IR per BIG-Bench Mistake task
-SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"  # made by `make error-recovery-data`
 ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
 
 
@@ -153,7 +151,6 @@ class ErrorRecovery(Benchmark):
     )
     # a problem is one item with its three variations (CR and IR are paired on it); tasks are strata. A run's loss
     # and CR − IR are made from its rates, as score.json has always had them (to the last digit)
-    viewer_shape = ErrorRecoveryShape
     figures = (
         *(ItemFigure(var, var, key=f"{var}_correct_rate") for var in VARIATIONS),
         ItemFigure(LOSS, "cr_minus_ir", "CR", proportion=False, bounds=(None, 1.0), key="performance_loss", run=_loss),
@@ -165,12 +162,6 @@ class ErrorRecovery(Benchmark):
         ),
     )
     options: ErrorRecoveryOptions
-
-    # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
-    demo = {
-        "ARGS": "--max-tokens 32 --temperature 0.8",
-        **({"DATA": str(SMALL.relative_to(PROJECT))} if SMALL.exists() else {}),
-    }
 
     # ---- which tasks
 
@@ -198,12 +189,8 @@ class ErrorRecovery(Benchmark):
             raise BadInput("no problems in the file", path)
         return tasks
 
-    def select(self, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
-        """`--max-samples N`: the first N problems, each with its three variations."""
-        return tasks if max_samples is None else [t for t in tasks if t.row["problem"] < max_samples]
-
-    def infer_prompts(self) -> list[str]:
-        return [TASK_DESCRIPTION, MISTAKE_NOTICE, FINAL_ANSWER_PROMPT, *FORMAT_HINTS.values()]
+    def prompts(self) -> dict[str, list[str]]:
+        return {"infer": [TASK_DESCRIPTION, MISTAKE_NOTICE, FINAL_ANSWER_PROMPT, *FORMAT_HINTS.values()]}
 
     # ---- how a task is solved
 
@@ -382,12 +369,6 @@ class ErrorRecovery(Benchmark):
             )
         )
         return "\n".join(lines)
-
-    def sample_rows(self, tasks: int) -> list[dict]:
-        return super().sample_rows(max(1, tasks // len(VARIATIONS)))  # each problem is one task per variation
-
-    def example_reply(self, prompt: str, seed: int) -> str:
-        return str(seed % 7 - 3) if FINAL_ANSWER_PROMPT in prompt else f"answer {seed}"
 
 
 def _records(calls: dict[str, dict]) -> dict[str, dict]:

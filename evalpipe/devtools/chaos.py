@@ -30,6 +30,7 @@ from ..benchmarks import REGISTRY, Benchmark, get, row_id
 from ..results.figures import headline
 from ..store import jsonl
 from ..store.paths import PROJECT
+from . import fakes
 from .testserver import FakeOpenAI, Reply, Request, example_replies
 
 KEY = "sk-chaos-" + "7f3a9c" * 4
@@ -91,7 +92,7 @@ def faulty(handler, rate: float, rng: random.Random, counts: Counter):
 def dataset(bench: str, work: Path, size: int) -> Path:
     """A dataset of about `size` tasks, made by the benchmark from its bundled data."""
     path = work / f"{bench}-data.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in get(bench).sample_rows(size)))
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in fakes.sample_rows(get(bench), size)))
     return path
 
 

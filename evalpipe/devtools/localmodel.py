@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import benchmarks
+from ..benchmarks.base import uses_judge_model
 from ..errors import EXIT_LOCAL_SERVER_DIED, sigterm_as_interrupt
 from ..pipeline import die_with_parent
 from ..store.paths import PROJECT
@@ -297,15 +298,29 @@ def server(
 # ---- the lines a user pastes: each benchmark as the demo runs it
 
 
-# The benchmarks in the demo, in registry order: those that say how to run on the local model.
-PLAN = [name for name, bench in benchmarks.REGISTRY.items() if bench().demo is not None]
+ER_SMALL = PROJECT / "data" / "error_recovery" / "small.jsonl"  # made by `make error-recovery-data`
+# make's settings of each benchmark in the demo, by name: few tasks and short answers on the tiny model
+DEMO = {
+    "clbench": {
+        "MAX_SAMPLES": "6",
+        "ARGS": "--max-tokens 64 --temperature 0.8",
+        "JUDGE_ARGS": "--max-tokens 128 --parse-attempts 1",
+    },
+    # three worked demos teach even the tiny model the ANSWER line
+    "coin_flip": {"MAX_SAMPLES": "8", "ARGS": "--fewshot 3 --max-tokens 96 --temperature 0.8"},
+    # the reference's `small` variant if `make error-recovery-data` made it, else our own sample
+    "error_recovery": {
+        "ARGS": "--max-tokens 32 --temperature 0.8",
+        **({"DATA": str(ER_SMALL.relative_to(PROJECT))} if ER_SMALL.exists() else {}),
+    },
+}
+PLAN = [name for name in benchmarks.REGISTRY if name in DEMO]  # the benchmarks in the demo, in registry order
 
 
 def settings(bench: str) -> dict[str, str]:
     """The pipeline settings of one benchmark on the local model: one call at a time, short answers."""
-    chosen = benchmarks.get(bench)
-    out = {"BENCH": bench, "MODEL": MODEL_NAME, "WORKERS": "1", **(chosen.demo or {})}
-    if chosen.judge_uses_llm:
+    out = {"BENCH": bench, "MODEL": MODEL_NAME, "WORKERS": "1", **DEMO.get(bench, {})}
+    if uses_judge_model(benchmarks.get(bench)):
         out["JUDGE_MODEL"] = MODEL_NAME
     return out
 

@@ -126,11 +126,12 @@ def digest(request: Request) -> int:
 
 
 def example_replies(bench: "Benchmark", delay: float = 0.0) -> Callable[[Request], Reply]:
-    """A handler that answers each request as the benchmark's `example_reply` says a well-formed reply looks
+    """A handler that answers each request as `fakes.example_reply` says a well-formed reply to the benchmark looks
     (an ANSWER line, a judge's JSON), varied by the request and the same for the same request."""
+    from .fakes import example_reply  # the benchmarks' modules, only for a server that answers as one
 
     def answer(request: Request) -> Reply:
-        return Reply(content=bench.example_reply(request.last_content, digest(request)), delay=delay)
+        return Reply(content=example_reply(bench, request.last_content, digest(request)), delay=delay)
 
     return answer
 
@@ -1183,7 +1184,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument(
         "--bench",
-        help="answer as this benchmark's example_reply says a well-formed reply looks (default: free text, which "
+        help="answer as a well-formed reply to this benchmark looks (devtools/fakes.py; default: free text, which "
         "a rule-graded benchmark reads as unparsed)",
     )
     parser.add_argument(

@@ -10,7 +10,7 @@ from .items import MDE_RUNS, display_interval
 from .tables import pct
 
 MAIN = "main"  # the key of the headline table among a model's tables
-FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (see flag_note)
+FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (Benchmark.flagged)
 SMALL, SMALL_TEX = "‡", "\\textsuperscript{\\ddag}"  # beside an item-level figure from few items or a rate of 0 or 1
 MIXED = "§"  # beside a model whose runs more than one served model answered or judged
 

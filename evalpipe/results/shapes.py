@@ -1,4 +1,4 @@
-"""How the viewer shows one benchmark (`Benchmark.viewer_shape`): its samples' facets and details, and the figures
+"""How the viewer shows one benchmark (`benchmarks.VIEWS`): its samples' facets and details, and the figures
 its leaderboard falls back on without aggregate.json."""
 
 from collections.abc import Sequence

@@ -278,7 +278,7 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             "model": entry["model"],
             "runs": list(entry["runs"]),
             "figures": _figures(headlines),
-            "flagged": bench.flagged(runs),
+            "flagged": bool(bench.flagged(runs)),
             "extra_tables": {title: _figures(values) for title, values in extra.items()},
             "coverage": {f"run-{k}": m.get("coverage", {}) for k, m in entry["runs"].items()},
             "cost_usd_per_run": stats.mean(costs) if costs and None not in costs else None,
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> int:
     models = summarize(bench, found, boot)
     _attach_agreement(bench, models, out_dir)
     comparisons = compare_models(bench, models, found, boot)
-    flag_note = bench.flag_note if any(m["flagged"] for m in models) else ""
+    flag_note = next(filter(None, (bench.flagged(list(entry["runs"].values())) for entry in found)), "")
     out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
     summary = {
         "benchmark": bench.name,

@@ -25,6 +25,7 @@ import orjson
 
 from .. import benchmarks
 from ..benchmarks import Benchmark, row_id
+from ..benchmarks.base import stand_in
 from ..benchmarks.clbench import rubric_lines
 from ..errors import EXIT_OK, BadInput, run_stage
 from ..results.agreement import Rows, format_report, report
@@ -60,7 +61,7 @@ def load(bench: Benchmark, path: Path, prefix: Any = None) -> tuple[Rows, int]:
         raise BadInput("no such judge file", path)
 
     def keep(row: dict) -> dict | None:
-        if bench.is_provisional(row):
+        if stand_in(row):
             return None
         return {
             "score": _binary(row.get("score")),

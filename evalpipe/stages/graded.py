@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
+from ..benchmarks.base import stand_in
 from ..client.llm import Endpoint
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths, shards
@@ -182,7 +183,7 @@ def rows_job(
     if shard is not None:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
-    stand_ins = _StandIns(label, bench, work, _formats(bench, endpoint, output))
+    stand_ins = _StandIns(label, work, _formats(bench, endpoint, output))
 
     def written() -> _Done:
         done = _done_ids(output, is_done, cut=shard is not None)
@@ -253,9 +254,9 @@ def _record(
 class _StandIns:
     """The rows a run writes as stand-ins (the judge API failed): the next run does them again."""
 
-    def __init__(self, label: str, bench: Benchmark, work: Callable[..., Awaitable[dict]], formats):
-        """Watch `work` for `label`, asking `bench` which rows are stand-ins."""
-        self.label, self.bench, self.work, self.formats = label, bench, work, formats
+    def __init__(self, label: str, work: Callable[..., Awaitable[dict]], formats):
+        """Watch `work` for `label` (`stand_in` says which rows are stand-ins)."""
+        self.label, self.work, self.formats = label, work, formats
         self.ids: set = set()  # of this run (every earlier one was pending again)
         self.elsewhere: set = set()  # rows to redo that an uncut run leaves to their shards (_done_ids)
 
@@ -266,7 +267,7 @@ class _StandIns:
         async def grade(task: Task, client) -> dict:
             """The output row for the task's input row."""
             row = await self.work(task.row, client)
-            if paying and self.bench.is_provisional(row):
+            if paying and stand_in(row):
                 self.ids.add(task.id)
             return row
 

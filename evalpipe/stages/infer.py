@@ -105,7 +105,7 @@ def _job(
         args,
         {
             "dataset_sha256": data_sha,
-            "prompt_sha256": manifest.sha256_texts(bench.infer_prompts()),
+            "prompt_sha256": manifest.sha256_texts(bench.prompts().get("infer", [])),
             "request_extra_body": endpoint.extra_body,
         },
         ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers

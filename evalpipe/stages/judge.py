@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import cli
 from ..benchmarks import Benchmark
-from ..benchmarks.base import ErrorAnalysis
+from ..benchmarks.base import ErrorAnalysis, uses_judge_model
 from ..datasets import hub
 from ..errors import BadInput
 from ..store import paths, shards
@@ -72,16 +72,16 @@ def main(argv: list[str]) -> int:
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
     shard = shards.chosen(args.shard, args.shards)
-    if not bench.judge_uses_llm and args.backend == "batch":
+    if not uses_judge_model(bench) and args.backend == "batch":
         print(
             f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
             file=sys.stderr,
         )
         args.backend = "online"
-    if bench.judge_uses_llm:
+    if uses_judge_model(bench):
         refuse_bedrock(args.judge_model)
     rows = InputRows(in_path, keep=shard_filter(bench, shard))
-    endpoint = judge_endpoint(args) if bench.judge_uses_llm else None
+    endpoint = judge_endpoint(args) if uses_judge_model(bench) else None
     job = rows_job(
         bench,
         args,
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         shard=shard,
         label="judge",
         stage="judge",
-        prompts=bench.judge_prompts(),
+        prompts=bench.prompts().get("judge", []),
         is_done=bench.is_judged,
         work=bench.grade,
     )

@@ -14,7 +14,7 @@ import orjson
 
 from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
-from ..benchmarks.base import ErrorAnalysis
+from ..benchmarks.base import ErrorAnalysis, stand_in
 from ..client import cost
 from ..client.thinking import budget_advice
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, BadInput
@@ -120,7 +120,7 @@ def _coverage(bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[
     to_rejudge = truncated = 0
     for row, count in counted:
         statuses[row.get("judge_status", "ok")] += count
-        to_rejudge += bench.is_provisional(row) * count
+        to_rejudge += stand_in(row) * count
         truncated += (row.get("status") == THINKING_TRUNCATED) * count
     covered: Coverage = {
         "expected": len(ids),
@@ -307,9 +307,7 @@ def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, jud
     if n is None:
         return None
     short = (
-        shard_key(bench, task.id, task.row)
-        for task in tasks
-        if task.id not in judged or bench.is_provisional(judged[task.id])
+        shard_key(bench, task.id, task.row) for task in tasks if task.id not in judged or stand_in(judged[task.id])
     )
     return {
         "count": n,

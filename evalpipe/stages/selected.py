@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks import Benchmark, Task
-from ..benchmarks.base import group_of
+from ..benchmarks.base import group_of, select
 from ..store.shards import Shard
 
 
@@ -21,7 +21,7 @@ class SelectedTasks:
     shard: Shard | None = None
 
     def __iter__(self) -> Iterator[Task]:
-        tasks = iter(self.bench.select(self.bench.load(self.data), self.max_samples))
+        tasks = iter(select(self.bench, self.bench.load(self.data), self.max_samples))
         if self.shard is None:
             return tasks
         takes, bench = self.shard.takes, self.bench
