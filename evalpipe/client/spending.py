@@ -1,19 +1,9 @@
-"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass.
+"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass (docs/results.md).
 
-Before each call goes out, what it can really cost is reserved: a prompt token per byte of its request
-(the messages and fields as JSON, UTF-8: a tokenizer's token is at least a byte, so no text, CJK and
-emoji included, bills more; characters are no bound, a rare CJK character is 2 or 3 tokens) at the input
-price, plus the completion tokens it may answer (its token cap, else DEFAULT_WORST_COMPLETION) at the
-output price. A call whose reservation would take what was spent plus what is reserved past the cap
-waits while calls are in flight (their replies may leave room), and when none is, is not sent: the
-stage stops starting calls, keeps every row it has, and exits 6. Until a reply has shown what this
-endpoint bills, only FIRST_IN_FLIGHT calls go out at once. When a reply comes, its reservation gives
-way to what its usage costs (cached prompt tokens at their price; a reply without usage, or with
-numbers that are not token counts, costs its reservation); a failed attempt costs nothing. A reply
-that bills more than its reservation (a server billing past the bound, or past the token cap it was
-sent) raises every later reservation by as much.
-
-Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRICES, the bundled one).
+Before each call goes out its worst case is reserved: a prompt token per byte of its request (a tokenizer's
+token is at least a byte; characters are no bound) at the input price, plus the completion tokens it may
+answer at the output price. A call that could pass the cap waits while calls are in flight, and when none
+is, is not sent: the stage keeps its rows and exits 6. A reply's cost then replaces its reservation.
 """
 
 import asyncio
@@ -67,17 +57,14 @@ class SpendingCap:
     factor: float = 1.0  # raised by a reply that billed more than its reservation
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def worst_case(self, request_size: int, max_tokens: int) -> float:
+    async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
+        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
+        when none is in flight and it could still pass the cap."""
         usage = {
             "prompt_tokens": request_size + PROMPT_OVERHEAD,
             "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
         }
-        return self.prices.cost(self.model, usage) or 0.0
-
-    async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
-        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
-        when none is in flight and it could still pass the cap."""
-        bound = self.worst_case(request_size, max_tokens)
+        bound = self.prices.cost(self.model, usage) or 0.0
         while True:
             worst = bound * self.factor
             fits = self.spent_usd + self.reserved_usd + worst <= self.cap_usd
