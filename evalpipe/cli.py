@@ -420,9 +420,6 @@ def _key_home(prefix: str) -> str:
     return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 def _origin(url: str, source: str) -> tuple[str, str, int | None]:
     """Scheme, host and port: what a key is bound to (another path on the same server is the same place)."""
     parts = urllib.parse.urlsplit(url)
@@ -431,7 +428,7 @@ def _origin(url: str, source: str) -> tuple[str, str, int | None]:
     except ValueError:
         raise BadInput(f"{source} is not a valid URL (bad port)") from None
     scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, prefixes: list[str]) -> str:

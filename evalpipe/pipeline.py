@@ -95,21 +95,11 @@ def parse(argv: list[str]) -> Plan:
     if not stages:
         raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
     plan = Plan([s for s in STAGES if s in stages], settings)
-    _check(plan)
-    return plan
-
-
-def _nearest(word: str, known) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _check(plan: Plan) -> None:
     for name in _WHOLE_NUMBERS:
-        value = plan.get(name)
+        given = plan.get(name)
         # ASCII digits only: str.isdigit takes '²' (which int() refuses) and int() takes other scripts' digits
-        if value is not None and not (re.fullmatch(r"[0-9]+", value) and int(value) >= 1):
-            raise UsageError(f"{name}={value}: expected a whole number of 1 or more (digits 0-9)")
+        if given is not None and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):
+            raise UsageError(f"{name}={given}: expected a whole number of 1 or more (digits 0-9)")
     bench = plan.get("BENCH") or benchmarks.DEFAULT
     if bench not in benchmarks.REGISTRY:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
@@ -131,6 +121,12 @@ def _check(plan: Plan) -> None:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+    return plan
+
+
+def _nearest(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_prices(plan: Plan) -> None:

@@ -130,17 +130,11 @@ def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
 
 
 def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
-    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent."""
-    return SpendingCap(max_cost, prices_for(prices_path, model), model, ledger, spent_usd=spent_before(ledger))
-
-
-def spent_before(ledger: Path | None) -> float:
-    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one). A line that
-    is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed caps nothing."""
-    if ledger is None or not ledger.exists():
-        return 0.0
-    total = 0.0
-    for number, line in enumerate(ledger.read_text().split("\n"), 1):
+    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent.
+    A ledger line that is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed
+    caps nothing."""
+    spent = 0.0
+    for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):
         if not line.strip():
             continue
         try:
@@ -149,5 +143,5 @@ def spent_before(ledger: Path | None) -> float:
             amount = math.nan
         if not (math.isfinite(amount) and amount >= 0):
             raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
-        total += amount
-    return total
+        spent += amount
+    return SpendingCap(max_cost, prices_for(prices_path, model), model, ledger, spent_usd=spent)
