@@ -133,6 +133,7 @@ def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path 
     """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent.
     A ledger line that is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed
     caps nothing."""
+    prices = prices_for(prices_path, model)
     spent = 0.0
     for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):
         if not line.strip():
@@ -144,4 +145,4 @@ def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path 
         if not (math.isfinite(amount) and amount >= 0):
             raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
         spent += amount
-    return SpendingCap(max_cost, prices_for(prices_path, model), model, ledger, spent_usd=spent)
+    return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent)
