@@ -40,7 +40,31 @@ def parser_for(
     bench = benchmarks.get(name)
 
     def build(for_bench: benchmarks.Benchmark) -> argparse.ArgumentParser:
-        return _stage_parser(stage, description, add_args, for_bench, per_run)
+        parser = argparse.ArgumentParser(prog=f"{stage}.py", description=description)
+        parser.add_argument(
+            "--bench",
+            default=benchmarks.DEFAULT,
+            choices=list(benchmarks.REGISTRY),
+            help=f"benchmark (default: {benchmarks.DEFAULT})",
+        )
+        if per_run:
+            parser.add_argument(
+                "--run",
+                type=whole_number,
+                default=1,
+                help="run number K, for outputs/<bench>/<model>/run-K (default 1)",
+            )
+            parser.add_argument(
+                "--label",
+                help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
+                "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
+            )
+        parser.add_argument(
+            "--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)"
+        )
+        add_args(parser, for_bench)
+        add_benchmark_flags(parser, for_bench, stage)
+        return parser
 
     parser = build(bench)
     if known.bench is None:
@@ -49,13 +73,11 @@ def parser_for(
     args = parser.parse_args(argv)
     if per_run and args.run < 1:
         parser.error("--run must be 1 or more")
-    chosen = type(bench)(options_from(args, bench.Options))
+    # the benchmark's Options from the parsed flags (a flag another stage offers keeps its default)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(bench.Options) if hasattr(args, f.name)}
+    chosen = type(bench)(bench.Options(**given))
     chosen.thinking = getattr(args, "thinking", chosen.thinking)
     return chosen, args
-
-
-def _options(options_type: type, stage: str) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(options_type) if f.metadata.get("stage") == stage]
 
 
 def whole_number(text: str) -> int:
@@ -67,7 +89,9 @@ def whole_number(text: str) -> int:
 
 def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Benchmark, stage: str) -> None:
     """The benchmark's own flags for this stage: one per `flag` field of its Options."""
-    for option in _options(bench.Options, stage):
+    for option in dataclasses.fields(bench.Options):
+        if option.metadata.get("stage") != stage:
+            continue
         name, meta = "--" + option.name.replace("_", "-"), option.metadata
         if isinstance(option.default, bool):
             parser.add_argument(name, action="store_true", help=meta["help"])
@@ -75,43 +99,6 @@ def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Bench
         kind = next((t for t in typing.get_args(option.type) if t is not type(None)), option.type)  # X | None → X
         kind = whole_number if kind is int else kind
         parser.add_argument(name, type=kind, default=option.default, choices=meta["choices"], help=meta["help"])
-
-
-def options_from(args: argparse.Namespace, options_type: type):
-    """The benchmark's Options from the parsed flags (a flag another stage offers keeps its default)."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(options_type) if hasattr(args, f.name)}
-    return options_type(**given)
-
-
-def _stage_parser(
-    stage: str,
-    description: str,
-    add_args: Callable[[argparse.ArgumentParser, benchmarks.Benchmark], None],
-    bench: benchmarks.Benchmark,
-    per_run: bool,
-) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"{stage}.py", description=description)
-    parser.add_argument(
-        "--bench",
-        default=benchmarks.DEFAULT,
-        choices=list(benchmarks.REGISTRY),
-        help=f"benchmark (default: {benchmarks.DEFAULT})",
-    )
-    if per_run:
-        parser.add_argument(
-            "--run", type=whole_number, default=1, help="run number K, for outputs/<bench>/<model>/run-K (default 1)"
-        )
-        parser.add_argument(
-            "--label",
-            help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
-            "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
-        )
-    parser.add_argument(
-        "--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)"
-    )
-    add_args(parser, bench)
-    add_benchmark_flags(parser, bench, stage)
-    return parser
 
 
 def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse.ArgumentParser], bench) -> str:
@@ -133,15 +120,6 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     """The flags of a stage that calls an endpoint: where and how to call it, what to send, what it may cost,
     the batch engines, and how the run goes."""
     g = parser.add_argument_group("endpoint and generation")
-    _connection_args(g, upstream_max_retries)
-    _generation_args(g)
-    _cost_args(g)
-    _batch_args(parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)"))
-    _run_args(g)
-
-
-def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | None) -> None:
-    """Where the endpoint is, its key, and how a call is tried: timeout, retries, backoff, transport."""
     g.add_argument(
         "--base-url",
         help="OpenAI-compatible endpoint URL "
@@ -174,11 +152,7 @@ def _connection_args(g: argparse._ArgumentGroup, upstream_max_retries: int | Non
         help="the SDK's HTTP transport: aiohttp (default; about twice the requests per second at hundreds in "
         "flight) or httpx (the SDK's own default)",
     )
-
-
-def _generation_args(g: argparse._ArgumentGroup) -> None:
-    """What every request sends besides the messages."""
-    # same shape as the other groups' add_argument calls on purpose: one call an option, read as --help shows it
+    # what every request sends besides the messages; one add_argument call an option, read as --help shows it
     g.add_argument(
         "--temperature",
         type=number_or_none,
@@ -207,10 +181,12 @@ def _generation_args(g: argparse._ArgumentGroup) -> None:
         help="JSON object merged into the request body for provider-specific fields, "
         "e.g. '{\"top_k\": 20}' (or @file.json)",
     )
+    _cost_args(g)
+    _batch_args(parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)"))
+    _run_args(g)
 
 
 def _cost_args(g: argparse._ArgumentGroup) -> None:
-    """What the calls would cost (--dry-run) and what they may cost (--max-cost)."""
     g.add_argument(
         "--dry-run",
         action="store_true",
@@ -246,7 +222,6 @@ def _usd(text: str) -> float:
 
 
 def _batch_args(g: argparse._ArgumentGroup) -> None:
-    """The batch engines: export/import files, or the Batch API."""
     g.add_argument(
         "--export-batch",
         type=Path,
@@ -285,7 +260,6 @@ def _batch_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _run_args(g: argparse._ArgumentGroup) -> None:
-    """How the run goes: calls in flight, the grace period on a stop, progress."""
     g.add_argument("--workers", type=whole_number, default=8, help="calls in flight at once (default 8)")
     g.add_argument(
         "--grace",
@@ -368,10 +342,8 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
     with --api-key goes where the user points it."""
     from .client.llm import Endpoint  # here: score and aggregate, which call no endpoint, never import llm
 
-    params = {}
-    for flag, field in (("temperature", "temperature"), ("top_p", "top_p"), ("reasoning_effort", "reasoning_effort")):
-        if getattr(args, flag) is not None:
-            params[field] = getattr(args, flag)
+    sent = ("temperature", "top_p", "reasoning_effort")
+    params = {name: getattr(args, name) for name in sent if getattr(args, name) is not None}
     if args.max_tokens is not None:
         params[args.max_tokens_param] = args.max_tokens
     if args.workers < 1:
@@ -448,9 +420,6 @@ def _key_home(prefix: str) -> str:
     return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 def _origin(url: str, source: str) -> tuple[str, str, int | None]:
     """Scheme, host and port: what a key is bound to (another path on the same server is the same place)."""
     parts = urllib.parse.urlsplit(url)
@@ -459,7 +428,7 @@ def _origin(url: str, source: str) -> tuple[str, str, int | None]:
     except ValueError:
         raise BadInput(f"{source} is not a valid URL (bad port)") from None
     scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, prefixes: list[str]) -> str:

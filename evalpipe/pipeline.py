@@ -77,10 +77,6 @@ class Plan:
     def get(self, name: str) -> str | None:
         return self.settings.get(name) or None
 
-    @property
-    def runs(self) -> int:
-        return int(self.get("RUNS") or DEFAULT_RUNS)
-
 
 def parse(argv: list[str]) -> Plan:
     """Stage names and VAR=value words → a checked Plan (raises UsageError)."""
@@ -100,21 +96,11 @@ def parse(argv: list[str]) -> Plan:
     if not stages:
         raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
     plan = Plan([s for s in STAGES if s in stages], settings)
-    _check(plan)
-    return plan
-
-
-def _nearest(word: str, known) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _check(plan: Plan) -> None:
     for name in _WHOLE_NUMBERS:
-        value = plan.get(name)
+        given = plan.get(name)
         # ASCII digits only: str.isdigit takes '²' (which int() refuses) and int() takes other scripts' digits
-        if value is not None and not (re.fullmatch(r"[0-9]+", value) and int(value) >= 1):
-            raise UsageError(f"{name}={value}: expected a whole number of 1 or more (digits 0-9)")
+        if given is not None and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):
+            raise UsageError(f"{name}={given}: expected a whole number of 1 or more (digits 0-9)")
     bench = plan.get("BENCH") or benchmarks.DEFAULT
     if bench not in benchmarks.REGISTRY:
         raise UsageError(f"BENCH={bench}: unknown benchmark; choose from {', '.join(benchmarks.REGISTRY)}")
@@ -136,6 +122,12 @@ def _check(plan: Plan) -> None:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+    return plan
+
+
+def _nearest(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_prices(plan: Plan) -> None:
@@ -270,7 +262,7 @@ class _Signals:
             returncode = self.child.wait()
             if returncode < 0 and not self.received:
                 name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
-                print(f"pipeline: {name} was killed by {_signal_name(-returncode)}", file=sys.stderr)
+                _say(f"{name} was killed by {_signal_name(-returncode)}")
             return 128 - returncode if returncode < 0 else returncode  # as a shell says killed by signal N: 128 + N
         finally:
             self.child = None
@@ -315,13 +307,13 @@ def run(plan: Plan) -> int:
 
 def _run(plan: Plan) -> int:
     worst = EXIT_OK
-    runs = plan.run_numbers or list(range(1, plan.runs + 1))
+    runs = plan.run_numbers or list(range(1, int(plan.get("RUNS") or DEFAULT_RUNS) + 1))
     with _Signals() as signals:
         for stage in plan.stages:
             cmd = command(plan, stage)
             rc = signals.run(cmd) if stage in ("aggregate", "publish") else _over_runs(signals, cmd, runs)
             if signals.received:  # the stage kept what it finished; the user asked to stop, so no next stage
-                print("pipeline: interrupted; rerun the same command to continue", file=sys.stderr)
+                _say("interrupted; rerun the same command to continue")
                 return EXIT_INTERRUPTED
             if rc == EXIT_INCOMPLETE:
                 worst = EXIT_INCOMPLETE
@@ -329,25 +321,21 @@ def _run(plan: Plan) -> int:
             if rc != EXIT_OK and worst != EXIT_OK:
                 # a later stage that cannot go on for want of what an incomplete one left (no judge file yet)
                 # does not replace the code of the stage that stopped first: that is what to act on
-                print(
-                    f"pipeline: {stage} stopped with exit code {rc} after an incomplete stage; later stages not run",
-                    file=sys.stderr,
-                )
+                _say(f"{stage} stopped with exit code {rc} after an incomplete stage; later stages not run")
                 break
             if rc == EXIT_WAITING:
-                print(
-                    f"pipeline: {stage} submitted batches, still waiting (exit 75); run the same command again later",
-                    file=sys.stderr,
-                )
+                _say(f"{stage} submitted batches, still waiting (exit 75); run the same command again later")
                 return rc
             if rc != EXIT_OK:
-                print(f"pipeline: {stage} stopped with exit code {rc}; later stages not run", file=sys.stderr)
+                _say(f"{stage} stopped with exit code {rc}; later stages not run")
                 return rc
     if worst == EXIT_INCOMPLETE:
-        print(
-            "pipeline: incomplete (exit 3): some tasks are not done yet; rerun the same command later", file=sys.stderr
-        )
+        _say("incomplete (exit 3): some tasks are not done yet; rerun the same command later")
     return worst
+
+
+def _say(text: str) -> None:
+    print(f"pipeline: {text}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -360,7 +348,7 @@ def main(argv: list[str]) -> int:
         plan = parse(argv)
         check_prices(plan)
     except UsageError as exc:
-        print(f"pipeline: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return EXIT_BAD_INPUT
     return run(plan)
 

@@ -1,15 +1,8 @@
-"""Batch engines: pending calls out as OpenAI batch request files, batch output files back in.
+"""Batch engines: pending calls out as OpenAI batch request files, batch output files back in (docs/batch.md).
 
-Export runs the benchmark's own solve/grade code against a client that captures the next call a
-task needs, so a request line is exactly what an online run would send. Import runs the same
-code against a client that answers from the batch output and error files, so the rows are
-exactly what an online run would write (same schema, usage, statuses, side file). A task that
-needs several chained calls (Error Recovery) keeps each imported call in its step cache and
-needs one batch per call: the next export holds the calls that follow.
-
-A request's custom_id is `<task id>~<16 hex of the request body's sha256>`: an answer can only
-ever be matched to the very request it answers, so importing a file twice, an old file, or files
-in any order changes nothing it should not.
+Export and import run the benchmark's own solve/grade code against a stand-in client (one captures the next
+call a task needs, one answers from the batch files), so request lines and rows are exactly an online run's.
+A custom_id covers the request body's sha256: an answer only ever lands on the very request it answers.
 """
 
 import asyncio
@@ -88,10 +81,8 @@ def write_request_files(lines: list[dict], path: Path, settings: runner.Settings
             size = 0
         parts[-1].append(data)
         size += len(data)
-    if len(parts) == 1:
-        targets = [path]
-    else:
-        targets = [path.with_name(f"{path.stem}-{i:03d}{path.suffix}") for i in range(1, len(parts) + 1)]
+    numbered = [path.with_name(f"{path.stem}-{i:03d}{path.suffix}") for i in range(1, len(parts) + 1)]
+    targets = [path] if len(parts) == 1 else numbered
     for target, part in zip(targets, parts):
         jsonl.atomic_write(target, b"".join(part))
     return targets
@@ -200,27 +191,25 @@ def import_files(
     paths: list[Path],
     output: Path,
     settings: runner.Settings,
-    current: dict | None = None,
+    current: Callable[[], dict] | None = None,
 ) -> runner.RunSummary:
     """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
-    `current`: the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
+    `current`: reads the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
     redact.register(endpoint.api_key)
     results = read_results(paths)
     side = runner.failures_path(output)
-    recorded = (
-        {(r.get("idx"), r.get("error")) for _, r in jsonl.iter_rows(side, torn_tail_ok=True)}
-        if side.exists()
-        else set()
-    )
+    side_rows = jsonl.iter_rows(side, torn_tail_ok=True) if side.exists() else []
+    recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
+    latest = current() if current is not None else None
 
     async def replay(task):
         try:
             row = await work(task, ReplayClient(endpoint, results, task.id))
             if row is not None:
                 row[BATCH_FLAG[label]] = True
-            if current is not None and row == current.get(task.id):
+            if latest is not None and row == latest.get(task.id):
                 return None  # the same row from the same batch line is there already
             return row
         except NotInBatch:

@@ -1,18 +1,8 @@
-"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation.
+"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation (docs/batch.md).
 
-Each invocation (from cron, or by hand) advances a state file beside the output,
-`<output>.batch.json`:
-  1. every batch not yet imported is retrieved; a finished one (completed, expired, cancelled)
-     has its output and error files downloaded next to the state file and imported; a batch
-     that failed validation stops the stage (exit 2) with the provider's reasons;
-  2. rows that need no call (e.g. an empty answer the judge scores 0) are written;
-  3. the calls still missing (including the next call of chained tasks, and whatever an expired
-     or cancelled batch left undone) are uploaded as new batches — the state file records each
-     upload before the batch is created and each batch id right after, so a crash at any point
-     never submits the same calls twice; a request already submitted MAX_SUBMISSIONS times is not
-     submitted again (it stays in the side file, exit 3);
-  4. the stage exits EXIT_WAITING (75) while any batch is still running, else as an online run.
-With --batch-wait S it keeps polling (with backoff from --batch-poll) for up to S seconds.
+Each invocation advances a state file beside the output, `<output>.batch.json`: it imports the batches that
+finished, writes the rows that need no call, submits what is still missing (each upload recorded before its
+batch is created, so a crash never submits the same calls twice), and exits 75 while a batch still runs.
 """
 
 import os
@@ -76,7 +66,7 @@ class State:
 
 def open_batches(output: Path) -> list[dict]:
     """Batches submitted for this output and not yet imported (none without a state file)."""
-    return State(output).open_batches() if state_path(output).exists() else []
+    return State(output).open_batches()
 
 
 def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:
@@ -87,12 +77,6 @@ def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:
             f"{len(in_batches)} Batch API batches for {output} are still open ({ids}; see {state_path(output)}): "
             "continue with --backend batch, or cancel them and delete that file to run otherwise"
         )
-
-
-def _client(endpoint: Endpoint):
-    import openai
-
-    return openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
 
 
 def advance(
@@ -110,7 +94,7 @@ def advance(
     import openai
 
     sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
-    client = _client(endpoint)
+    client = openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
     state = State(output)
     deadline = time.monotonic() + settings.batch_wait_s
     wait = settings.batch_poll_s
@@ -118,8 +102,7 @@ def advance(
     passes = 0
 
     def import_files(paths: list[Path]) -> runner.RunSummary:
-        rows = current() if current else None
-        return batch.import_files(label, pending_now(), work, endpoint, paths, output, settings, rows)
+        return batch.import_files(label, pending_now(), work, endpoint, paths, output, settings, current)
 
     try:
         while True:
@@ -185,11 +168,8 @@ def _collect(
         if info.status == "failed":
             entry.update(imported=True, errors=info.errors.model_dump() if info.errors else None)
             state.save()
-            reasons = (
-                "; ".join(f"{e.code}: {e.message}" for e in (info.errors.data or []))
-                if info.errors
-                else "no reason given"
-            )
+            errors = (info.errors.data if info.errors else None) or []
+            reasons = "; ".join(f"{e.code}: {e.message}" for e in errors) or "no reason given"
             raise BadInput(f"batch {entry['id']} failed validation ({reasons}); fix the cause and run again")
         downloaded = []
         for kind, file_id in (("output", info.output_file_id), ("errors", info.error_file_id)):
@@ -208,17 +188,14 @@ def _collect(
                 f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, {summary.failed} failed",
                 file=sys.stderr,
             )
-            _sync(StepCache.path_for(output))  # imported steps reach the disk before the batch counts as imported
+            steps = StepCache.path_for(output)
+            if steps.exists():  # imported steps reach the disk before the batch counts as imported
+                with open(steps, "rb") as f:
+                    os.fsync(f.fileno())
         entry["imported"] = True
         state.save()
         finished = True
     return finished
-
-
-def _sync(path: Path) -> None:
-    if path.exists():
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
 
 
 def _adopt(client, entry: dict) -> bool:

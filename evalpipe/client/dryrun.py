@@ -1,10 +1,8 @@
 """--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing.
 
-The benchmark's own solve/grade code runs against a stand-in client that records each request
-instead of sending it, so the count follows the same logic as a real run (the same prompts,
-the same multi-call tasks, the same skipped rows). Prompt tokens are estimated as characters / 4;
-every reply is assumed to be `completion_tokens` long (and, for chained calls, is fed into the
-next prompt at that length).
+The benchmark's own code runs against a stand-in client that records each request instead of sending it, so
+the count follows a real run's logic; prompt tokens are characters / 4, and every reply is assumed to be
+`completion_tokens` long, also where it is fed into a chained call's prompt (docs/results.md#dry-run).
 """
 
 import asyncio
@@ -55,9 +53,8 @@ def estimate(
     endpoint: Endpoint | None,
     max_tokens: int | None,
     prices: cost.Prices,
-    *,
-    first_call_only: bool = False,
-    max_cost: float | None = None,
+    first_call_only: bool,
+    max_cost: float | None,
 ) -> None:
     """Run `work(task, client)` for every pending task against a recording client; print the totals."""
     completion_tokens = max_tokens or DEFAULT_COMPLETION_TOKENS

@@ -1,19 +1,9 @@
-"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass.
+"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass (docs/results.md).
 
-Before each call goes out, what it can really cost is reserved: a prompt token per byte of its request
-(the messages and fields as JSON, UTF-8: a tokenizer's token is at least a byte, so no text, CJK and
-emoji included, bills more; characters are no bound, a rare CJK character is 2 or 3 tokens) at the input
-price, plus the completion tokens it may answer (its token cap, else DEFAULT_WORST_COMPLETION) at the
-output price. A call whose reservation would take what was spent plus what is reserved past the cap
-waits while calls are in flight (their replies may leave room), and when none is, is not sent: the
-stage stops starting calls, keeps every row it has, and exits 6. Until a reply has shown what this
-endpoint bills, only FIRST_IN_FLIGHT calls go out at once. When a reply comes, its reservation gives
-way to what its usage costs (cached prompt tokens at their price; a reply without usage, or with
-numbers that are not token counts, costs its reservation); a failed attempt costs nothing. A reply
-that bills more than its reservation (a server billing past the bound, or past the token cap it was
-sent) raises every later reservation by as much.
-
-Prices come from the table score uses (cost.load_prices: --prices, $EVALPIPE_PRICES, the bundled one).
+Before each call goes out its worst case is reserved: a prompt token per byte of its request (a tokenizer's
+token is at least a byte; characters are no bound) at the input price, plus the completion tokens it may
+answer at the output price. A call that could pass the cap waits while calls are in flight, and when none
+is, is not sent: the stage keeps its rows and exits 6. A reply's cost then replaces its reservation.
 """
 
 import asyncio
@@ -67,17 +57,14 @@ class SpendingCap:
     factor: float = 1.0  # raised by a reply that billed more than its reservation
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def worst_case(self, request_size: int, max_tokens: int) -> float:
+    async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
+        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
+        when none is in flight and it could still pass the cap."""
         usage = {
             "prompt_tokens": request_size + PROMPT_OVERHEAD,
             "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
         }
-        return self.prices.cost(self.model, usage) or 0.0
-
-    async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
-        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
-        when none is in flight and it could still pass the cap."""
-        bound = self.worst_case(request_size, max_tokens)
+        bound = self.prices.cost(self.model, usage) or 0.0
         while True:
             worst = bound * self.factor
             fits = self.spent_usd + self.reserved_usd + worst <= self.cap_usd
@@ -143,17 +130,12 @@ def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
 
 
 def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
-    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent."""
-    return SpendingCap(max_cost, prices_for(prices_path, model), model, ledger, spent_usd=spent_before(ledger))
-
-
-def spent_before(ledger: Path | None) -> float:
-    """What the earlier stages of this pipeline invocation spent (the runner's ledger; 0 without one). A line that
-    is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed caps nothing."""
-    if ledger is None or not ledger.exists():
-        return 0.0
-    total = 0.0
-    for number, line in enumerate(ledger.read_text().split("\n"), 1):
+    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent.
+    A ledger line that is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed
+    caps nothing."""
+    prices = prices_for(prices_path, model)
+    spent = 0.0
+    for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):
         if not line.strip():
             continue
         try:
@@ -162,5 +144,5 @@ def spent_before(ledger: Path | None) -> float:
             amount = math.nan
         if not (math.isfinite(amount) and amount >= 0):
             raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
-        total += amount
-    return total
+        spent += amount
+    return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent)

@@ -86,8 +86,15 @@ class Job:
 
 def run(job: Job, args) -> int:
     """Run the job's pending tasks through the engine the flags choose; return the exit code."""
-    if args.dry_run:
-        return _dry_run(job, args)
+    if args.dry_run:  # reads only: no folder, lock file or manifest
+        pending = job.pending_given(job.written())
+        job.announce(pending)
+        prices = cost.load_prices(args.prices)
+        with job.rows.session(False) as work:
+            dryrun.estimate(
+                job.label, pending, work, job.endpoint, args.max_tokens, prices, job.first_call_only, args.max_cost
+            )
+        return EXIT_OK
     settings = runner.Settings(
         workers=args.workers,
         grace_s=args.grace,
@@ -119,11 +126,19 @@ def run(job: Job, args) -> int:
         if not pending and not in_batches:
             record.finish(**counts, written=0, failed=0)
             return job.rows.settle(EXIT_OK)
+        current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
         with job.rows.session(True) as work:
-            if args.backend == "batch":
-                return _advance(job, settings, work, record, counts)
+            if args.backend == "batch":  # a step of the Batch API state file (or more, with --batch-wait)
+
+                def still_pending() -> Pending:
+                    return job.pending_given(job.written())
+
+                code = batch_backend.advance(
+                    job.label, still_pending, work, job.endpoint, job.output, settings, current
+                )
+                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+                return code
             if args.import_batch:  # the rows the batch files complete
-                current = jsonl.latest_rows(job.output, row_id) if job.rows_pending else None
                 summary = batch.import_files(
                     job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
                 )
@@ -140,8 +155,7 @@ def run(job: Job, args) -> int:
 
 
 def _seed_token_field(job: Job) -> None:
-    """Send --max-tokens in the field an earlier run learned this endpoint takes (the manifest's
-    `learned.token_field`)."""
+    """Send --max-tokens in the field an earlier run learned this endpoint takes (manifest's learned.token_field)."""
     if job.endpoint is None:
         return
     field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
@@ -155,27 +169,9 @@ def _learned_token_field(job: Job, args) -> dict:
     if job.endpoint is None or job.endpoint.token_field is None:
         return {}
     learned, key = manifest.learned(job.output, "token_field"), job.endpoint.learned_key
-    if job.endpoint.token_field == getattr(args, "max_tokens_param", "max_tokens") and key not in learned:
+    if job.endpoint.token_field == args.max_tokens_param and key not in learned:
         return {}
     return {"token_field": {**learned, key: job.endpoint.token_field}}
-
-
-def _dry_run(job: Job, args) -> int:
-    """--dry-run: announce and estimate the pending calls; reads only (no folder, lock file or manifest)."""
-    pending = job.pending_given(job.written())
-    job.announce(pending)
-    with job.rows.session(False) as work:
-        dryrun.estimate(
-            job.label,
-            pending,
-            work,
-            job.endpoint,
-            args.max_tokens,
-            cost.load_prices(args.prices),
-            first_call_only=job.first_call_only,
-            max_cost=args.max_cost,
-        )
-    return EXIT_OK
 
 
 def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
@@ -188,16 +184,3 @@ def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
         manifest.refuse_if_changed(job.output, job.fingerprint)
     if args.backend != "batch":
         batch_backend.refuse_other_engines(job.output, in_batches)
-
-
-def _advance(job: Job, settings: runner.Settings, work: Work, record: manifest.Record, counts: dict) -> int:
-    """--backend batch: advance the Batch API state file by a step (or more, with --batch-wait)."""
-
-    def still_pending() -> Pending:
-        """The tasks without a finished row now."""
-        return job.pending_given(job.written())
-
-    current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
-    code = batch_backend.advance(job.label, still_pending, work, job.endpoint, job.output, settings, current)
-    record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
-    return code
