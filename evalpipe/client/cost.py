@@ -127,9 +127,10 @@ def _counts_valid(usage: dict, calls: int) -> bool:
     Rows written before that check may hold anything."""
     if "invalid" in usage:
         return False
+    limit = MAX_TOKEN_COUNT * max(1, calls)
     for key in TOKEN_KEYS:
         value = usage.get(key)
-        if value is not None and not (type(value) is int and 0 <= value <= MAX_TOKEN_COUNT * max(1, calls)):
+        if value is not None and not (type(value) is int and 0 <= value <= limit):
             return False
     return True
 
