@@ -21,19 +21,6 @@ from ..store.rows import ApiCall
 _SNAPSHOT = re.compile(r"(.+?)(?:-\d{4}-\d{2}-\d{2}|-\d{4}|-latest|@[\w.-]+)$")
 DEFAULT_PRICES = Path(__file__).resolve().parent / "prices.json"
 TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
-# What score reads of every judge row for calls, tokens, latency and cost (besides a benchmark's score_fields).
-ACCOUNTING_FIELDS = (
-    "model",
-    "usage",
-    "latency_s",
-    "calls",
-    "batch",
-    "judge_model",
-    "judge_usage",
-    "judge_latency_s",
-    "judge_attempts",
-    "judge_batch",
-)
 
 
 @dataclass
@@ -140,9 +127,10 @@ def _counts_valid(usage: dict, calls: int) -> bool:
     Rows written before that check may hold anything."""
     if "invalid" in usage:
         return False
+    limit = MAX_TOKEN_COUNT * max(1, calls)
     for key in TOKEN_KEYS:
         value = usage.get(key)
-        if value is not None and not (type(value) is int and 0 <= value <= MAX_TOKEN_COUNT * max(1, calls)):
+        if value is not None and not (type(value) is int and 0 <= value <= limit):
             return False
     return True
 
@@ -183,13 +171,6 @@ class Ledger:
                         sums[key] += value
         if latency_s is not None:
             tally.latencies.append(latency_s)
-
-    def add_many(
-        self, stage: str, model: str | None, usage: dict | None, latencies: Sequence[float], calls: int, batch: bool
-    ) -> None:
-        """`calls` calls at once: their usage summed (None: none reported one) and their latencies."""
-        self.add(stage, model, usage, None, calls, batch)
-        self.stages[stage].latencies.extend(latencies)
 
     def summary(self, prices: Prices) -> dict:
         out: dict = {"prices": {"file": prices.source, "as_of": prices.as_of, "status": prices.status}, "stages": {}}

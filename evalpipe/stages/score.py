@@ -112,10 +112,11 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
     raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
 
 
-def _coverage(bench: Benchmark, ids: list, judged: Mapping, counted: list[tuple[dict, int]]) -> tuple[Coverage, dict]:
-    """How much of the selected tasks (their ids) the judge rows cover, and the judge statuses among the selected
-    tasks' rows (`counted`)."""
-    missing = [key for key in ids if key not in judged]
+def _coverage(
+    bench: Benchmark, ids: list, missing: list, judged: Mapping, counted: list[tuple[dict, int]]
+) -> tuple[Coverage, dict]:
+    """How much of the selected tasks (their ids; `missing`: those without a judge row) the judge rows cover, and
+    the judge statuses among the selected tasks' rows (`counted`)."""
     statuses: Counter = Counter()
     to_rejudge = truncated = 0
     for row, count in counted:
@@ -148,11 +149,17 @@ def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns:
     if columns is None:
         columns = bench.item_columns(tasks, judged)
     ids = tasks.ids if isinstance(tasks, _Selected) and tasks.ids is not None else [task.id for task in tasks]
-    selected = {key: judged[key] for key in ids if key in judged}
+    selected, missing = {}, []
+    for key in ids:
+        row = judged.get(key)
+        if row is None:
+            missing.append(key)
+        else:
+            selected[key] = row
     details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
     counted = _counted(selected)
-    metrics["coverage"], metrics["judge_status"] = _coverage(bench, ids, judged, counted)
+    metrics["coverage"], metrics["judge_status"] = _coverage(bench, ids, missing, judged, counted)
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
         counts = _field_counts(counted, key)
         if counts:
@@ -271,7 +278,7 @@ def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.
             read += len(rows)
             for row in rows:
                 kept = {key: row[key] for key in fields if key in row}
-                latest[row_id(row)] = shared.setdefault(jsonl.dumps(kept), kept)
+                latest[row_id(row)] = shared.setdefault(orjson.dumps(kept), kept)
                 for call in cost.api_calls(row):
                     ledger.add(*call)
     return latest, ledger, read
