@@ -300,3 +300,9 @@ def test_temperature_flag_overrides_or_drops_the_default(server, stage, tmp_path
     assert sent == [0, 0, 0.7, 0.7, "unset", "unset", "unset", "unset"]
     params = [json.loads((tmp_path / f"{n}.jsonl.manifest.json").read_text())["params"] for n in "abcd"]
     assert params == [{"temperature": 0.0}, {"temperature": 0.7}, {}, {}]
+
+
+def test_a_judge_row_without_its_target_is_graded_wrong_not_a_crash():
+    # score without a dataset reads the judge rows as the tasks; a row written by another tool may lack `target`
+    columns = bench().item_columns([Task(id=1, row={}, line=1)], {1: {"prediction": "YES"}})["columns"]
+    assert (columns["correct"], columns["parsed"], columns["tp"]) == ([0], [1], [0])

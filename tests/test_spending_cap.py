@@ -69,32 +69,23 @@ def test_the_cap_holds_with_256_in_flight_and_a_higher_cap_resumes(billing, env,
     assert len(ids) == len(set(ids)) == 600 == len(server.chat_requests())  # each task answered once
 
 
+def run_pipeline(env, *words) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "evalpipe.pipeline", *words]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
 def test_max_cost_spans_the_runner_s_stages_and_a_model_without_price_never_calls(billing, env, tmp_path):
     server, prices = billing
     env = {**env, "OPENAI_BASE_URL": server.base_url, "EVALPIPE_PRICES": str(prices)}
     words = ["infer", "BENCH=coin_flip", "MODEL=billed", "RUNS=2", "MAX_SAMPLES=100", f"OUTPUTS={tmp_path}"]
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", *words, "MAX_COST=0.3", "ARGS=--max-tokens 50"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_pipeline(env, *words, "MAX_COST=0.3", "ARGS=--max-tokens 50")
     assert done.returncode == 6, done.stderr  # run 1 (~$0.22) fits; run 2 reaches what is left
     assert billed(server) <= 0.3
     run1 = tmp_path / "coin_flip" / "billed" / "run-1" / "infer.jsonl"
     assert len(run1.read_text().splitlines()) == 100
 
     # a later invocation (its own ledger) with a higher cap resumes run 2: the ledger is not what makes rows
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpipe.pipeline", *words, "MAX_COST=5", "ARGS=--max-tokens 50"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_pipeline(env, *words, "MAX_COST=5", "ARGS=--max-tokens 50")
     assert done.returncode == 0, done.stderr
     assert len((run1.parent.parent / "run-2" / "infer.jsonl").read_text().splitlines()) == 100
 

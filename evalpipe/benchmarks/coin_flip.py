@@ -140,7 +140,7 @@ def load_rows(path: Path) -> list:
 
 
 @cache  # a handful of outcomes: a million tasks share their tuples
-def _item_values(gold: str, pred: str | None) -> tuple[int, ...]:
+def _item_values(gold: str | None, pred: str | None) -> tuple[int, ...]:
     """One graded item's tp, yes, positive, correct, parsed, f1_num and f1_den."""
     gold_yes = gold == "YES"
     tp, yes, positive = int(pred == "YES" and gold_yes), int(pred == "YES"), int(pred is not None and gold_yes)
@@ -331,7 +331,7 @@ class CoinFlip(Benchmark):
             row = judged.get(task.id)
             keys.append(task.id)
             values.append(
-                (None,) * len(names) if row is None else _item_values(task.row["target"], row.get("prediction"))
+                (None,) * len(names) if row is None else _item_values(task.row.get("target"), row.get("prediction"))
             )
         columns = (
             {name: list(column) for name, column in zip(names, zip(*values))} if values else {n: [] for n in names}
