@@ -1,7 +1,4 @@
-"""The benchmark registry: stages look a benchmark up here and never branch on its name.
-
-Adding a benchmark is one module in this folder and one line below (docs/adding-a-benchmark.md).
-"""
+"""The benchmark registry: stages look a benchmark up here, never branch on its name (docs/adding-a-benchmark.md)."""
 
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -22,8 +19,7 @@ REGISTRY: dict[str, type[Benchmark]] = {
     Arithmetic.name: Arithmetic,
 }
 DEFAULT = CLBench.name  # what the stages run without --bench (the product's first benchmark)
-# how report.html facets and details a benchmark's samples (results/shapes.py), made from its figures; the
-# generic Shape for a benchmark not named here
+# how report.html shows a benchmark's samples (results/shapes.py); the generic Shape for one not named here
 VIEWS: dict[str, Callable[[Sequence[ItemFigure]], Shape]] = {
     CLBench.name: CLBenchShape,
     CoinFlip.name: partial(CoinFlipShape, template=ZERO_SHOT),

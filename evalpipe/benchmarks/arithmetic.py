@@ -1,8 +1,7 @@
 """Arithmetic: two-number sums, differences and products, graded by exact match (no judge model).
 
-Not a published benchmark: the smallest complete one, written by following
-docs/adding-a-benchmark.md alone. The contract tests run it beside the real ones; a user can point
-it at an endpoint as a quick smoke test (`make infer judge score BENCH=arithmetic RUNS=1`).
+Not a published benchmark: a smoke test, run by the contract tests beside the real ones and by a user against an
+endpoint (`make infer judge score BENCH=arithmetic RUNS=1`).
 """
 
 import re

@@ -1,12 +1,7 @@
 """What every benchmark answers: which tasks, how one is solved, how it is graded, which figures.
 
-A benchmark is a `Benchmark` subclass that implements the answers — `load`, `solve`, `grade` —
-declares its `figures` (with the `item_columns` they are made of), and sets `name` and
-`default_data`. Everything else has a default. Its own
-flags are the fields of an `Options` dataclass (declared with `flag`); the stages turn them into
-command-line flags and hand the parsed values over once, as `self.options`. Coverage (expected,
-graded, missing), call accounting and cost are the framework's: a benchmark never counts them.
-docs/adding-a-benchmark.md walks through adding one.
+A benchmark subclasses `Benchmark`, implements `load`, `solve` and `grade`, and overrides defaults only where it
+must; docs/adding-a-benchmark.md walks through it. Coverage, call accounting and cost are the stages', never its own.
 """
 
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,8 +34,7 @@ class Task:
 
 
 def flag(default: Any, help: str, *, stage: str = "infer", choices: tuple[str, ...] | None = None) -> Any:
-    """A benchmark option: a field of its `Options` dataclass that the `stage` ("infer" or "judge")
-    offers as `--field-name` (a bool is an on/off switch; other types convert from the text)."""
+    """A field of a benchmark's `Options` dataclass: `--field-name` on `stage` (a bool is an on/off switch)."""
     return field(default=default, metadata={"help": help, "stage": stage, "choices": choices})
 
 
@@ -52,9 +46,7 @@ class NoOptions:
 async def one_call(
     task: "Task", model: "ChatClient", prompt: str, target: Any = None, metadata: dict | None = None
 ) -> dict:
-    """The inference row of a task solved by one chat call with one user message (`prompt`): upstream's keys
-    first (`idx`, `messages`, `model_output`), then `target` (what grade compares with), `metadata` and `model`,
-    then the answer (answer_into). The `solve` of most rule-graded benchmarks is this one line."""
+    """The inference row of a task asked in one user message: upstream's keys, `target`, `metadata`, the answer."""
     messages = [{"role": "user", "content": prompt}]
     out = {"idx": task.id, "messages": messages, "model_output": "", "target": target}
     out.update(metadata=metadata or {}, model=model.endpoint.model)
@@ -62,8 +54,7 @@ async def one_call(
 
 
 async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
-    """Fill an inference row from one chat call: the final answer (its thinking last, in `thinking`), or a final
-    context-length failure. `fields`: body fields of this call (ChatClient.complete)."""
+    """Fill an inference row from one chat call (`fields`: its extra body fields), or a final context-length row."""
     try:
         done = await model.complete(messages, fields)
     except ContextTooLong as exc:
@@ -85,16 +76,13 @@ class Benchmark:
     default_data: ClassVar[Path | None] = None  # the bundled dataset infer reads without --input
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
     score_fields: ClassVar[tuple[str, ...]] = ("score",)  # the judge row keys details() and item_columns() read
-    # the key of a task's `metadata` (copied into its rows) naming the tasks that share their leading messages
-    # (e.g. one long context): infer sends a group's first task alone and the rest once it is answered, so that a
-    # prefix-caching server computes the prefix once; a group stays in one shard; and its tasks, not independent,
-    # are one cluster in aggregate's error bars (items.json's `cluster`). None: no groups
+    # the `metadata` key naming tasks that share their leading messages: infer sends a group's first task alone (for
+    # prefix caching), a group stays in one shard and is one cluster in the error bars. None: no groups
     prefix_group: ClassVar[str | None] = None
     aggregate_note: ClassVar[str] = ""  # printed under the aggregate table: how to read the figures
     # infer's defaults for generation flags, where the reference sends its own (e.g. temperature 0)
     generation_defaults: ClassVar[dict[str, Any]] = {}
-    # each figure of a run, declared once: its value in score.json (at `key`), its item-level error bars in
-    # aggregate, and its place on the leaderboard, all as ratios of sums of item_columns() (results/figures.py)
+    # each figure of a run, declared once, as a ratio of sums of item_columns() (results/figures.py)
     figures: ClassVar[tuple[ItemFigure, ...]] = (ItemFigure("Score", "score", key="score"),)
     thinking: str = "separate"  # --thinking (thinking.MODES), set by the stage: what of a row's text is graded
 
@@ -104,38 +92,31 @@ class Benchmark:
     # ---- the answers (the fourth, which figures a run has, is `figures` above)
 
     def load(self, path: Path) -> Iterable[Task]:
-        """Which tasks: read a dataset file into tasks, in file order (a list, or a generator that reads the
-        file as it goes: infer and score then read it again rather than hold a million tasks).
+        """Which tasks: read a dataset file into tasks, in file order (a list, or a generator).
 
-        Called by infer and score (and tools) before anything else; never calls an API. Raises
-        errors.BadInput(message, path, line) for a row it cannot use. A task's id must be stable
-        under --max-samples (a prefix keeps its ids) and must not match old rows when the file is
-        a different one (derive it from the row's own id, or from its position and content).
+        Called by infer and score; no API. Raises errors.BadInput(message, path, line) for a row it cannot
+        use. A task's id is stable under --max-samples and matches no old row of a different file.
         """
         raise NotImplementedError
 
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         """How a task is solved: make its inference row (docs/outputs.md#rows), calling `model`.
 
-        Called by infer once per pending task, concurrently with others. Raises llm.CallFailed
-        (from `model`) to leave the task pending; a context-length failure is final and becomes a
-        row (see `answer_into`). A task that needs several calls keeps each finished one in
-        `steps`, so a rerun pays only for the calls that did not finish.
+        Called by infer, concurrently. llm.CallFailed leaves the task pending; a context-length failure is a
+        final row (`answer_into`). A task of several calls keeps each finished one in `steps`.
         """
         raise NotImplementedError
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         """How a solution is graded: make the judge row (docs/outputs.md#rows) for one inference row.
 
-        Called by judge once per inference row not yet judged. `judge` is the judge model when `prompts()`
-        has judge templates, else None (a rule). The row keeps the inference keys and adds `score` (0/1)
-        and `judge_status` ("ok", or why the score is a conservative 0; `api_error`: a stand-in, see
-        `stand_in`).
+        Called by judge. `judge` is the judge model if `prompts()` has judge templates, else None. The row adds
+        `score` (0/1) and `judge_status` ("ok", or why the score is a conservative 0; `api_error`: `stand_in`).
         """
         raise NotImplementedError
 
     def graded_text(self, row: dict, key: str = "model_output") -> str:
-        """The text of `row[key]` a grade reads: the final answer, never thinking written inline (thinking.py)."""
+        """The text of `row[key]` a grade reads: the final answer, without inline thinking (thinking.py)."""
         return thinking.text_to_grade(row, key, self.thinking)
 
     # ---- optional, with defaults
@@ -145,10 +126,8 @@ class Benchmark:
         return not stand_in(row)
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
-        """What a run's score.json holds besides its figures (e.g. a confusion matrix), from the selected tasks
-        (iterate them once: a large dataset is read again) and their judge rows by id (last row per id, only the
-        `score_fields` keys; a task without a row counts as wrong). Called by score; no API. Coverage, judge
-        statuses and cost are score's: leave them out. Default: nothing."""
+        """What score.json holds besides the figures, from the selected tasks (iterate once) and their judge rows
+        by id (the `score_fields` keys; no row: wrong). Called by score; no API. Default: nothing."""
         return {}
 
     def format_metrics(self, metrics: dict) -> str:
@@ -161,20 +140,16 @@ class Benchmark:
         return "\n".join(lines)
 
     def flagged(self, runs: list[dict]) -> str:
-        """Why aggregate marks a model's headline figure with † (the note printed under the table), from its runs'
-        metrics; "": no mark."""
+        """Why aggregate marks a model's headline with † (the note under the table), from its runs; "": no mark."""
         return ""
 
     def prompts(self) -> dict[str, list[str]]:
-        """The prompt templates a stage fills in beyond the dataset's own text, by stage ("infer", "judge"): part of
-        that stage's fingerprint. Judge templates make it an LLM-graded benchmark: grade gets the judge model."""
+        """The templates each stage fills in, by stage (its fingerprint); judge templates make it LLM-graded."""
         return {}
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
-        """One run's values per item (items.json), that the `figures` are sums of, from the selected tasks (iterate
-        them once) and the judge rows by id. Called by score; no API. A value is None where the item was not graded
-        in this run (aggregate averages each item over the runs that graded it); `--max-samples` counts the keys
-        (`select`). Default: each task is an item, its column `score` the judge row's 0/1 score."""
+        """One run's values per item (items.json; None: not graded in this run) that the `figures` sum, read as
+        `details` reads. Called by score; no API. Default: each task an item, its 0/1 `score`."""
         keys, scores = [], []
         for task in tasks:
             row = judged.get(task.id)
@@ -189,15 +164,12 @@ def uses_judge_model(bench: Benchmark) -> bool:
 
 
 def stand_in(row: dict) -> bool:
-    """Whether a judge or analysis row stands in for a grade because the judge API failed after its retries: the
-    next run redoes it, and score counts its task as not graded."""
+    """Whether a judge or analysis row stands in for a grade the judge API failed to give (redone, not graded)."""
     return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
 
 
 def select(bench: Benchmark, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
-    """`--max-samples N` (infer and score): the tasks of the first N items (`item_columns`' keys, an item's tasks
-    consecutive: one task, or Error Recovery's problem with its three variations), as upstream. Every row is still
-    read, so that a bad row past them is an error as with `load`."""
+    """`--max-samples N`: the tasks of the first N items (`item_columns`' keys); the rest is still read, to check."""
     return tasks if max_samples is None else _first_items(bench, tasks, max_samples)
 
 
@@ -221,11 +193,9 @@ def group_of(bench: Benchmark, row: dict) -> str | None:
 
 
 class ErrorAnalysis:
-    """Optional capability: classify why failed solutions failed (`judge.py --error-analysis`).
+    """Optional capability, by also deriving from it: classify why failed solutions failed (`--error-analysis`).
 
-    A benchmark offers it by also deriving from this class (CL-bench does); the stages test
-    `isinstance(bench, ErrorAnalysis)`. The analysis reads the judge rows and writes
-    `<error_analysis_name>.jsonl` beside them; score adds its metrics under that name.
+    The analysis writes `<error_analysis_name>.jsonl` beside the judge rows; score adds its metrics under that name.
     """
 
     error_analysis_name: ClassVar[str] = "error_analysis"

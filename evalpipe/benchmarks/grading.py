@@ -23,11 +23,9 @@ _BARE_LETTER = re.compile(r"\(?([A-J])[).]?")
 
 
 def read_tasks(path: Path, **fields: type) -> list[Task]:
-    """The tasks of a dataset file (read_rows) whose every row holds `fields` of the given types, e.g.
-    `read_tasks(path, question=str, answer=str)`; anything else is a BadInput naming the file and line.
+    """The tasks of a file (read_rows) whose rows hold `fields` of the given types, else a BadInput naming the line.
 
-    A task's id is the row's `id` (a string or number, each seen once), else its position and a hash of its
-    content: stable under --max-samples, and another file's rows do not match it."""
+    A task's id is the row's `id` (seen once), else its position and a hash of its content (another file's differ)."""
     tasks: list[Task] = []
     seen: set = set()
     for line, row in read_rows(path):
@@ -48,8 +46,7 @@ def read_tasks(path: Path, **fields: type) -> list[Task]:
 
 
 def read_multiple_choice(path: Path) -> list[Task]:
-    """read_tasks of multiple-choice rows: `question`, 2 to 10 `choices` (strings) and `answer`, the letter of
-    the right choice (A for the first)."""
+    """read_tasks of rows of `question`, 2 to 10 `choices` (strings) and `answer`, the right choice's letter."""
     tasks = read_tasks(path, question=str, choices=list, answer=str)
     for task in tasks:
         choices, answer = task.row["choices"], task.row["answer"]
@@ -61,14 +58,12 @@ def read_multiple_choice(path: Path) -> list[Task]:
 
 
 def multiple_choice(question: str, choices: Sequence[str]) -> str:
-    """The MULTIPLE_CHOICE prompt of a question and its choices, lettered A, B, C, ... in order."""
     lettered = "\n".join(f"{letter}) {choice}" for letter, choice in zip(LETTERS, choices))
     return MULTIPLE_CHOICE.format(letters=LETTERS[: len(choices)], question=question, choices=lettered)
 
 
 def choice_letter(reply: str) -> str | None:
-    """The letter a reply chose: after its last `Answer:` (any case; `**`, `$` or `(` before the letter
-    allowed), else the whole reply if it is one letter (`B`, `(B)`, `B.`); None if neither."""
+    """The letter after a reply's last `Answer:` (any case; `**`, `$`, `(` allowed), else a one-letter reply."""
     found = _ANSWER_LINE.findall(reply)
     if found:
         return found[-1].upper()
@@ -77,8 +72,7 @@ def choice_letter(reply: str) -> str | None:
 
 
 def exact_match(row: dict, answer: str | None, unread: str = "unparsed") -> dict:
-    """The judge row of an inference row whose answer was read as `answer`: `score` 1 if it equals the row's
-    `target`, `judge_status` "ok", or `unread` when no answer was read (None or empty: scored 0)."""
+    """The judge row: `score` 1 if `answer` equals the row's `target`; `judge_status` `unread` if no answer was read."""
     return {
         **row,
         "score": int(bool(answer) and answer == row.get("target")),
@@ -87,8 +81,7 @@ def exact_match(row: dict, answer: str | None, unread: str = "unparsed") -> dict
 
 
 def read_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line, row) for each row of a JSONL file, or of a `.json` file holding one array of objects (the line
-    where each object starts). A line that is not a JSON object is a BadInput naming the file and line."""
+    """(line, row) for each row of a JSONL file, or of a `.json` array of objects (the line each starts on)."""
     return _json_array(path) if path.suffix.lower() == ".json" else jsonl.iter_rows(path)
 
 
@@ -126,7 +119,6 @@ def _json_array(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def _skip(text: str, at: int) -> int:
-    """The position of the first character at or after `at` that is not whitespace."""
     while at < len(text) and text[at] in " \t\r\n":
         at += 1
     return at
