@@ -8,8 +8,9 @@ requirement_status and score. Our extra keys come after those.
 import json
 import re
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from ..store.rows import THINKING_TRUNCATED, row_id
 from .base import API_ERROR, VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, group_of, stand_in
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..client.llm import ChatClient, Endpoint, Served
+    from ..client.llm import ChatClient, Served
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -32,8 +33,6 @@ CATEGORIES = (
     "Empirical Discovery & Simulation",
 )
 NO_RUBRICS = "No specific rubrics provided."
-OPENAI_HOST = "api.openai.com"  # where --prompt-cache-key auto sends the key (the field is OpenAI's)
-SUB_CATEGORIES = "Sub-categories"  # the title of aggregate's table of solving rates per sub-category
 
 JUDGE_PROMPT = """\
 You are grading one response against a list of rubrics. Be strict: grading is all-or-nothing.
@@ -107,9 +106,7 @@ def rubrics_text(rubrics: Any) -> str:
     return "\n".join(f"{i}. {text}" for i, text in enumerate(rubric_lines(rubrics), 1)) or NO_RUBRICS
 
 
-# ---------------------------------------------------------------- judge reply parsing
-
-
+# ---- judge reply parsing
 class Verdict:
     def __init__(self, score: int, rationale: str, statuses: list, how: str, notes: list[str]):
         self.score, self.rationale, self.statuses, self.how, self.notes = score, rationale, statuses, how, notes
@@ -225,9 +222,7 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
     return _verdict_from(obj, "score_only", n_rubrics)
 
 
-# ---------------------------------------------------------------- asking the judge
-
-
+# ---- asking the judge
 @dataclass
 class Asked:
     value: Any  # what `parse` made of the reply, or None when no reply could be used
@@ -269,8 +264,7 @@ class Contract:
     parse: Callable[[str], Any]
 
 
-# ---------------------------------------------------------------- error types of failed solutions
-
+# ---- error types of failed solutions
 ERROR_TYPES = ("Context Ignored", "Context Misused", "Format Error", "Refusal")
 ANALYSIS_TASK_CHARS = 8000  # of the last user turn shown to the analyst; longer turns are cut, visibly
 SLIMMED_TASK = (  # the task of a judge row without messages
@@ -367,15 +361,11 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
 ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems, parse_error_types)
 
 
-# ---------------------------------------------------------------- the benchmark
-
-UPSTREAM_INFER_KEYS = ("idx", "messages", "model_output", "rubrics", "metadata")
-
-
+# ---- the benchmark
 def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: str, **extra) -> dict:
     """Upstream's keys first (inference keys, then its three judge keys), then ours."""
     out = {"idx": row_id(row)}
-    out.update((k, row[k]) for k in UPSTREAM_INFER_KEYS[1:] if k in row)
+    out.update((k, row[k]) for k in ("messages", "model_output", "rubrics", "metadata") if k in row)
     out.update(grading_rationale=rationale, requirement_status=statuses, score=score)
     out.update((k, v) for k, v in row.items() if k not in out and not k.startswith("judge_"))
     out["judge_status"] = status
@@ -427,13 +417,12 @@ class CLBench(ErrorAnalysis, Benchmark):
     Options = CLBenchOptions
     score_fields = ("score", "judge_status", "judge_format", "judge_parse")
     aggregate_note = "Solving rate over all selected tasks: a task without a judge row counts as 0."
-    # tasks that share a context are not independent: their error bars are clustered by it
-    prefix_group = "context_id"  # a context's tasks share the system message and the long context after it
+    prefix_group = "context_id"  # a context's tasks share its system message and long context, and their error bars
     # solving rates over all selected tasks; the categories in score.json's order (CATEGORIES first)
     figures = (
         ItemFigure("Overall", "solved", key="overall/solving_rate"),
         ItemFigure("{}", "solved", by="category", key="by_category/{}/solving_rate"),
-        ItemFigure("{}", "solved", by="sub_category", table=SUB_CATEGORIES, key="by_sub_category/{}/solving_rate"),
+        ItemFigure("{}", "solved", by="sub_category", table="Sub-categories", key="by_sub_category/{}/solving_rate"),
     )
     options: CLBenchOptions
 
@@ -498,14 +487,12 @@ class CLBench(ErrorAnalysis, Benchmark):
             "metadata": row.get("metadata", {}),
             "model": model.endpoint.model,
         }
-        # online only: a batch's request lines (and their custom ids) stay as earlier runs wrote them
-        key = group_of(self, task.row) if not model.batched and self._sends_cache_key(model.endpoint) else None
+        # --prompt-cache-key auto: only to OpenAI's API, whose field it is; online only, as a batch's request lines
+        # (and their custom ids) stay as earlier runs wrote them
+        choice, host = self.options.prompt_cache_key, urllib.parse.urlsplit(model.endpoint.url).hostname
+        sends = choice == "on" or (choice == "auto" and host == "api.openai.com")
+        key = group_of(self, task.row) if sends and not model.batched else None
         return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
-
-    def _sends_cache_key(self, endpoint: "Endpoint") -> bool:
-        """--prompt-cache-key: auto sends it where the field is known to be taken, OpenAI's API."""
-        choice = self.options.prompt_cache_key
-        return choice == "on" or (choice == "auto" and urllib.parse.urlsplit(endpoint.url).hostname == OPENAI_HOST)
 
     # ---- how a solution is graded
 
@@ -525,10 +512,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
 
     async def _ask(self, judge: "ChatClient", prompt: str, contract: Contract) -> Asked:
-        """Ask until the contract's `parse` accepts a reply, at most --parse-attempts times, for its JSON through
-        response_format (judge_format): a reply in a structured mode that breaks it marks the mode not enforced. A
-        reply with empty content is read from the reasoning field; one cut at the token limit that is not complete
-        JSON is JUDGE_TRUNCATED at once."""
+        """Ask until `parse` takes a reply, at most --parse-attempts times. A reply that breaks its structured mode
+        marks the mode not enforced; empty content is read from the reasoning field; a cut, incomplete one is final."""
         asked = Asked(None, PARSE_ERROR, {})
         latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
 
@@ -663,8 +648,8 @@ class CLBench(ErrorAnalysis, Benchmark):
     def error_analysis_metrics(
         self, tasks: Iterable[Task], judged: Mapping[Any, dict], analyses: dict[Any, dict]
     ) -> dict:
-        counts = {t: 0 for t in ERROR_TYPES}
-        statuses: dict[str, int] = {}
+        counts = Counter(dict.fromkeys(ERROR_TYPES, 0))
+        statuses: Counter[str] = Counter()
         failed = analyzed = 0
         for task in tasks:
             row = judged.get(task.id)
@@ -673,18 +658,17 @@ class CLBench(ErrorAnalysis, Benchmark):
             failed += 1
             analysis = analyses.get(task.id)
             status = str(analysis.get("analysis_status")) if analysis else "not_analyzed"
-            statuses[status] = statuses.get(status, 0) + 1
+            statuses[status] += 1
             if analysis and status in (OK, SALVAGED):
                 analyzed += 1
-                for t in analysis.get("error_types", []):
-                    counts[t] = counts.get(t, 0) + 1
+                counts.update(analysis.get("error_types", []))
         return {
             "denominator": "failed solutions (judged 0 by a parsed verdict) that have a parsed analysis; "
             "multi-label, so the shares may sum to more than 100%",
             "failed": failed,
             "analyzed": analyzed,
             "status": dict(sorted(statuses.items())),
-            "counts": counts,
+            "counts": dict(counts),
             "share": {t: (counts[t] / analyzed if analyzed else None) for t in ERROR_TYPES},
         }
 
@@ -703,25 +687,25 @@ class CLBench(ErrorAnalysis, Benchmark):
     # ---- which metrics a run has
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
-        overall = _Tally()
-        by_cat: dict[str, _Tally] = {c: _Tally() for c in CATEGORIES}
-        by_sub: dict[str, _Tally] = {}
+        overall: Counter[str] = Counter()
+        by_cat: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
+        by_sub: dict[str, Counter[str]] = {}
         for task in tasks:
             meta = task.row.get("metadata") or {}
             row = judged.get(task.id)
-            score = None if row is None else 1 if _normalize_score(row.get("score")) == 1 else 0
+            outcome = "missing" if row is None else "score_1" if _normalize_score(row.get("score")) == 1 else "score_0"
             for tally in (
                 overall,
-                by_cat.setdefault(str(meta.get("context_category", "(none)")), _Tally()),
-                by_sub.setdefault(str(meta.get("sub_category", "(none)")), _Tally()),
+                by_cat.setdefault(str(meta.get("context_category", "(none)")), Counter()),
+                by_sub.setdefault(str(meta.get("sub_category", "(none)")), Counter()),
             ):
-                tally.add(score)
+                tally[outcome] += 1
         return {
             "denominator": "solving_rate counts missing rows as 0 (all selected tasks); "
             "solving_rate_graded is upstream's rate over graded rows only",
-            "overall": overall.as_dict(),
-            "by_category": {k: v.as_dict() for k, v in by_cat.items() if v.total},
-            "by_sub_category": {k: by_sub[k].as_dict() for k in sorted(by_sub)},
+            "overall": _rates(overall),
+            "by_category": {k: _rates(v) for k, v in by_cat.items() if v},
+            "by_sub_category": {k: _rates(by_sub[k]) for k in sorted(by_sub)},
         }
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
@@ -768,23 +752,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         return "\n".join(lines)
 
 
-@dataclass
-class _Tally:
-    total: int = 0
-    score_1: int = 0
-    score_0: int = 0
-    missing: int = 0
-
-    def add(self, score: int | None) -> None:
-        self.total += 1
-        if score is None:
-            self.missing += 1
-        elif score == 1:
-            self.score_1 += 1
-        else:
-            self.score_0 += 1
-
-    def as_dict(self) -> dict:
-        """The counts and upstream's rate over graded rows (`solving_rate`, over all tasks, is a figure)."""
-        graded = self.score_1 + self.score_0
-        return {**asdict(self), "solving_rate_graded": self.score_1 / graded if graded else 0.0}
+def _rates(tally: Counter) -> dict:
+    """The counts and upstream's rate over graded rows (`solving_rate`, over all tasks, is a figure)."""
+    graded = tally["score_1"] + tally["score_0"]
+    counts = {k: tally[k] for k in ("score_1", "score_0", "missing")}
+    return {"total": tally.total(), **counts, "solving_rate_graded": tally["score_1"] / graded if graded else 0.0}

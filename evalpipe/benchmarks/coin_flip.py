@@ -1,8 +1,6 @@
-"""CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO.
+"""CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO (docs/benchmarks.md).
 
-Prompts use EvalScope's templates exactly; the answer is read by EvalScope 1.14.1's rule (no judge
-model; `parse_answer`); F1 over YES/NO is the headline metric. Requests carry `temperature: 0`, as
-EvalScope sends them, unless --temperature says otherwise.
+EvalScope's prompts, its answer rule (`parse_answer`, no judge model) and `temperature: 0`; F1 is the headline.
 """
 
 import json
@@ -48,10 +46,6 @@ PARSE_MODES = ("evalscope", "strict", "lenient")  # lenient: an alias of evalsco
 _PERSON = re.compile(r" ([^ .]+) (flips|does not flip) the coin\.")
 
 
-def few_shot_prompt(question: str, demos: str) -> str:
-    return f"{FEW_SHOT_HEADER}\n\n{demos}\n\n{ZERO_SHOT.format(question=question)}"
-
-
 def worked_example(question: str, answer: str) -> str:
     """A demo that tracks the coin through every person and ends with the ANSWER line."""
     steps, heads = ["The coin starts heads up."], True
@@ -69,39 +63,29 @@ def worked_example(question: str, answer: str) -> str:
 
 
 def parse_answer(text: str, mode: str = "evalscope") -> str | None:
-    """YES, NO, or None when unparsed. evalscope (the default; `lenient` is the same rule): EvalScope 1.14.1's.
-    strict (for format-following studies): the text after the last case-sensitive `ANSWER:` to the end of its
-    line, stripped, must be YES or NO in any case."""
+    """YES, NO, or None when unparsed. evalscope (`lenient` is the same), EvalScope 1.14.1's rule: the answer
+    (evalscope_extract) an exact lower-case `yes`/`no` (one `.` or `!` allowed), else exactly one of the whole
+    words Yes/YES and No/NO. strict: after the last case-sensitive `ANSWER:` its line is YES or NO (any case)."""
     if mode == "strict":
         found = _STRICT.findall(text or "")
-        if not found:
-            return None
-        verdict = found[-1].strip().upper()
+        verdict = found[-1].strip().upper() if found else None
         return verdict if verdict in ("YES", "NO") else None
-    return evalscope_verdict(evalscope_extract(text or ""))
+    answer = evalscope_extract(text or "")
+    exact = _EXACT.fullmatch(answer.strip())
+    if exact:
+        return exact.group(1).upper()
+    has_yes, has_no = _YES_WORD.search(answer) is not None, _NO_WORD.search(answer) is not None
+    return None if has_yes == has_no else "YES" if has_yes else "NO"
 
 
 def evalscope_extract(text: str) -> str:
-    """The answer text as EvalScope 1.14.1 extracts it: after the last `ANSWER:` marker (any case, bold
-    markers after the colon allowed) to the end of that line, stripped of whitespace, then of `*` at
-    both ends, then of whitespace; without a marker, the whole reply unchanged."""
+    """The answer as EvalScope 1.14.1 extracts it: the rest of the line after the last `ANSWER:` (any case, `*`
+    allowed after the colon), stripped of whitespace, `*`, whitespace; without a marker, the whole reply."""
     markers = list(_MARKER.finditer(text))
     if not markers:
         return text
     line = text[markers[-1].end() :].split("\n", 1)[0]
     return line.strip().strip("*").strip()
-
-
-def evalscope_verdict(answer: str) -> str | None:
-    """EvalScope 1.14.1's verdict: an exact lower-case `yes`/`no` (one optional `.` or `!`) decides;
-    otherwise exactly one of the whole words Yes/YES or No/NO must occur (both or neither: None)."""
-    exact = _EXACT.fullmatch(answer.strip())
-    if exact:
-        return exact.group(1).upper()
-    has_yes, has_no = _YES_WORD.search(answer) is not None, _NO_WORD.search(answer) is not None
-    if has_yes == has_no:
-        return None
-    return "YES" if has_yes else "NO"
 
 
 _GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}  # the usual spellings
@@ -251,7 +235,8 @@ class CoinFlip(Benchmark):
         return {"infer": [self.prompt("{question}")]}
 
     def prompt(self, question: str) -> str:
-        return few_shot_prompt(question, self.demos) if self.demos else ZERO_SHOT.format(question=question)
+        zero_shot = ZERO_SHOT.format(question=question)
+        return f"{FEW_SHOT_HEADER}\n\n{self.demos}\n\n{zero_shot}" if self.demos else zero_shot
 
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         metadata = {"fewshot": self.options.fewshot}

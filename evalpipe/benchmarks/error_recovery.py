@@ -1,12 +1,7 @@
-"""Error Recovery (as in OpenAI Evals `error-recovery`), built on BIG-Bench Mistake.
+"""Error Recovery (as in OpenAI Evals `error-recovery`), built on BIG-Bench Mistake (docs/benchmarks.md).
 
-Each problem is asked three ways — no reasoning (NR), the correct first steps (CR), and those
-steps plus the first wrong one (IR) — and the model continues the reasoning. A second call to the
-same model extracts the final answer, which must equal str(target) exactly. Every variation is
-its own task (`<task>-<n>:<NR|CR|IR>`), so runs resume per (problem, variation), and each
-finished call is kept, so a failed extraction never costs the reasoning again.
-
-The prompt strings are the reference eval's, reproduced verbatim so results stay comparable.
+Each problem is asked with no, the correct or the incorrect given reasoning (NR, CR, IR), each its own task; the
+model continues it, then a second call extracts the answer. Each finished call is kept, so a rerun never pays twice.
 """
 
 import re
@@ -46,7 +41,6 @@ FORMAT_HINTS = {
 }
 VARIATIONS = ("NR", "CR", "IR")
 LOSS = "Performance loss (1 − IR/CR)"
-PER_TASK = "Per task"  # the title of aggregate's table of NR/CR/IR per BIG-Bench Mistake task
 ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
 
 
@@ -59,15 +53,6 @@ def conversation(problem: dict, variation: str, reasoning_role: str = "assistant
             steps = f"{steps}\n{problem['incorrect_step']}"
         messages.append({"role": reasoning_role, "content": steps})
     return messages
-
-
-def notice_position(variation: str, position: str, ir_only: bool) -> str:
-    """Where the mistake notice goes for a variation: none, immediate or end (the reference's rules)."""
-    if ir_only and variation != "IR":
-        return "none"
-    if variation == "NR" and position == "immediate":
-        return "none"  # there is no given reasoning to put a notice after
-    return position
 
 
 def compat(messages: list[dict], mode: str) -> list[dict]:
@@ -157,7 +142,7 @@ class ErrorRecovery(Benchmark):
         ItemFigure("CR − IR", "cr_minus_ir", proportion=False, bounds=(-1.0, 1.0), run=_cr_minus_ir),
         # OpenAI Evals' keys: task_<task-with-hyphens>_<variation>_correct_rate
         *(
-            ItemFigure(f"{{}} {var}", var, by="task", table=PER_TASK, key=f"task_{{-}}_{var}_correct_rate")
+            ItemFigure(f"{{}} {var}", var, by="task", table="Per task", key=f"task_{{-}}_{var}_correct_rate")
             for var in VARIATIONS
         ),
     )
@@ -197,7 +182,9 @@ class ErrorRecovery(Benchmark):
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         p, a = task.row, self.options
         variation = p["variation"]
-        notice = notice_position(variation, a.mistake_notice, a.mistake_notice_ir_only)
+        notice = a.mistake_notice  # the reference's rules; NR has no given reasoning to put a notice right after
+        if (a.mistake_notice_ir_only and variation != "IR") or (variation == "NR" and notice == "immediate"):
+            notice = "none"
         messages = conversation(p, variation, a.reasoning_role)
         calls: dict[str, dict] = {}
         out: dict[str, Any] = {
@@ -225,19 +212,10 @@ class ErrorRecovery(Benchmark):
             done = steps.get(task.id, step)
             if done is None:
                 reply = await model.complete(compat(messages, a.chat_compat))
-                done = steps.put(
-                    task.id,
-                    step,
-                    {
-                        "text": reply.text,
-                        "usage": reply.usage,
-                        "latency_s": reply.latency_s,
-                        "finish_reason": reply.finish_reason,
-                        **(reply.served.fields() if reply.served is not None else {}),
-                        **({"thinking_truncated": True} if reply.thinking_truncated else {}),
-                        "thinking": reply.thinking,
-                    },
-                )
+                record = {k: getattr(reply, k) for k in ("text", "usage", "latency_s", "finish_reason")}
+                record |= reply.served.fields() if reply.served is not None else {}
+                record |= {"thinking_truncated": True} if reply.thinking_truncated else {}
+                done = steps.put(task.id, step, record | {"thinking": reply.thinking})
             calls[step] = done
             return done["text"]
 
