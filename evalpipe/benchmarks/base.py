@@ -90,7 +90,6 @@ class Benchmark:
         self.options = self.Options() if options is None else options
 
     # ---- the answers (the fourth, which figures a run has, is `figures` above)
-
     def load(self, path: Path) -> Iterable[Task]:
         """Which tasks: read a dataset file into tasks, in file order (a list, or a generator).
 
@@ -120,7 +119,6 @@ class Benchmark:
         return thinking.text_to_grade(row, key, self.thinking)
 
     # ---- optional, with defaults
-
     def is_judged(self, row: dict) -> bool:
         """Whether judge, with its current options, leaves this judge row as it is (else grades again)."""
         return not stand_in(row)

@@ -77,26 +77,6 @@ JUDGE_SCHEMA = {
 }
 
 
-def schema_problems(obj: Any, n_rubrics: int) -> list[str]:
-    """How a reply breaks JUDGE_SCHEMA or the rubric count (empty: it keeps both)."""
-    if not isinstance(obj, dict):
-        return [f"JSON {type(obj).__name__}, not an object"]
-    problems = []
-    if sorted(obj) != sorted(JUDGE_KEYS):
-        problems.append(f"keys {sorted(obj)}")
-    statuses = obj.get(JUDGE_KEYS[1])
-    if not isinstance(statuses, list) or any(s not in ("yes", "no") for s in statuses):
-        problems.append("status list is not a list of 'yes'/'no'")
-    elif len(statuses) != n_rubrics:
-        problems.append(f"{len(statuses)} statuses for {n_rubrics} rubrics")
-    score = obj.get(JUDGE_KEYS[2])
-    if isinstance(score, bool) or score not in (0, 1):
-        problems.append(f"'Overall Score' {score!r}")
-    if not isinstance(obj.get(JUDGE_KEYS[0]), str):
-        problems.append("'Grading Rationale' is not a string")
-    return problems
-
-
 def rubric_lines(rubrics: Any) -> list[str]:
     texts = (rubric.get("rubric_criteria", "") if isinstance(rubric, dict) else rubric for rubric in rubrics or [])
     return [line for line in (str(text or "").strip() for text in texts) if line]
@@ -255,13 +235,32 @@ class Asked:
 
 @dataclass(frozen=True)
 class Contract:
-    """The JSON a judge call asks for: the response_format name, its schema, the exact check of a reply, and
-    how a reply is read (`parse` returns a reason string for one it cannot use)."""
+    """The JSON a judge call asks for: the response_format name and schema, how a reply is read (`parse` returns a
+    reason string for one it cannot use), and for a verdict the number of rubrics its status list must match."""
 
     name: str
     schema: dict
-    problems: Callable[[Any], list[str]]
     parse: Callable[[str], Any]
+    rubrics: int | None = None
+
+    def problems(self, obj: Any) -> list[str]:
+        """Why a reply breaks the schema or the rubric count exactly (empty: it keeps both)."""
+        if not _keeps(obj, self.schema):
+            return [f"breaks the {self.name} schema"]
+        if self.rubrics is not None and len(obj[JUDGE_KEYS[1]]) != self.rubrics:
+            return [f"{len(obj[JUDGE_KEYS[1]])} statuses for {self.rubrics} rubrics"]
+        return []
+
+
+def _keeps(obj: Any, schema: dict) -> bool:
+    """Whether `obj` keeps `schema`, in the subset of JSON Schema that ours use (no `enum` holds a bool)."""
+    if schema["type"] == "object":
+        fields = schema["properties"]
+        return isinstance(obj, dict) and sorted(obj) == sorted(fields) and all(_keeps(obj[k], fields[k]) for k in obj)
+    if schema["type"] == "array":
+        items = schema["items"]
+        return isinstance(obj, list) and len(obj) >= schema.get("minItems", 0) and all(_keeps(x, items) for x in obj)
+    return obj in schema["enum"] and not isinstance(obj, bool) if "enum" in schema else isinstance(obj, str)
 
 
 # ---- error types of failed solutions
@@ -316,19 +315,6 @@ ERROR_ANALYSIS_SCHEMA = {
 }
 
 
-def analysis_problems(obj: Any) -> list[str]:
-    """How an analyst's reply breaks ERROR_ANALYSIS_SCHEMA (empty: it keeps it)."""
-    if not isinstance(obj, dict):
-        return [f"JSON {type(obj).__name__}, not an object"]
-    problems = [] if sorted(obj) == ["Error Types", "Reason"] else [f"keys {sorted(obj)}"]
-    types = obj.get("Error Types")
-    if not isinstance(types, list) or not types or any(t not in ERROR_TYPES for t in types):
-        problems.append("'Error Types' is not a list of the four types")
-    if not isinstance(obj.get("Reason"), str):
-        problems.append("'Reason' is not a string")
-    return problems
-
-
 def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
     """(types, reason, how) from an analyst's reply, read as a judge's (`_candidates`), or why it could not be."""
     if not text.strip():
@@ -358,15 +344,15 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
     return "; ".join(dict.fromkeys(reasons)) or "no JSON object in the reply"
 
 
-ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, analysis_problems, parse_error_types)
+ANALYSIS_CONTRACT = Contract("clbench_error_analysis", ERROR_ANALYSIS_SCHEMA, parse_error_types)
 
 
 # ---- the benchmark
-def _graded(row: dict, *, rationale: str, statuses: list, score: int, status: str, **extra) -> dict:
-    """Upstream's keys first (inference keys, then its three judge keys), then ours."""
+def _graded(row: dict, status: str, rationale: str, statuses: list | None = None, score: int = 0, **extra) -> dict:
+    """Upstream's keys first (inference keys, then its three judge keys), then ours; by default a zero score."""
     out = {"idx": row_id(row)}
     out.update((k, row[k]) for k in ("messages", "model_output", "rubrics", "metadata") if k in row)
-    out.update(grading_rationale=rationale, requirement_status=statuses, score=score)
+    out.update(grading_rationale=rationale, requirement_status=statuses or [], score=score)
     out.update((k, v) for k, v in row.items() if k not in out and not k.startswith("judge_"))
     out["judge_status"] = status
     out.update({k: v for k, v in extra.items() if v is not None})
@@ -441,7 +427,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         self.judge_formats = judge_format.Formats(self.options.judge_format, self.options.judge_max_tokens or None)
 
     # ---- which tasks
-
     def load(self, path: Path) -> list[Task]:
         tasks: list[Task] = []
         seen: dict[str | int, int] = {}
@@ -476,7 +461,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         return tasks
 
     # ---- how a task is solved
-
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         row = task.row
         out = {
@@ -495,7 +479,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
 
     # ---- how a solution is graded
-
     def is_judged(self, row: dict) -> bool:
         return self._is_final(row.get("judge_status")) and not stand_in(row)
 
@@ -564,30 +547,20 @@ class CLBench(ErrorAnalysis, Benchmark):
                 why = "the prompt exceeded the model's context: score 0 without a judge call"
             elif row.get("status") == THINKING_TRUNCATED:
                 why = "the token budget ran out while the model was thinking: no final answer, score 0 (no judge call)"
-            return _graded(row, rationale=why, statuses=[], score=0, status=EMPTY_OUTPUT)
+            return _graded(row, EMPTY_OUTPUT, why)
         assert judge is not None  # judge prompts: the judge stage always passes the judge model
         rubrics = row.get("rubrics", [])
         n_rubrics = len(rubric_lines(rubrics))
-        contract = Contract(
-            "clbench_judge",
-            JUDGE_SCHEMA,
-            lambda obj: schema_problems(obj, n_rubrics),
-            lambda text: parse_judge_reply(text, n_rubrics),
-        )
+        contract = Contract("clbench_judge", JUDGE_SCHEMA, lambda text: parse_judge_reply(text, n_rubrics), n_rubrics)
         asked = await self._ask(judge, self.judge_prompt(rubrics, output), contract)
         accounts = asked.accounts("judge_", judge.endpoint.model)
         verdict = asked.value
         if verdict is not None:
+            salvage = None if verdict.how == "json" else verdict.how
+            notes, route = verdict.notes or None, asked.route(verdict.how)
+            extra = {"judge_salvage": salvage, "judge_notes": notes, "judge_parse": route, **accounts}
             return _graded(
-                row,
-                rationale=verdict.rationale,
-                statuses=verdict.statuses,
-                score=verdict.score,
-                status=OK if verdict.how == "json" else SALVAGED,
-                judge_salvage=None if verdict.how == "json" else verdict.how,
-                judge_notes=verdict.notes or None,
-                judge_parse=asked.route(verdict.how),
-                **accounts,
+                row, SALVAGED if salvage else OK, verdict.rationale, verdict.statuses, verdict.score, **extra
             )
         why = {
             JUDGE_CONTEXT_LENGTH: "the judge prompt exceeded the judge's context: score 0",
@@ -596,12 +569,9 @@ class CLBench(ErrorAnalysis, Benchmark):
             JUDGE_TRUNCATED: "judge reply cut at the token limit: score 0 (--rejudge-truncated with a larger "
             "--judge-max-tokens judges it again)",
         }[asked.status]
-        return _graded(
-            row, rationale=why, statuses=[], score=0, status=asked.status, judge_error=asked.error, **accounts
-        )
+        return _graded(row, asked.status, why, judge_error=asked.error, **accounts)
 
     # ---- why failed solutions failed (optional: judge.py --error-analysis)
-
     def needs_error_analysis(self, judge_row: dict) -> bool:
         """A real failure: the judge read the response and gave 0 (not a fallback zero)."""
         return judge_row.get("judge_status") in (OK, SALVAGED) and _normalize_score(judge_row.get("score")) == 0
@@ -685,7 +655,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         return [ERROR_ANALYSIS_PROMPT]
 
     # ---- which metrics a run has
-
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         overall: Counter[str] = Counter()
         by_cat: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}

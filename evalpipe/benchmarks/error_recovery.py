@@ -149,7 +149,6 @@ class ErrorRecovery(Benchmark):
     options: ErrorRecoveryOptions
 
     # ---- which tasks
-
     def load(self, path: Path) -> list[Task]:
         tasks: list[Task] = []
         per_task: dict[str, int] = {}
@@ -166,10 +165,7 @@ class ErrorRecovery(Benchmark):
             n = per_task.get(row["task"], 0)
             per_task[row["task"]] = n + 1
             problem = {**row, "problem": len(tasks) // len(VARIATIONS)}  # position in the file
-            for variation in VARIATIONS:
-                tasks.append(
-                    Task(id=f"{row['task']}-{n}:{variation}", row={**problem, "variation": variation}, line=line)
-                )
+            tasks += [Task(f"{row['task']}-{n}:{var}", {**problem, "variation": var}, line) for var in VARIATIONS]
         if not tasks:
             raise BadInput("no problems in the file", path)
         return tasks
@@ -178,7 +174,6 @@ class ErrorRecovery(Benchmark):
         return {"infer": [TASK_DESCRIPTION, MISTAKE_NOTICE, FINAL_ANSWER_PROMPT, *FORMAT_HINTS.values()]}
 
     # ---- how a task is solved
-
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         p, a = task.row, self.options
         variation = p["variation"]
@@ -252,7 +247,6 @@ class ErrorRecovery(Benchmark):
         return out
 
     # ---- how a solution is graded
-
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = self.graded_text(row, "answer"), str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
@@ -265,7 +259,6 @@ class ErrorRecovery(Benchmark):
         }
 
     # ---- which metrics a run has
-
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
         for t in tasks:
@@ -339,13 +332,10 @@ class ErrorRecovery(Benchmark):
                 lines.append(line(f"  {task}", [f"{100 * metrics[f'{key}_{v}_correct_rate']:.1f}" for v in VARIATIONS]))
         loss = metrics["performance_loss"]
         lines.append("performance loss 1 − IR/CR: " + ("n/a (CR is 0)" if loss is None else f"{100 * loss:.1f}%"))
-        lines.append(
-            "by steps after the mistake: "
-            + ", ".join(
-                f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})"
-                for k, v in metrics["by_steps_after_mistake"].items()
-            )
-        )
+        after = [
+            f"{k}: IR {100 * v['IR']:.0f}% (n={v['problems']})" for k, v in metrics["by_steps_after_mistake"].items()
+        ]
+        lines.append("by steps after the mistake: " + ", ".join(after))
         return "\n".join(lines)
 
 
