@@ -185,13 +185,7 @@ class CoinFlip(Benchmark):
             self.demos = "\n\n".join(worked_example(t.row["question"], t.row["target"]) for t in picked)
 
     def load(self, path: Path) -> Iterator[Task]:
-        for first, ids, questions, golds in self._chunks(path):
-            rows = [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
-            yield from map(Task, ids, rows, count(first))
-
-    def _chunks(self, path: Path) -> Iterator[tuple[int, list, list, list]]:
-        """The tasks a chunk of consecutive lines at a time: the first one's line, their ids, questions and gold
-        answers (a JSON array or Parquet file is one chunk)."""
+        """The tasks, a chunk of consecutive lines at a time (a JSON array or Parquet file is one chunk)."""
         if path.suffix.lower() in (".json", ".parquet"):
             rows = load_rows(path)
             chunks = iter([(1, rows)] if rows else [])
@@ -208,8 +202,9 @@ class CoinFlip(Benchmark):
                 questions, golds = self._checked(rows, path, first)
             # position + content: stable under --max-samples, and a different file cannot match old rows
             crcs = map(zlib.crc32, map(str.encode, questions))
-            ids = list(map("%05d-%08x".__mod__, zip(count(position), crcs)))
-            yield first, ids, questions, golds
+            ids = map("%05d-%08x".__mod__, zip(count(position), crcs))
+            rows = [{"question": question, "target": gold} for question, gold in zip(questions, golds)]
+            yield from map(Task, ids, rows, count(first))
             position += len(rows)
         if not position:
             raise BadInput("no rows in the file", path)
