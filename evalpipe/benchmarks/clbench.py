@@ -463,14 +463,8 @@ class CLBench(ErrorAnalysis, Benchmark):
     # ---- how a task is solved
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         row = task.row
-        out = {
-            "idx": task.id,
-            "messages": row["messages"],
-            "model_output": "",
-            "rubrics": row.get("rubrics", []),
-            "metadata": row.get("metadata", {}),
-            "model": model.endpoint.model,
-        }
+        out = {"idx": task.id, "messages": row["messages"], "model_output": "", "rubrics": row.get("rubrics", [])}
+        out |= {"metadata": row.get("metadata", {}), "model": model.endpoint.model}
         # --prompt-cache-key auto: only to OpenAI's API, whose field it is; online only, as a batch's request lines
         # (and their custom ids) stay as earlier runs wrote them
         choice, host = self.options.prompt_cache_key, urllib.parse.urlsplit(model.endpoint.url).hostname
@@ -605,12 +599,8 @@ class CLBench(ErrorAnalysis, Benchmark):
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
-            out.update(
-                error_types=types,
-                error_reason=reason,
-                analysis_status=OK if how == "json" else SALVAGED,
-                analysis_parse=asked.route(how),
-            )
+            out.update(error_types=types, error_reason=reason, analysis_status=OK if how == "json" else SALVAGED)
+            out["analysis_parse"] = asked.route(how)
         else:
             out.update(analysis_status=asked.status, analysis_error=asked.error)
         return out | asked.accounts("analysis_", judge.endpoint.model)
@@ -688,16 +678,10 @@ class CLBench(ErrorAnalysis, Benchmark):
             clusters.append(meta.get("context_id"))  # None: this task is a cluster of its own
             categories.append(str(meta.get("context_category", "(none)")))
             subs.append(str(meta.get("sub_category", "(none)")))
-        if all(c is None for c in clusters):  # a dataset without context ids: items are independent
-            clustered = None
-        else:
-            clustered = [f"task:{k}" if c is None else c for c, k in zip(clusters, keys)]
-        return {
-            "keys": keys,
-            "clusters": clustered,
-            "groups": {"category": categories, "sub_category": subs},
-            "columns": {"solved": solved},
-        }
+        independent = all(c is None for c in clusters)  # a dataset without context ids
+        clustered = None if independent else [f"task:{k}" if c is None else c for c, k in zip(clusters, keys)]
+        groups = {"category": categories, "sub_category": subs}
+        return {"keys": keys, "clusters": clustered, "groups": groups, "columns": {"solved": solved}}
 
     def format_metrics(self, metrics: dict) -> str:
         cov = metrics["coverage"]

@@ -22,6 +22,7 @@ from ..results.items import ItemColumns, ItemFigure
 from ..store import jsonl
 from ..store.paths import PROJECT
 from .base import Benchmark, Task, flag, one_call
+from .grading import exact_match
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
@@ -242,14 +243,7 @@ class CoinFlip(Benchmark):
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         prediction = parse_answer(self.graded_text(row), self.options.parse)
-        correct = prediction is not None and prediction == row.get("target")
-        return {
-            **row,
-            "prediction": prediction,
-            "score": int(correct),
-            "judge_status": "ok" if prediction else "unparsed",
-            "parse_mode": self.options.parse,
-        }
+        return exact_match({**row, "prediction": prediction}, prediction) | {"parse_mode": self.options.parse}
 
     # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
     figures = (
@@ -313,7 +307,5 @@ class CoinFlip(Benchmark):
             values.append(
                 (None,) * len(names) if row is None else _item_values(task.row.get("target"), row.get("prediction"))
             )
-        columns = (
-            {name: list(column) for name, column in zip(names, zip(*values))} if values else {n: [] for n in names}
-        )
+        columns = dict(zip(names, map(list, zip(*values)))) if values else {name: [] for name in names}
         return {"keys": keys, "clusters": None, "groups": {}, "columns": columns}

@@ -182,26 +182,19 @@ class ErrorRecovery(Benchmark):
             notice = "none"
         messages = conversation(p, variation, a.reasoning_role)
         calls: dict[str, dict] = {}
+        mistake, total = int(p["mistake_index"]), p["num_ground_truth_steps"]
+        metadata = {"task": p["task"], "variation": variation, "problem": p["problem"], "mistake_index": mistake}
+        metadata |= {"num_ground_truth_steps": total, "steps_after_mistake": total - mistake}
+        metadata |= {"reasoning_role": a.reasoning_role, "final_answer_role": a.final_answer_role}
+        metadata |= {"mistake_notice": notice, "chat_compat": a.chat_compat}
         out: dict[str, Any] = {
             "idx": task.id,
             "messages": [],
             "model_output": "",
             "answer": "",
             "target": str(p["target"]),
-            "metadata": {
-                "task": p["task"],
-                "variation": variation,
-                "problem": p["problem"],
-                "mistake_index": int(p["mistake_index"]),
-                "num_ground_truth_steps": p["num_ground_truth_steps"],
-                "steps_after_mistake": p["num_ground_truth_steps"] - int(p["mistake_index"]),
-                "reasoning_role": a.reasoning_role,
-                "final_answer_role": a.final_answer_role,
-                "mistake_notice": notice,
-                "chat_compat": a.chat_compat,
-            },
-            "model": model.endpoint.model,
         }
+        out |= {"metadata": metadata, "model": model.endpoint.model}
 
         async def call(step: str) -> str:  # the reply to the messages so far, once: a rerun finds it in `steps`
             done = steps.get(task.id, step)
@@ -250,11 +243,12 @@ class ErrorRecovery(Benchmark):
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = self.graded_text(row, "answer"), str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
+        normalized = normalize(task, answer) == normalize(task, target)
         return {
             **row,
             "correct": correct,
             "score": int(correct),
-            "normalized_correct": normalize(task, answer) == normalize(task, target),
+            "normalized_correct": normalized,
             "judge_status": "ok",
         }
 
