@@ -191,10 +191,7 @@ def group_of(bench: Benchmark, row: dict) -> str | None:
 
 
 class ErrorAnalysis:
-    """Optional capability, by also deriving from it: classify why failed solutions failed (`--error-analysis`).
-
-    The analysis writes `<error_analysis_name>.jsonl` beside the judge rows; score adds its metrics under that name.
-    """
+    """Optional, by also deriving from it: why failed solutions failed, in `<error_analysis_name>.jsonl`."""
 
     error_analysis_name: ClassVar[str] = "error_analysis"
 

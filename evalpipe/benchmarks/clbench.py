@@ -137,9 +137,7 @@ def _normalize_score(value: Any) -> int | None:
             value = judge_format.loads(value)
         except ValueError:
             return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1):
-        return None
-    return int(value)
+    return None if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1) else int(value)
 
 
 def _verdict_from(obj: Any, how: str, n_rubrics: int) -> Verdict | str:
@@ -152,8 +150,7 @@ def _verdict_from(obj: Any, how: str, n_rubrics: int) -> Verdict | str:
         return f"'Overall Score' must be 0 or 1, got {obj['Overall Score']!r}"
     notes = []
     rationale = obj.get("Grading Rationale", "")
-    if not isinstance(rationale, str):
-        rationale = json.dumps(rationale, ensure_ascii=False)
+    rationale = rationale if isinstance(rationale, str) else json.dumps(rationale, ensure_ascii=False)
     statuses = obj.get("List of Requirement Satisfaction Status", [])
     if not isinstance(statuses, list):
         notes.append(f"status list is a {type(statuses).__name__}, not a list")
@@ -192,14 +189,9 @@ def parse_judge_reply(text: str, n_rubrics: int) -> Verdict | str:
     if score is None:
         return f"'Overall Score' must be 0 or 1, got {scores[-1].strip()[:100]!r}"
     rationale, statuses = _RATIONALE.search(text), _STATUS_LIST.search(text)
-    obj = {
-        "Overall Score": score,
-        "Grading Rationale": rationale.group(1).replace('\\"', '"') if rationale else "",
-        "List of Requirement Satisfaction Status": re.findall(r'"(yes|no)"', statuses.group(1), re.I)
-        if statuses
-        else [],
-    }
-    return _verdict_from(obj, "score_only", n_rubrics)
+    said = {"Overall Score": score, "Grading Rationale": rationale.group(1).replace('\\"', '"') if rationale else ""}
+    said[JUDGE_KEYS[1]] = re.findall(r'"(yes|no)"', statuses.group(1), re.I) if statuses else []
+    return _verdict_from(said, "score_only", n_rubrics)
 
 
 # ---- asking the judge
@@ -361,15 +353,9 @@ def _graded(row: dict, status: str, rationale: str, statuses: list | None = None
 
 @dataclass(frozen=True)
 class CLBenchOptions:
-    judge_prompt: Path | None = flag(
-        None, "prompt template file used verbatim; {rubrics} and {response} are replaced", stage="judge"
-    )
-    parse_attempts: int = flag(
-        3, "judge calls per task while the reply cannot be parsed (default 3, as upstream)", stage="judge"
-    )
-    rejudge_parse_errors: bool = flag(
-        False, "also judge again the rows whose judge reply could not be parsed", stage="judge"
-    )
+    judge_prompt: Path | None = flag(None, "prompt file used verbatim; {rubrics}, {response} replaced", stage="judge")
+    parse_attempts: int = flag(3, "judge calls while a reply does not parse (default 3, as upstream)", stage="judge")
+    rejudge_parse_errors: bool = flag(False, "also judge again the rows whose reply could not be parsed", stage="judge")
     judge_format: str = flag(
         "auto",
         "response_format the judge is asked for: auto tries json_schema, then json_object with a schema, "
@@ -378,21 +364,12 @@ class CLBenchOptions:
         choices=judge_format.CHOICES,
     )
     judge_max_tokens: int = flag(
-        16384,
-        "the judge's token budget when --max-tokens is not given (sent as max_tokens, or max_completion_tokens "
-        "where the endpoint needs it; 0 sends none; --judge-format none sends none)",
-        stage="judge",
+        16384, "the judge's token budget without --max-tokens (0 or --judge-format none: none is sent)", stage="judge"
     )
-    rejudge_truncated: bool = flag(
-        False,
-        "also judge again the rows whose judge reply was cut at the token limit (raise the budget)",
-        stage="judge",
-    )
+    rejudge_truncated: bool = flag(False, "also judge again the replies cut at the token limit", stage="judge")
     prompt_cache_key: str = flag(
         "auto",
-        "send the task's context_id as prompt_cache_key, which routes the requests of one context to the same "
-        "prompt cache (online calls, not batches): auto sends it to OpenAI's API only (no --base-url), on to any "
-        "endpoint, off never (the request as upstream sends it)",
+        "send the task's context_id as prompt_cache_key (online calls): auto to OpenAI's API only; on: any; off: never",
         choices=("auto", "on", "off"),
     )
 
@@ -573,7 +550,7 @@ class CLBench(ErrorAnalysis, Benchmark):
     def is_analyzed(self, row: dict) -> bool:
         return self._is_final(row.get("analysis_status"))
 
-    def error_analysis_prompt(self, judge_row: dict) -> str:
+    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
         messages = judge_row.get("messages") or [{"role": "user", "content": SLIMMED_TASK}]
         task = next(
             (m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), ""
@@ -587,15 +564,13 @@ class CLBench(ErrorAnalysis, Benchmark):
             f"{i}. [{statuses[i - 1] if i <= len(statuses) else '?'}] {text}"
             for i, text in enumerate(rubric_lines(judge_row.get("rubrics")), 1)
         ]
-        return ERROR_ANALYSIS_PROMPT.format(
+        prompt = ERROR_ANALYSIS_PROMPT.format(
             task=task,
             rubrics="\n".join(rubric_rows) or NO_RUBRICS,
             rationale=judge_row.get("grading_rationale") or "(none)",
             response=self.graded_text(judge_row),
         )
-
-    async def analyze_error(self, judge_row: dict, judge: "ChatClient") -> dict:
-        asked = await self._ask(judge, self.error_analysis_prompt(judge_row), ANALYSIS_CONTRACT)
+        asked = await self._ask(judge, prompt, ANALYSIS_CONTRACT)
         out = {"idx": row_id(judge_row), "error_types": [], "error_reason": ""}
         if asked.value is not None:
             types, reason, how = asked.value
