@@ -214,15 +214,10 @@ class Asked:
 
     def accounts(self, prefix: str, model: str) -> dict:
         """The row's record of the calls, each key under `prefix`; `format_enforced` only when False."""
-        return {
-            f"{prefix}model": model,
-            f"{prefix}usage": self.usage or None,
-            f"{prefix}latency_s": None if self.latency_s is None else round(self.latency_s, 3),
-            f"{prefix}attempts": self.attempts,
-            f"{prefix}format": self.mode,
-            **({f"{prefix}format_enforced": False} if self.enforced is False else {}),
-            **(self.served.fields(prefix) if self.served is not None else {}),
-        }
+        latency = None if self.latency_s is None else round(self.latency_s, 3)
+        out = {"model": model, "usage": self.usage or None, "latency_s": latency, "attempts": self.attempts}
+        out |= {"format": self.mode} | ({"format_enforced": False} if self.enforced is False else {})
+        return {prefix + k: v for k, v in out.items()} | (self.served.fields(prefix) if self.served is not None else {})
 
 
 @dataclass(frozen=True)
@@ -628,11 +623,8 @@ class CLBench(ErrorAnalysis, Benchmark):
             meta = task.row.get("metadata") or {}
             row = judged.get(task.id)
             outcome = "missing" if row is None else "score_1" if _normalize_score(row.get("score")) == 1 else "score_0"
-            for tally in (
-                overall,
-                by_cat.setdefault(str(meta.get("context_category", "(none)")), Counter()),
-                by_sub.setdefault(str(meta.get("sub_category", "(none)")), Counter()),
-            ):
+            category, sub = str(meta.get("context_category", "(none)")), str(meta.get("sub_category", "(none)"))
+            for tally in (overall, by_cat.setdefault(category, Counter()), by_sub.setdefault(sub, Counter())):
                 tally[outcome] += 1
         return {
             "denominator": "solving_rate counts missing rows as 0 (all selected tasks); "
