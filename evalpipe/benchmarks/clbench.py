@@ -1,8 +1,6 @@
 """CL-bench: context learning, graded by an LLM judge against rubrics, all-or-nothing.
 
-Rows stay compatible with upstream (Tencent-Hunyuan/CL-bench): an inference row starts with
-idx, messages, model_output, rubrics, metadata; a judge row adds grading_rationale,
-requirement_status and score. Our extra keys come after those.
+Rows keep upstream's (Tencent-Hunyuan/CL-bench) keys first, in its order, and ours after them (docs/upstream.md).
 """
 
 import json
@@ -316,8 +314,7 @@ def parse_error_types(text: str) -> tuple[list[str], str, str] | str:
             continue  # an analysis is read whole, then from the prose, the last object stated first
         fields = {str(k).lower().replace("_", " "): v for k, v in obj.items()}
         types = fields.get("error types")
-        if isinstance(types, str):
-            types = [types]
+        types = [types] if isinstance(types, str) else types
         if not isinstance(types, list):
             reasons.append("no 'Error Types' list")
             continue
