@@ -5,6 +5,7 @@ model continues it, then a second call extracts the answer. Each finished call i
 """
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,35 +255,31 @@ class ErrorRecovery(Benchmark):
 
     # ---- which metrics a run has
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
-        tally: dict[tuple, list[int]] = {}  # (scope, variation) -> [exact, normalised, total, missing]
+        tally: Counter[tuple] = Counter()  # (scope: "all" or the steps after the mistake, variation, what) -> count
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
-            for scope in ("all", f"after:{t.row['num_ground_truth_steps'] - int(t.row['mistake_index'])}"):
-                cell = tally.setdefault((scope, var), [0, 0, 0, 0])
-                cell[2] += 1
-                if row is None:
-                    cell[3] += 1
-                else:
-                    cell[0] += bool(row.get("correct"))
-                    cell[1] += bool(row.get("normalized_correct"))
+            for scope in ("all", t.row["num_ground_truth_steps"] - int(t.row["mistake_index"])):
+                tally[scope, var, "total"] += 1
+                tally[scope, var, "missing"] += row is None
+                tally[scope, var, "correct"] += row is not None and bool(row.get("correct"))
+                tally[scope, var, "normalized_correct"] += row is not None and bool(row.get("normalized_correct"))
 
-        def rate(scope: str, var: str, which: int = 0) -> float:
-            cell = tally.get((scope, var), [0, 0, 0, 0])
-            return cell[which] / cell[2] if cell[2] else 0.0
+        def rate(scope: Any, var: str, what: str = "correct") -> float:
+            total = tally[scope, var, "total"]
+            return tally[scope, var, what] / total if total else 0.0
 
         counts = {
-            var: dict(zip(("correct", "normalized_correct", "total", "missing"), tally.get(("all", var), [0] * 4)))
+            var: {k: tally["all", var, k] for k in ("correct", "normalized_correct", "total", "missing")}
             for var in VARIATIONS
         }
-        afters = sorted({int(scope.split(":")[1]) for scope, _ in tally if scope.startswith("after:")})
+        afters = sorted({scope for scope, _, _ in tally if scope != "all"})
         return {
             "denominator": "all selected problems of the variation; a missing row counts as wrong",
             "counts": counts,
             "stderr": {var: stats.binomial_stderr(rate("all", var), counts[var]["total"]) for var in VARIATIONS},
-            "normalized_correct_rate (ours)": {var: rate("all", var, 1) for var in VARIATIONS},
+            "normalized_correct_rate (ours)": {var: rate("all", var, "normalized_correct") for var in VARIATIONS},
             "by_steps_after_mistake": {
-                str(k): {"problems": tally[(f"after:{k}", "NR")][2], **{v: rate(f"after:{k}", v) for v in VARIATIONS}}
-                for k in afters
+                str(k): {"problems": tally[k, "NR", "total"], **{v: rate(k, v) for v in VARIATIONS}} for k in afters
             },
         }
 
