@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient
 
 PROMPT = "Compute the answer. Reply with the number only.\n\n{question}"
-_NUMBER = re.compile(r"-?\d+")
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Arithmetic(Benchmark):
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         reply = self.graded_text(row).strip()
         if self.options.last_number:
-            numbers = _NUMBER.findall(reply)
+            numbers = re.findall(r"-?\d+", reply)
             reply = numbers[-1] if numbers else ""
         return exact_match(row, reply, unread="empty_output")
 

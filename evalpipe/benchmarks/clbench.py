@@ -112,9 +112,8 @@ def _json_objects(text: str):
 
 
 def _candidates(text: str) -> tuple[list[tuple[Any, str]], list[str]]:
-    """What a reply states, each with how it was found, in the order it is read: the whole reply without an
-    outer code fence, as upstream reads it ("json"); the objects in fenced blocks ("fenced_json"), then
-    anywhere ("json_in_prose"), the last stated first. And why the whole reply is not JSON."""
+    """What a reply states and how it was found, in reading order: the whole reply unfenced, as upstream ("json"); the
+    objects in fenced blocks ("fenced_json"), then anywhere ("json_in_prose"), last stated first; and why not JSON."""
     whole = text.strip()
     whole = whole[7:] if whole.startswith("```json") else whole.removeprefix("```")
     try:
@@ -446,8 +445,7 @@ class CLBench(ErrorAnalysis, Benchmark):
         return self._is_final(row.get("judge_status")) and not stand_in(row)
 
     def _is_final(self, status: Any) -> bool:
-        """Whether a judge or analysis status stands: an API error never, a parse error or a cut reply unless
-        --rejudge-parse-errors or --rejudge-truncated asks to redo it."""
+        """Whether a judge or analysis status stands: not an API error, nor what --rejudge-* asks to redo."""
         options = self.options
         redo = {API_ERROR: True, PARSE_ERROR: options.rejudge_parse_errors, JUDGE_TRUNCATED: options.rejudge_truncated}
         return not redo.get(status, False)
