@@ -91,30 +91,25 @@ def _json_array(path: Path) -> Iterator[tuple[int, dict]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"cannot read: {exc}", path) from None
     decoder, line, counted = json.JSONDecoder(), 1, 0
-
-    def line_at(at: int) -> int:  # counted from where the last call stopped: each newline once
-        nonlocal line, counted
-        line, counted = line + text.count("\n", counted, at), at
-        return line
-
     at = _skip(text, 0)
     if text[at : at + 1] != "[":
-        raise BadInput("expected a JSON array of objects, or JSONL (one object per line)", path, line_at(at))
+        where = text.count("\n", 0, at) + 1
+        raise BadInput("expected a JSON array of objects, or JSONL (one object per line)", path, where)
     at = _skip(text, at + 1)
     sep = text[at : at + 1]
     while sep != "]":
-        start = line_at(at)
+        line, counted = line + text.count("\n", counted, at), at  # from the last row's start: each newline once
         try:
             row, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError as exc:
             raise BadInput(f"invalid JSON ({exc.msg})", path, exc.lineno) from None
         if not isinstance(row, dict):
-            raise BadInput(f"expected a JSON object, got {type(row).__name__}", path, start)
-        yield start, row
+            raise BadInput(f"expected a JSON object, got {type(row).__name__}", path, line)
+        yield line, row
         at = _skip(text, at)
         sep = text[at : at + 1]
         if sep not in (",", "]"):
-            raise BadInput("expected ',' or ']' after a row", path, line_at(at))
+            raise BadInput("expected ',' or ']' after a row", path, line + text.count("\n", counted, at))
         at = _skip(text, at + 1)
 
 
