@@ -1,8 +1,5 @@
-"""--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing.
-
-The benchmark's own code runs against a stand-in client that records each request instead of sending it, so
-the count follows a real run's logic; prompt tokens are characters / 4, and every reply is assumed to be
-`completion_tokens` long, also where it is fed into a chained call's prompt (docs/results.md#dry-run).
+"""--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing; the benchmark's
+own code runs against a client that records each request (docs/results.md#dry-run).
 """
 
 import asyncio
@@ -12,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import cost
-from .llm import Completion, Endpoint
+from .llm import Completion, Endpoint, prompt_chars
 from .runner import Tasks
 
 CHARS_PER_TOKEN = 4
@@ -34,16 +31,11 @@ class RecordingClient:
 
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         self.calls += 1
-        self.prompt_chars += sum(len(str(m.get("content") or "")) for m in messages)
+        self.prompt_chars += prompt_chars(messages)
         if self.first_call_only:
             raise _FirstCallOnly("dry run")
-        return Completion(
-            text="x" * (CHARS_PER_TOKEN * self.completion_tokens),
-            finish_reason="stop",
-            usage={},
-            latency_s=0.0,
-            attempts=1,
-        )
+        filler = "x" * (CHARS_PER_TOKEN * self.completion_tokens)  # fed into a chained call's prompt as a reply is
+        return Completion(filler, finish_reason="stop", usage={}, latency_s=0.0, attempts=1)
 
 
 def estimate(

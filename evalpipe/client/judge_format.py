@@ -1,19 +1,6 @@
-"""Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run.
-
-The ladder, most to least constrained (the mode names are what judge rows record as `judge_format`):
-
-  json_schema         {"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}
-  json_object_schema  {"type": "json_object", "schema": ...}  (llama.cpp, llama-cpp-python: a grammar)
-  json_object         {"type": "json_object"}                 (valid JSON, any shape)
-  none                no response_format: free text, upstream's request
-
-Per endpoint and model (a Ladder), the first request goes alone while the others wait. A rejection that says
-the mode is unsupported (HTTP 400/404/415/422, or a 500 whose text names the format, as llama-cpp-python
-answers) steps down at once, without transport retries, and the same prompt goes again in the next mode. A 200
-proves nothing (some servers accept and ignore the format), so the caller validates every reply in a structured
-mode and marks a mode whose replies break the schema not enforced. An endpoint that refuses `max_tokens`
-(OpenAI reasoning models) gets `max_completion_tokens` from then on. The decisions go into the output's manifest
-(`learned.judge_format`), and the next run starts from them.
+"""Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run (a Ladder per
+endpoint and model, most to least constrained: MODES); docs/usage.md ("How --judge-format auto learns") has the
+policy. Also reads a judge's JSON reply within bounds.
 """
 
 import asyncio
@@ -31,7 +18,7 @@ from ..errors import EndpointRefused
 if TYPE_CHECKING:  # the openai SDK is loaded only by stages that call an API (score reads rows only)
     from .llm import ChatClient, Completion
 
-MODES = ("json_schema", "json_object_schema", "json_object", "none")
+MODES = ("json_schema", "json_object_schema", "json_object", "none")  # what judge rows record as `judge_format`
 CHOICES = ("auto", "json_schema", "json_object", "none")
 STRUCTURED = ("json_schema", "json_object_schema")  # modes that carry the schema: their replies must keep it
 _LADDERS = {
@@ -40,7 +27,6 @@ _LADDERS = {
     "json_object": ("json_object_schema", "json_object"),
     "none": ("none",),
 }
-_REJECTED_STATUS = (400, 404, 415, 422)
 # Texts of "this format is not supported" answers (../shared/research/judge.md §2, §6.2), lower case.
 _UNSUPPORTED_HINTS = (
     "response_format",
@@ -59,17 +45,6 @@ _FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should 
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 
 
-def response_format(mode: str, name: str, schema: dict) -> dict | None:
-    """The `response_format` body field of a mode (None: not sent)."""
-    if mode == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    if mode == "json_object_schema":
-        return {"type": "json_object", "schema": schema}
-    if mode == "json_object":
-        return {"type": "json_object"}
-    return None
-
-
 def unsupported(status: int | None, text: str) -> bool:
     """Whether an error says the requested response_format is not supported (research note §6.2)."""
     from .llm import context_length_error, token_field_refused
@@ -77,7 +52,7 @@ def unsupported(status: int | None, text: str) -> bool:
     if status is None or context_length_error(status, text) or token_field_refused(status, text, "max_tokens"):
         return False
     text = text.lower()
-    if status in _REJECTED_STATUS:
+    if status in (400, 404, 415, 422):
         return any(hint in text for hint in _UNSUPPORTED_HINTS)
     return status == 500 and any(hint in text for hint in _FORMAT_NAMES)
 
@@ -92,6 +67,14 @@ def budget_too_large(status: int | None, text: str) -> bool:
     return status in (400, 422) and "too large" in text and ("max_tokens" in text or "max_completion_tokens" in text)
 
 
+def default_token_field(base_url: str, model: str) -> str:
+    """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
 def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
     """Which errors end a judge call at once: the ladder handles them (a budget error only when the budget is ours)."""
     from .llm import error_text, status_of, token_field_refused
@@ -103,14 +86,6 @@ def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
         return unsupported(status, text) or token_field_refused(status, text, "max_tokens")
 
     return final
-
-
-def default_token_field(base_url: str, model: str) -> str:
-    """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
-    host = urllib.parse.urlsplit(base_url).hostname or ""
-    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
-        return "max_completion_tokens"
-    return "max_tokens"
 
 
 @dataclass
@@ -250,10 +225,12 @@ def _fields(
     formats: Formats, ladder: Ladder, client: "ChatClient", mode: str, name: str, schema: dict
 ) -> dict[str, Any]:
     """The body fields of one judge call: response_format and the token budget, in the endpoint's spelling."""
-    fields: dict[str, Any] = {}
-    fmt = response_format(mode, name, schema)
-    if fmt is not None:
-        fields["response_format"] = fmt
+    response_formats = {
+        "json_schema": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+        "json_object_schema": {"type": "json_object", "schema": schema},  # llama.cpp makes a grammar of the schema
+        "json_object": {"type": "json_object"},
+    }
+    fields: dict[str, Any] = {"response_format": response_formats[mode]} if mode != "none" else {}
     params = client.endpoint.params
     given = _given_budget(client)
     budget = given if given is not None else None if formats.choice == "none" else formats.budget

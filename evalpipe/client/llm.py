@@ -1,23 +1,8 @@
 """OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
 
-The SDK's own retries are off; this module decides what is retried (docs/operations.md has the table):
-  429            wait as Retry-After says (at most MAX_RETRY_AFTER; none, 0, negative or a date past: back off);
-                 one past max_retry_seconds: RetryLater, the run stops (exit 3)
-  5xx, 408, 409, 425, timeouts, connection errors, malformed bodies (not JSON, nested too deep, invalid HTTP,
-  over MAX_REPLY_BYTES), a 404 naming no model once the endpoint has answered
-                 capped exponential backoff with jitter, retry
-  400/413 context length exceeded     ContextTooLong: final, the task's row has an empty answer
-  other 400/422                       CallFailed at once (retried next run)
-  401/403, a 404 naming a model, 429 insufficient_quota       EndpointRefused: the run stops
-  no connection while the endpoint has never answered in this run, or a 404 naming no model (no API there)
-                 EndpointUnreachable after a few quick tries: the run stops in seconds
-Retries are capped in count (max_retries; 429s do not count) and in time (max_retry_seconds).
-
-Each attempt has a deadline for the whole call: Endpoint.timeout, plus DEADLINE_MARGIN_S so that the SDK's own
-connect and read timeouts say first what timed out. Slow is not dead: a CPU-served model can take minutes before
-its first byte, and llama.cpp's serial server answers nothing else meanwhile, not even GET /models. So an
-endpoint that accepts connections is called hung only once a call waited its whole --timeout without even a
-reply's headers, and GET /models, asked then, gets nothing within min(--timeout, MODELS_PROBE_S).
+The SDK's own retries are off: this module decides what is retried, what fails a call and what stops the run, and
+bounds each attempt in time and each reply in size. docs/operations.md holds the policy ("Errors and retries"),
+the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69).
 """
 
 import asyncio
@@ -104,8 +89,8 @@ class CallTimedOut(Exception):
 
 
 async def _bound_body(response: "httpx2.Response") -> None:
-    """An httpx response hook, run before the body is read: the body is read through _BoundedStream, which
-    undoes its gzip or deflate itself; any other Content-Encoding (the client asks for none) is malformed."""
+    """An httpx response hook, before the body is read: the body goes through _BoundedStream, which undoes gzip or
+    deflate itself; any other Content-Encoding (never asked for) is malformed."""
     encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
     encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
@@ -144,8 +129,7 @@ async def _inflated(pieces: AsyncIterator[bytes], encoding: str) -> AsyncIterato
 
 @functools.cache
 def _bounded_stream_type() -> type:
-    """A reply body of at most MAX_REPLY_BYTES, on the wire and decoded (made on first use: httpx2 is loaded only
-    by stages that call)."""
+    """A reply body of at most MAX_REPLY_BYTES, on the wire and decoded (made on first use: httpx2 loads lazily)."""
 
     class _BoundedStream(httpx2.AsyncByteStream):
         def __init__(self, stream: "httpx2.AsyncByteStream", encodings: list[str]):
@@ -190,8 +174,7 @@ class Endpoint:
         return self.base_url or self.OPENAI_URL
 
     def sdk_options(self) -> dict[str, Any]:
-        """Keyword arguments for openai.OpenAI / AsyncOpenAI that leave it nothing to take from the
-        environment: the URL, the key and the headers are ours, Authorization always the key's."""
+        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment."""
         key = self.key()
         headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
         return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
@@ -260,8 +243,8 @@ class Completion:
 
 @dataclass(frozen=True)
 class Served:
-    """What a reply says answered: `model` (a provider may re-point the asked name), `system_fingerprint` and the
-    reasoning effort applied; a row records them so that a changed snapshot shows."""
+    """What a reply says answered (a provider may re-point the asked name): a row records it, so a changed snapshot
+    shows."""
 
     model: str | None
     fingerprint: str | None = None
@@ -269,11 +252,15 @@ class Served:
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them), our key taken
-        out (a server may echo it)."""
+        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out; the
+        effort from `reasoning_effort` or `reasoning.effort` (as the Responses API and some routers echo it)."""
         said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
         model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
-        effort = _applied_effort(response)
+        extra = getattr(response, "model_extra", None) or {}
+        effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
+        if effort is None and isinstance(reasoning, dict):
+            effort = reasoning.get("effort")
+        effort = redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
     def fields(self, prefix: str = "") -> dict[str, str]:
@@ -281,17 +268,6 @@ class Served:
         named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
         named["reasoning_effort_applied"] = self.effort
         return {prefix + name: value for name, value in named.items() if value}
-
-
-def _applied_effort(response: Any) -> str | None:
-    """The reasoning effort a reply says was applied: `reasoning_effort`, or `reasoning.effort` (as the Responses
-    API and some routers echo it); None when it says nothing."""
-    extra = getattr(response, "model_extra", None) or {}
-    effort = extra.get("reasoning_effort")
-    reasoning = extra.get("reasoning")
-    if effort is None and isinstance(reasoning, dict):
-        effort = reasoning.get("effort")
-    return redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -327,8 +303,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
-    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None when
-    it asks for none that can be read, or none at all (0, a negative time, a date past): then we back off."""
+    """The seconds retry-after-ms or Retry-After (seconds or an HTTP date) asks for; None: none readable or none
+    at all (0, a negative time, a date past), then we back off."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     try:
         if "retry-after-ms" in headers:
@@ -353,8 +329,7 @@ def _retry_after_said(exc: BaseException) -> str:
 
 
 def connect_failure(exc: BaseException) -> str | None:
-    """Why a call never reached a server (refused, unknown host, TLS, connect timeout), or None
-    when it did (a reset, a read timeout or an HTTP error all mean something answered)."""
+    """Why a call never reached a server (refused, unknown host, TLS, connect timeout); None: something answered."""
     reason = None
     seen: BaseException | None = exc
     while seen is not None:
@@ -384,8 +359,7 @@ def connect_failure(exc: BaseException) -> str | None:
 
 
 def _mapped_as_timeout(exc: BaseException) -> bool:
-    """Whether the SDK calls a timeout what aiohttp says was a broken connection (a reset, a disconnect):
-    its aiohttp transport maps every aiohttp connection error to httpx's ConnectTimeout."""
+    """A broken connection (a reset) that the SDK's aiohttp transport, mapping every aiohttp error, calls a timeout."""
     if not isinstance(exc, openai.APITimeoutError):
         return False
     cause = exc.__cause__.__cause__ if exc.__cause__ is not None else None
@@ -398,8 +372,7 @@ def _bare_404(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line, key-free description of a failed call, safe to print (redact.printable: a server's
-    terminal escapes and control characters are shown escaped, never sent raw)."""
+    """A one-line, key-free description of a failed call, its control characters escaped (redact.printable)."""
     status = status_of(exc)
     prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
     text = str(exc)
@@ -409,19 +382,17 @@ def describe(exc: BaseException) -> str:
 
 
 def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
-    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with its defaults (timeouts, redirects by httpx's rules,
-    which drop Authorization for another origin), but a pool of `connections`, all kept open (the SDK's 100 kept
-    open, aiohttp's 100 without a number: past those, calls would queue unseen or connect anew each time).
-    `on_response(response)` is awaited as each reply's headers come, before its body."""
-    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
-    # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
-    hooks = {"response": [on_response, _bound_body]}
-    headers = {"Accept-Encoding": "gzip, deflate"}
-    if kind == "aiohttp":
-        return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks, headers=headers)
-    if kind == "httpx":
-        return openai.DefaultAsyncHttpxClient(limits=limits, event_hooks=hooks, headers=headers)
-    raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
+    """The SDK's HTTP client over `kind` (HTTP_CLIENTS) with its defaults, but a pool of `connections` all kept open
+    (past the SDK's 100, calls would queue unseen or connect anew); `on_response` hears each reply's headers."""
+    if kind not in HTTP_CLIENTS:
+        raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
+    make = openai.DefaultAioHttpClient if kind == "aiohttp" else openai.DefaultAsyncHttpxClient
+    return make(
+        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+        # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
+        event_hooks={"response": [on_response, _bound_body]},
+        headers={"Accept-Encoding": "gzip, deflate"},
+    )
 
 
 class ChatClient:
@@ -431,9 +402,7 @@ class ChatClient:
     token_field_switched = False  # set on the client once the endpoint refused the --max-tokens field in this run
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
-        self.endpoint = endpoint
-        self.limit = limit
-        self.cap = cap
+        self.endpoint, self.limit, self.cap = endpoint, limit, cap
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
@@ -452,8 +421,7 @@ class ChatClient:
         self._announced_until = float("-inf")  # the end of the last long wait said (monotonic)
 
     def _announce_wait(self, seconds: float, why: str) -> None:
-        """One line on stderr for a wait of LONG_WAIT_S or more: what it waits for and until when; none while
-        the last wait said is still on (many calls wait for the same, or one after another)."""
+        """Says a wait of LONG_WAIT_S or more on stderr, unless the last one said is still on (many calls wait)."""
         now = time.monotonic()
         if seconds < LONG_WAIT_S or now < self._announced_until:
             return
@@ -468,9 +436,7 @@ class ChatClient:
 
     def _too_long_a_wait(self, exc: BaseException) -> RetryLater | None:
         """RetryLater when `exc` asks for a wait past --max-retry-seconds (waiting could only end in failure)."""
-        if not is_retryable(exc):
-            return None
-        seconds = retry_after_seconds(exc)
+        seconds = retry_after_seconds(exc) if is_retryable(exc) else None
         if seconds is None or seconds <= self.endpoint.max_retry_seconds:
             return None
         return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
@@ -681,9 +647,8 @@ class ChatClient:
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
-        """Whether a call that sent --max-tokens in `sent` goes again in the other field, the endpoint having
-        refused `sent`: switched once in a run (the stage records it); a budget in the call's `fields` is the
-        caller's to handle."""
+        """Whether a call goes again with --max-tokens in the other field, the endpoint having refused `sent`:
+        switched once a run (the stage records it); a budget in the call's `fields` is the caller's to handle."""
         if sent is None or any(name in (fields or {}) for name in TOKEN_FIELDS):
             return False
         if not token_field_refused(status_of(exc), error_text(exc), sent):
@@ -738,9 +703,8 @@ _FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not per
 
 
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
-    """Whether an error says the endpoint does not take the token-limit field `sent` (one of TOKEN_FIELDS):
-    `Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens' instead.` (OpenAI's reasoning models),
-    `Unrecognized request argument supplied: max_completion_tokens` (older servers); not a budget too large."""
+    """Whether an error says the endpoint does not take the token field `sent` (`Unsupported parameter: 'max_tokens'`,
+    OpenAI's reasoning models; `Unrecognized request argument supplied: ...`, older servers), not a budget too large."""
     lowered = text.lower()
     other = next(name for name in TOKEN_FIELDS if name != sent)
     if status not in (400, 422) or sent not in lowered or "too large" in lowered or context_length_error(status, text):
@@ -778,15 +742,19 @@ def short_field(text: str) -> str:
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body), the final
-    answer apart from the thinking (`mode`: thinking.MODES); our key is taken out of every text (a server may echo
-    it), since rows are made of it."""
+    """Our Completion from the SDK's ChatCompletion (online, or a batch output line's body), the final answer apart
+    from the thinking (`mode`: thinking.MODES), our key taken out of every text (a server may echo it)."""
     choice = response.choices[0]
-    message = choice.message
+    message, finish_reason = choice.message, choice.finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""
-    reasoning = redact.secrets(_reasoning(message))
-    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, choice.finish_reason, mode)
-    finish_reason = choice.finish_reason
+    reasoning = ""  # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
+    extra = getattr(message, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name, getattr(message, name, None))
+        if isinstance(value, str) and value.strip():
+            reasoning = redact.secrets(valid_text(value))
+            break
+    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
     return Completion(
         text=reply.answer,
         finish_reason=None if finish_reason is None else short_field(redact.secrets(str(finish_reason))),
@@ -798,18 +766,6 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
         thinking=reply.thinking,
         thinking_truncated=reply.truncated,
     )
-
-
-def _reasoning(message: Any) -> str:
-    """The reasoning field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)."""
-    if message is None:
-        return ""
-    extra = getattr(message, "model_extra", None) or {}
-    for name in ("reasoning_content", "reasoning"):
-        value = extra.get(name, getattr(message, name, None))
-        if isinstance(value, str) and value.strip():
-            return valid_text(value)
-    return ""
 
 
 _usage_warned = False
