@@ -169,7 +169,7 @@ class Answer:
 
 
 async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, name: str, schema: dict) -> Answer:
-    """One reply to `messages` in the best mode the endpoint takes (see the module's docstring)."""
+    """One reply to `messages` in the best mode the endpoint takes."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
         mode = ladder.mode
@@ -231,7 +231,6 @@ def _fields(
         "json_object": {"type": "json_object"},
     }
     fields: dict[str, Any] = {"response_format": response_formats[mode]} if mode != "none" else {}
-    params = client.endpoint.params
     given = _given_budget(client)
     budget = given if given is not None else None if formats.choice == "none" else formats.budget
     if given is None and budget and ladder.budget_cap is not None:
@@ -241,7 +240,7 @@ def _fields(
         wanted = ladder.token_field or endpoint.token_field or default_token_field(endpoint.url, endpoint.model)
         other = "max_tokens" if wanted == "max_completion_tokens" else "max_completion_tokens"
         fields[wanted] = budget
-        if other in params:
+        if other in endpoint.params:
             fields[other] = None
     return fields
 
@@ -252,9 +251,7 @@ def _given_budget(client: "ChatClient") -> int | None:
     return None if name is None else client.endpoint.params[name]
 
 
-# ---- validation of replies in a structured mode
-
-
+# ---- reading a judge's JSON reply
 MAX_DEPTH = 32  # nesting a judge's JSON may have (a verdict has 2); deeper is no verdict, and no row could hold it
 
 
@@ -269,8 +266,8 @@ def _exact_float(text: str) -> float:
     return value if value not in (0.0, 1.0) or decimal.Decimal(text) == value else math.nan
 
 
-_DECODER = json.JSONDecoder(strict=False, parse_float=_exact_float)  # strict=False: control characters in
-# strings allowed (llama-cpp-python's grammar emits them)
+# strict=False: control characters allowed in strings (llama-cpp-python's grammar emits them)
+_DECODER = json.JSONDecoder(strict=False, parse_float=_exact_float)
 
 
 def loads(text: str) -> Any:
@@ -279,9 +276,8 @@ def loads(text: str) -> Any:
 
 
 def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
-    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); json.JSONDecodeError
-    for text that is not JSON, TooDeep for JSON nested deeper than MAX_DEPTH (never a RecursionError: 3,000 `[`
-    are a bad reply, not a crash)."""
+    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); TooDeep past MAX_DEPTH
+    (never a RecursionError: 3,000 `[` are a bad reply, not a crash)."""
     if whole:
         pos = len(text) - len(text.lstrip(" \t\n\r"))
     try:
@@ -290,20 +286,14 @@ def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
         raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos) from None
     if whole and text[end:].strip():
         raise json.JSONDecodeError("Extra data", text, end)
-    if _depth_over(obj, MAX_DEPTH):
-        raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos)
-    return obj, end
-
-
-def _depth_over(obj: Any, limit: int) -> bool:
     stack = [(obj, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
+            if depth > MAX_DEPTH:
+                raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos)
             stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
+    return obj, end
 
 
 def check(text: str, validate: Callable[[Any], list[str]]) -> list[str]:

@@ -58,7 +58,6 @@ _CONTEXT_LENGTH = re.compile(
     "context_length_exceeded|context length|context window|maximum context|context size|too many tokens"
     "|prompt is too long|input is too long"
 )
-_RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0  # the longest one wait a server's Retry-After gets (then the call tries again)
 LONG_WAIT_S = 10.0  # a wait the server asks for (Retry-After, a rate limit's pacing) this long or longer is printed
 MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and decompressed: larger is malformed
@@ -89,8 +88,7 @@ class CallTimedOut(Exception):
 
 
 async def _bound_body(response: "httpx2.Response") -> None:
-    """An httpx response hook, before the body is read: the body goes through _BoundedStream, which undoes gzip or
-    deflate itself; any other Content-Encoding (never asked for) is malformed."""
+    """An httpx response hook: the body is read through _BoundedStream; an encoding never asked for is malformed."""
     encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
     encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
@@ -181,11 +179,9 @@ class Endpoint:
 
     def key(self) -> str:
         """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
-        key = self.api_key
-        if not key:
-            if self.base_url is None:
-                raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-            key = "no-key"
+        if not self.api_key and self.base_url is None:
+            raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
+        key = self.api_key or "no-key"
         redact.register(key)
         return key
 
@@ -223,9 +219,7 @@ class Endpoint:
         """Send the --max-tokens budget in `name` (one of TOKEN_FIELDS) from now on."""
         current = self.token_field
         if current is not None and current != name:
-            params = dict(self.params)
-            params[name] = params.pop(current)
-            self.params = params
+            self.params = {k: v for k, v in self.params.items() if k != current} | {name: self.params[current]}
 
 
 @dataclass
@@ -243,8 +237,7 @@ class Completion:
 
 @dataclass(frozen=True)
 class Served:
-    """What a reply says answered (a provider may re-point the asked name): a row records it, so a changed snapshot
-    shows."""
+    """What a reply says answered (a provider may re-point a name): a row records it, so a changed snapshot shows."""
 
     model: str | None
     fingerprint: str | None = None
@@ -299,12 +292,11 @@ def is_retryable(exc: BaseException) -> bool:
     status = status_of(exc)
     if status == 429:
         return _error_code(exc) != "insufficient_quota"
-    return status is not None and (status in _RETRYABLE_STATUS or status >= 500)
+    return status is not None and (status in (408, 409, 425) or status >= 500)
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
-    """The seconds retry-after-ms or Retry-After (seconds or an HTTP date) asks for; None: none readable or none
-    at all (0, a negative time, a date past), then we back off."""
+    """The wait retry-after-ms or Retry-After asks for; None (back off): none readable, 0, negative or a date past."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     try:
         if "retry-after-ms" in headers:
@@ -382,8 +374,7 @@ def describe(exc: BaseException) -> str:
 
 
 def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
-    """The SDK's HTTP client over `kind` (HTTP_CLIENTS) with its defaults, but a pool of `connections` all kept open
-    (past the SDK's 100, calls would queue unseen or connect anew); `on_response` hears each reply's headers."""
+    """The SDK's HTTP client over `kind`, all `connections` kept open (past 100, calls would queue or reconnect)."""
     if kind not in HTTP_CLIENTS:
         raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
     make = openai.DefaultAioHttpClient if kind == "aiohttp" else openai.DefaultAsyncHttpxClient
@@ -434,13 +425,6 @@ class ChatClient:
         if retry_after_seconds(exc) is not None:
             self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
 
-    def _too_long_a_wait(self, exc: BaseException) -> RetryLater | None:
-        """RetryLater when `exc` asks for a wait past --max-retry-seconds (waiting could only end in failure)."""
-        seconds = retry_after_seconds(exc) if is_retryable(exc) else None
-        if seconds is None or seconds <= self.endpoint.max_retry_seconds:
-            return None
-        return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
-
     def _retry_later(self, wait: str, seconds: float) -> RetryLater:
         return RetryLater(
             f"{self.endpoint.host}{wait}, until {wall_clock(seconds)}: past --max-retry-seconds "
@@ -479,9 +463,8 @@ class ChatClient:
         """One HTTP attempt, within its slot and pacing when there is a limiter, which hears how it went."""
         if self.limit is None:
             return (await self._request(messages, fields))[0]
-        params, extra = self.endpoint.call_fields(fields)
         max_wait_s = self.endpoint.max_retry_seconds
-        tokens = max_tokens_of({**params, **extra})
+        tokens = max_tokens_of(self.endpoint.request_body(messages, fields))
         try:
             async with Attempt(self.limit, prompt_chars(messages), tokens, max_wait_s, self._announce_wait) as attempt:
                 try:
@@ -504,10 +487,32 @@ class ChatClient:
         """The parsed chat completion and the reply's headers, within the deadline for the whole call."""
         if not self.heard and self._still_waiting is None:
             self._still_waiting = asyncio.get_running_loop().call_later(STILL_WAITING_S, self._say_still_waiting)
+        params, extra = self.endpoint.call_fields(fields)
         timed_out: Exception
         try:
             async with asyncio.timeout(self.endpoint.timeout + DEADLINE_MARGIN_S) as deadline:
-                return await self._chat(messages, fields)
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    model=self.endpoint.model,
+                    # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
+                    # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
+                    # in extra_body, which replaces the body's empty `messages` as it is.
+                    messages=cast("list[ChatCompletionMessageParam]", []),
+                    extra_body={"messages": messages, **extra},
+                    **params,
+                )
+            self.answered = True
+            try:
+                response = raw.parse()
+            except RecursionError:
+                raise MalformedReply("a JSON body nested too deep to read") from None
+            if isinstance(response, str) or not getattr(response, "choices", None):
+                raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
+            return response, raw.headers
+        except openai.APIStatusError as exc:
+            self.answered = self.answered or not _bare_404(exc)
+            raise
+        except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
+            raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -554,37 +559,10 @@ class ChatClient:
                 await self._client.models.with_raw_response.list(timeout=bound)
         return self.heard
 
-    async def _chat(self, messages: list[dict], fields: dict | None) -> tuple[Any, Mapping[str, str]]:
-        params, extra = self.endpoint.call_fields(fields)
-        try:
-            raw = await self._client.chat.completions.with_raw_response.create(
-                model=self.endpoint.model,
-                # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
-                # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
-                # in extra_body, which replaces the body's empty `messages` as it is.
-                messages=cast("list[ChatCompletionMessageParam]", []),
-                extra_body={"messages": messages, **extra},
-                **params,
-            )
-        except openai.APIStatusError as exc:
-            self.answered = self.answered or not _bare_404(exc)
-            raise
-        except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
-            raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
-        self.answered = True
-        try:
-            response = raw.parse()
-        except RecursionError:
-            raise MalformedReply("a JSON body nested too deep to read") from None
-        if isinstance(response, str) or not getattr(response, "choices", None):
-            raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
-        return response, raw.headers
-
     async def complete(
         self, messages: list[dict], fields: dict | None = None, final: Callable[[BaseException], bool] | None = None
     ) -> Completion:
-        """One chat completion, `fields` overriding the endpoint's body fields (Endpoint.call_fields). Raises
-        ContextTooLong, CallFailed or EndpointRefused; Rejected at once for an error `final` is true for."""
+        """One chat completion, `fields` overriding the endpoint's (call_fields); Rejected at once if `final(error)`."""
         started = time.monotonic()
         attempts = failures = 0
         sent_field = self.endpoint.token_field
@@ -600,7 +578,7 @@ class ChatClient:
             ):
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
-            # --max-retry-seconds as a whole, the run stops: _too_long_a_wait)
+            # --max-retry-seconds as a whole, the run stops: _stop_error)
             spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
@@ -629,7 +607,7 @@ class ChatClient:
                 return await self.complete(messages, fields, final)
             if context_length_error(status, error_text(exc)):
                 raise ContextTooLong(describe(exc)) from None
-            stop = self._too_long_a_wait(exc) or self._unreachable_error(exc)
+            stop = self._stop_error(exc)
             if stop is not None:
                 raise stop from None
             if (
@@ -665,8 +643,11 @@ class ChatClient:
         """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
         return self.answered and _bare_404(exc)
 
-    def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
-        """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
+    def _stop_error(self, exc: BaseException) -> RetryLater | EndpointUnreachable | None:
+        """What stops the run: a wait asked for past --max-retry-seconds, an endpoint never reached, no API there."""
+        seconds = retry_after_seconds(exc) if is_retryable(exc) else None
+        if seconds is not None and seconds > self.endpoint.max_retry_seconds:
+            return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
         url, source = self.endpoint.host, self.endpoint.base_url_source
         if self._unreachable_so_far(exc):
             return EndpointUnreachable(
@@ -777,8 +758,7 @@ def valid_count(value: Any) -> bool:
 
 
 def usage_dict(usage: Any) -> dict[str, Any]:
-    """The token counts of a reply; numbers that are not counts leave the call's usage out of tokens and cost:
-    {"invalid": {name: the value as text}}, with one warning per run."""
+    """A reply's token counts; numbers that are not counts give {"invalid": {...}} (left out of cost), warned once."""
     global _usage_warned
     if usage is None:
         return {}
