@@ -61,8 +61,7 @@ _AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
 
 
 def budget_too_large(status: int | None, text: str) -> bool:
-    """Our token budget is more than the model or its context allows (OpenAI: `max_tokens is too large: ...
-    supports at most N completion tokens`; vLLM: `'max_tokens' or 'max_completion_tokens' is too large`)."""
+    """Our token budget is more than the model allows (`max_tokens is too large`: OpenAI, vLLM)."""
     text = text.lower()
     return status in (400, 422) and "too large" in text and ("max_tokens" in text or "max_completion_tokens" in text)
 
@@ -173,7 +172,7 @@ async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, n
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
         mode = ladder.mode
-        return Answer(await client.complete(messages, _fields(formats, ladder, client, mode, name, schema)), mode)
+        return Answer(await client.complete(messages, _fields(formats, ladder, client, name, schema)), mode)
     if not ladder.settled:
         async with ladder._lock:
             if not ladder.settled:
@@ -188,7 +187,7 @@ async def _send(
 
     while True:
         mode = ladder.mode
-        fields = _fields(formats, ladder, client, mode, name, schema)
+        fields = _fields(formats, ladder, client, name, schema)
         own_budget = not _given_budget(client) and any(k in fields for k in ("max_tokens", "max_completion_tokens"))
         try:
             reply = await client.complete(messages, fields, final=_final_for(own_budget))
@@ -221,16 +220,14 @@ async def _send(
         return Answer(reply, mode)
 
 
-def _fields(
-    formats: Formats, ladder: Ladder, client: "ChatClient", mode: str, name: str, schema: dict
-) -> dict[str, Any]:
-    """The body fields of one judge call: response_format and the token budget, in the endpoint's spelling."""
+def _fields(formats: Formats, ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> dict[str, Any]:
+    """A judge call's body fields in the ladder's mode: response_format, and the budget in the endpoint's field."""
     response_formats = {
         "json_schema": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
         "json_object_schema": {"type": "json_object", "schema": schema},  # llama.cpp makes a grammar of the schema
         "json_object": {"type": "json_object"},
     }
-    fields: dict[str, Any] = {"response_format": response_formats[mode]} if mode != "none" else {}
+    fields: dict[str, Any] = {"response_format": response_formats[ladder.mode]} if ladder.mode != "none" else {}
     given = _given_budget(client)
     budget = given if given is not None else None if formats.choice == "none" else formats.budget
     if given is None and budget and ladder.budget_cap is not None:
@@ -260,8 +257,7 @@ class TooDeep(json.JSONDecodeError):
 
 
 def _exact_float(text: str) -> float:
-    """A JSON number with a fraction or exponent, except one that rounds to exactly 0 or 1 without being it
-    (`1.00000000000000001`, `1e-400`): NaN, so that no such text is read as a verdict of 0 or 1."""
+    """A JSON float; NaN for one that rounds to 0 or 1 without being it (`1e-400`): never read as a verdict."""
     value = float(text)
     return value if value not in (0.0, 1.0) or decimal.Decimal(text) == value else math.nan
 
@@ -276,8 +272,7 @@ def loads(text: str) -> Any:
 
 
 def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
-    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); TooDeep past MAX_DEPTH
-    (never a RecursionError: 3,000 `[` are a bad reply, not a crash)."""
+    """The JSON value at `pos` and its end (whole: filling the text); TooDeep past MAX_DEPTH, never a RecursionError."""
     if whole:
         pos = len(text) - len(text.lstrip(" \t\n\r"))
     try:

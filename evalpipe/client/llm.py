@@ -245,13 +245,12 @@ class Served:
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out; the
-        effort from `reasoning_effort` or `reasoning.effort` (as the Responses API and some routers echo it)."""
+        """What `response` says, each field cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
         said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
         model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
         extra = getattr(response, "model_extra", None) or {}
         effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
-        if effort is None and isinstance(reasoning, dict):
+        if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
             effort = reasoning.get("effort")
         effort = redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
@@ -625,8 +624,7 @@ class ChatClient:
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
-        """Whether a call goes again with --max-tokens in the other field, the endpoint having refused `sent`:
-        switched once a run (the stage records it); a budget in the call's `fields` is the caller's to handle."""
+        """Whether a call goes again with --max-tokens in the other field than the refused `sent` (once a run)."""
         if sent is None or any(name in (fields or {}) for name in TOKEN_FIELDS):
             return False
         if not token_field_refused(status_of(exc), error_text(exc), sent):
@@ -684,8 +682,7 @@ _FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not per
 
 
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
-    """Whether an error says the endpoint does not take the token field `sent` (`Unsupported parameter: 'max_tokens'`,
-    OpenAI's reasoning models; `Unrecognized request argument supplied: ...`, older servers), not a budget too large."""
+    """Whether an error says the endpoint does not take the token field `sent` (not that the budget is too large)."""
     lowered = text.lower()
     other = next(name for name in TOKEN_FIELDS if name != sent)
     if status not in (400, 422) or sent not in lowered or "too large" in lowered or context_length_error(status, text):
@@ -723,8 +720,7 @@ def short_field(text: str) -> str:
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
-    """Our Completion from the SDK's ChatCompletion (online, or a batch output line's body), the final answer apart
-    from the thinking (`mode`: thinking.MODES), our key taken out of every text (a server may echo it)."""
+    """Our Completion from the SDK's ChatCompletion (online or batch), our key taken out of every text (echoed)."""
     choice = response.choices[0]
     message, finish_reason = choice.message, choice.finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""

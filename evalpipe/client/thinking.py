@@ -16,17 +16,15 @@ class Reply:
 
 
 def separate(content: str, reasoning: str = "", finish_reason: str | None = None, mode: str = "separate") -> Reply:
-    """The final answer and the thinking of one reply (`reasoning`: the server's reasoning field). Mode "as-is"
-    keeps content whole as the answer (what CL-bench, EvalScope and OpenAI Evals grade); an answer left empty at the
-    token limit (`finish_reason: length`) ran out of budget while thinking."""
+    """The final answer and the thinking of one reply (`reasoning`: the server's reasoning field); "as-is" keeps
+    content whole as the answer (as CL-bench, EvalScope and OpenAI Evals grade)."""
     answer, inline = (content, "") if mode == "as-is" else _split_inline(content)
     thinking = "\n\n".join(part for part in (reasoning.strip(), inline.strip()) if part)
     return Reply(answer, thinking, truncated=finish_reason == "length" and not answer.strip())
 
 
 def _split_inline(content: str) -> tuple[str, str]:
-    """(answer, thinking) of a content that may hold inline thinking; it ends at the first `</think>`, as vLLM's
-    DeepSeek-R1 reasoning parser splits it."""
+    """(answer, thinking) of a content; thinking ends at the first `</think>`, as vLLM's DeepSeek-R1 parser splits."""
     head, closed, tail = content.partition(CLOSE)
     stripped = head.lstrip()
     if not closed and not stripped.startswith(OPEN):
@@ -44,8 +42,7 @@ def text_to_grade(row: dict, key: str, mode: str) -> str:
 
 
 def budget_advice(tokens: int | None) -> str:
-    """What to do about answers that ran out of tokens while thinking, given the completion tokens they had
-    (None or 0: not known, the endpoint's own limit)."""
+    """What to do about answers that ran out of tokens while thinking, given the tokens they had (None: unknown)."""
     if not tokens:
         return "raise --max-tokens above the endpoint's own limit"
     return f"they needed more than {tokens:,} completion tokens: raise --max-tokens to {2 * tokens:,} or more"
