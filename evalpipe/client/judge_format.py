@@ -145,11 +145,10 @@ class Formats:
     def ladder(self, client: "ChatClient") -> Ladder:
         key = client.endpoint.learned_key
         if key not in self.ladders:
-            ladder = Ladder(_LADDERS[self.choice])
-            # a forced choice teaches auto nothing
-            if key in self.saved and self.saved[key].get("choice", "auto") == self.choice:
-                ladder.seed(self.saved[key])
-            self.ladders[key] = ladder
+            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice])
+            saved = self.saved.get(key, {})
+            if saved.get("choice", "auto") == self.choice:  # a forced choice teaches auto nothing
+                ladder.seed(saved)
         return self.ladders[key]
 
     def seed(self, learned: dict) -> None:

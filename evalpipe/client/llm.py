@@ -192,13 +192,10 @@ class Endpoint:
 
     def call_fields(self, fields: dict | None) -> tuple[dict, dict]:
         """(params, extra_body) of one call: the endpoint's, with `fields` put into extra_body (None: not sent)."""
-        params, extra = dict(self.params), dict(self.extra_body)
-        for name, value in (fields or {}).items():
-            params.pop(name, None)
-            extra.pop(name, None)
-            if value is not None:
-                extra[name] = value
-        return params, extra
+        fields = fields or {}
+        params = {name: value for name, value in self.params.items() if name not in fields}
+        extra = {name: value for name, value in self.extra_body.items() if name not in fields}
+        return params, extra | {name: value for name, value in fields.items() if value is not None}
 
     @property
     def host(self) -> str:
