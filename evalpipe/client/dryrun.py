@@ -69,12 +69,11 @@ def estimate(
         priced = "no API calls (a rule-based judge)"
     elif price is None:
         priced = f"no price for {endpoint.model!r} in {prices.source} (add it to a --prices file)"
+        if max_cost is not None:
+            priced += f"; --max-cost ${max_cost:g} cannot be kept without a price (the run would exit 2)"
     else:
         priced = f"≈ ${price:,.4f} at {prices.source} prices as of {prices.as_of} (review them)"
-    if max_cost is not None and endpoint is not None:
-        if price is None:
-            priced += f"; --max-cost ${max_cost:g} cannot be kept without a price (the run would exit 2)"
-        else:
+        if max_cost is not None:
             within = "within it" if price <= max_cost else "the run would stop at the cap, exit 6"
             priced += f"; --max-cost ${max_cost:g}: {within}"
     print(

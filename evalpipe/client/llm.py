@@ -650,11 +650,9 @@ class ChatClient:
             )
         if _bare_404(exc) and not self.answered:
             path = urllib.parse.urlsplit(url).path.rstrip("/")
-            hint = (
-                f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
-                if not path.endswith("/v1")
-                else f"check the path in {source}"
-            )
+            hint = f"check the path in {source}"
+            if not path.endswith("/v1"):
+                hint = f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
             return EndpointUnreachable(
                 f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}"
             )
