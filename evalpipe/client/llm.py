@@ -213,7 +213,6 @@ class Endpoint:
         return next((name for name in TOKEN_FIELDS if name in self.params), None)
 
     def use_token_field(self, name: str) -> None:
-        """Send the --max-tokens budget in `name` (one of TOKEN_FIELDS) from now on."""
         current = self.token_field
         if current is not None and current != name:
             self.params = {k: v for k, v in self.params.items() if k != current} | {name: self.params[current]}
@@ -278,7 +277,6 @@ def error_text(exc: BaseException) -> str:
 
 
 def context_length_error(status: int | None, text: str) -> bool:
-    """Whether an error (its HTTP status and code/message text) says the prompt is too long."""
     return status in (400, 413, 422) and _CONTEXT_LENGTH.search(text.lower()) is not None
 
 
@@ -744,7 +742,6 @@ _usage_warned = False
 
 
 def valid_count(value: Any) -> bool:
-    """Whether a usage number is a token count: a whole number from 0 to MAX_TOKEN_COUNT."""
     return type(value) is int and 0 <= value <= MAX_TOKEN_COUNT
 
 
