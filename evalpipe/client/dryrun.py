@@ -1,8 +1,5 @@
-"""--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing.
-
-The benchmark's own code runs against a stand-in client that records each request instead of sending it, so
-the count follows a real run's logic; prompt tokens are characters / 4, and every reply is assumed to be
-`completion_tokens` long, also where it is fed into a chained call's prompt (docs/results.md#dry-run).
+"""--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing; the benchmark's
+own code runs against a client that records each request (docs/results.md#dry-run).
 """
 
 import asyncio
@@ -12,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import cost
-from .llm import Completion, Endpoint
+from .llm import Completion, Endpoint, prompt_chars
 from .runner import Tasks
 
 CHARS_PER_TOKEN = 4
@@ -34,16 +31,11 @@ class RecordingClient:
 
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         self.calls += 1
-        self.prompt_chars += sum(len(str(m.get("content") or "")) for m in messages)
+        self.prompt_chars += prompt_chars(messages)
         if self.first_call_only:
             raise _FirstCallOnly("dry run")
-        return Completion(
-            text="x" * (CHARS_PER_TOKEN * self.completion_tokens),
-            finish_reason="stop",
-            usage={},
-            latency_s=0.0,
-            attempts=1,
-        )
+        filler = "x" * (CHARS_PER_TOKEN * self.completion_tokens)  # fed into a chained call's prompt as a reply is
+        return Completion(filler, finish_reason="stop", usage={}, latency_s=0.0, attempts=1)
 
 
 def estimate(
@@ -77,12 +69,11 @@ def estimate(
         priced = "no API calls (a rule-based judge)"
     elif price is None:
         priced = f"no price for {endpoint.model!r} in {prices.source} (add it to a --prices file)"
+        if max_cost is not None:
+            priced += f"; --max-cost ${max_cost:g} cannot be kept without a price (the run would exit 2)"
     else:
         priced = f"≈ ${price:,.4f} at {prices.source} prices as of {prices.as_of} (review them)"
-    if max_cost is not None and endpoint is not None:
-        if price is None:
-            priced += f"; --max-cost ${max_cost:g} cannot be kept without a price (the run would exit 2)"
-        else:
+        if max_cost is not None:
             within = "within it" if price <= max_cost else "the run would stop at the cap, exit 6"
             priced += f"; --max-cost ${max_cost:g}: {within}"
     print(

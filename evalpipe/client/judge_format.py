@@ -1,19 +1,6 @@
-"""Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run.
-
-The ladder, most to least constrained (the mode names are what judge rows record as `judge_format`):
-
-  json_schema         {"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}
-  json_object_schema  {"type": "json_object", "schema": ...}  (llama.cpp, llama-cpp-python: a grammar)
-  json_object         {"type": "json_object"}                 (valid JSON, any shape)
-  none                no response_format: free text, upstream's request
-
-Per endpoint and model (a Ladder), the first request goes alone while the others wait. A rejection that says
-the mode is unsupported (HTTP 400/404/415/422, or a 500 whose text names the format, as llama-cpp-python
-answers) steps down at once, without transport retries, and the same prompt goes again in the next mode. A 200
-proves nothing (some servers accept and ignore the format), so the caller validates every reply in a structured
-mode and marks a mode whose replies break the schema not enforced. An endpoint that refuses `max_tokens`
-(OpenAI reasoning models) gets `max_completion_tokens` from then on. The decisions go into the output's manifest
-(`learned.judge_format`), and the next run starts from them.
+"""Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run (a Ladder per
+endpoint and model, most to least constrained: MODES); docs/usage.md ("How --judge-format auto learns") has the
+policy. Also reads a judge's JSON reply within bounds.
 """
 
 import asyncio
@@ -31,7 +18,7 @@ from ..errors import EndpointRefused
 if TYPE_CHECKING:  # the openai SDK is loaded only by stages that call an API (score reads rows only)
     from .llm import ChatClient, Completion
 
-MODES = ("json_schema", "json_object_schema", "json_object", "none")
+MODES = ("json_schema", "json_object_schema", "json_object", "none")  # what judge rows record as `judge_format`
 CHOICES = ("auto", "json_schema", "json_object", "none")
 STRUCTURED = ("json_schema", "json_object_schema")  # modes that carry the schema: their replies must keep it
 _LADDERS = {
@@ -40,7 +27,6 @@ _LADDERS = {
     "json_object": ("json_object_schema", "json_object"),
     "none": ("none",),
 }
-_REJECTED_STATUS = (400, 404, 415, 422)
 # Texts of "this format is not supported" answers (../shared/research/judge.md §2, §6.2), lower case.
 _UNSUPPORTED_HINTS = (
     "response_format",
@@ -59,17 +45,6 @@ _FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should 
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 
 
-def response_format(mode: str, name: str, schema: dict) -> dict | None:
-    """The `response_format` body field of a mode (None: not sent)."""
-    if mode == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    if mode == "json_object_schema":
-        return {"type": "json_object", "schema": schema}
-    if mode == "json_object":
-        return {"type": "json_object"}
-    return None
-
-
 def unsupported(status: int | None, text: str) -> bool:
     """Whether an error says the requested response_format is not supported (research note §6.2)."""
     from .llm import context_length_error, token_field_refused
@@ -77,7 +52,7 @@ def unsupported(status: int | None, text: str) -> bool:
     if status is None or context_length_error(status, text) or token_field_refused(status, text, "max_tokens"):
         return False
     text = text.lower()
-    if status in _REJECTED_STATUS:
+    if status in (400, 404, 415, 422):
         return any(hint in text for hint in _UNSUPPORTED_HINTS)
     return status == 500 and any(hint in text for hint in _FORMAT_NAMES)
 
@@ -86,10 +61,17 @@ _AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
 
 
 def budget_too_large(status: int | None, text: str) -> bool:
-    """Our token budget is more than the model or its context allows (OpenAI: `max_tokens is too large: ...
-    supports at most N completion tokens`; vLLM: `'max_tokens' or 'max_completion_tokens' is too large`)."""
+    """Our token budget is more than the model allows (`max_tokens is too large`: OpenAI, vLLM)."""
     text = text.lower()
     return status in (400, 422) and "too large" in text and ("max_tokens" in text or "max_completion_tokens" in text)
+
+
+def default_token_field(base_url: str, model: str) -> str:
+    """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
+        return "max_completion_tokens"
+    return "max_tokens"
 
 
 def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
@@ -103,14 +85,6 @@ def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
         return unsupported(status, text) or token_field_refused(status, text, "max_tokens")
 
     return final
-
-
-def default_token_field(base_url: str, model: str) -> str:
-    """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
-    host = urllib.parse.urlsplit(base_url).hostname or ""
-    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
-        return "max_completion_tokens"
-    return "max_tokens"
 
 
 @dataclass
@@ -171,11 +145,10 @@ class Formats:
     def ladder(self, client: "ChatClient") -> Ladder:
         key = client.endpoint.learned_key
         if key not in self.ladders:
-            ladder = Ladder(_LADDERS[self.choice])
-            # a forced choice teaches auto nothing
-            if key in self.saved and self.saved[key].get("choice", "auto") == self.choice:
-                ladder.seed(self.saved[key])
-            self.ladders[key] = ladder
+            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice])
+            saved = self.saved.get(key, {})
+            if saved.get("choice", "auto") == self.choice:  # a forced choice teaches auto nothing
+                ladder.seed(saved)
         return self.ladders[key]
 
     def seed(self, learned: dict) -> None:
@@ -194,11 +167,11 @@ class Answer:
 
 
 async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, name: str, schema: dict) -> Answer:
-    """One reply to `messages` in the best mode the endpoint takes (see the module's docstring)."""
+    """One reply to `messages` in the best mode the endpoint takes."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
         mode = ladder.mode
-        return Answer(await client.complete(messages, _fields(formats, ladder, client, mode, name, schema)), mode)
+        return Answer(await client.complete(messages, _fields(formats, ladder, client, name, schema)), mode)
     if not ladder.settled:
         async with ladder._lock:
             if not ladder.settled:
@@ -213,7 +186,7 @@ async def _send(
 
     while True:
         mode = ladder.mode
-        fields = _fields(formats, ladder, client, mode, name, schema)
+        fields = _fields(formats, ladder, client, name, schema)
         own_budget = not _given_budget(client) and any(k in fields for k in ("max_tokens", "max_completion_tokens"))
         try:
             reply = await client.complete(messages, fields, final=_final_for(own_budget))
@@ -246,15 +219,14 @@ async def _send(
         return Answer(reply, mode)
 
 
-def _fields(
-    formats: Formats, ladder: Ladder, client: "ChatClient", mode: str, name: str, schema: dict
-) -> dict[str, Any]:
-    """The body fields of one judge call: response_format and the token budget, in the endpoint's spelling."""
-    fields: dict[str, Any] = {}
-    fmt = response_format(mode, name, schema)
-    if fmt is not None:
-        fields["response_format"] = fmt
-    params = client.endpoint.params
+def _fields(formats: Formats, ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> dict[str, Any]:
+    """A judge call's body fields in the ladder's mode: response_format, and the budget in the endpoint's field."""
+    response_formats = {
+        "json_schema": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+        "json_object_schema": {"type": "json_object", "schema": schema},  # llama.cpp makes a grammar of the schema
+        "json_object": {"type": "json_object"},
+    }
+    fields: dict[str, Any] = {"response_format": response_formats[ladder.mode]} if ladder.mode != "none" else {}
     given = _given_budget(client)
     budget = given if given is not None else None if formats.choice == "none" else formats.budget
     if given is None and budget and ladder.budget_cap is not None:
@@ -264,7 +236,7 @@ def _fields(
         wanted = ladder.token_field or endpoint.token_field or default_token_field(endpoint.url, endpoint.model)
         other = "max_tokens" if wanted == "max_completion_tokens" else "max_completion_tokens"
         fields[wanted] = budget
-        if other in params:
+        if other in endpoint.params:
             fields[other] = None
     return fields
 
@@ -275,9 +247,7 @@ def _given_budget(client: "ChatClient") -> int | None:
     return None if name is None else client.endpoint.params[name]
 
 
-# ---- validation of replies in a structured mode
-
-
+# ---- reading a judge's JSON reply
 MAX_DEPTH = 32  # nesting a judge's JSON may have (a verdict has 2); deeper is no verdict, and no row could hold it
 
 
@@ -286,14 +256,13 @@ class TooDeep(json.JSONDecodeError):
 
 
 def _exact_float(text: str) -> float:
-    """A JSON number with a fraction or exponent, except one that rounds to exactly 0 or 1 without being it
-    (`1.00000000000000001`, `1e-400`): NaN, so that no such text is read as a verdict of 0 or 1."""
+    """A JSON float; NaN for one that rounds to 0 or 1 without being it (`1e-400`): never read as a verdict."""
     value = float(text)
     return value if value not in (0.0, 1.0) or decimal.Decimal(text) == value else math.nan
 
 
-_DECODER = json.JSONDecoder(strict=False, parse_float=_exact_float)  # strict=False: control characters in
-# strings allowed (llama-cpp-python's grammar emits them)
+# strict=False: control characters allowed in strings (llama-cpp-python's grammar emits them)
+_DECODER = json.JSONDecoder(strict=False, parse_float=_exact_float)
 
 
 def loads(text: str) -> Any:
@@ -302,9 +271,7 @@ def loads(text: str) -> Any:
 
 
 def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
-    """The JSON value starting at `pos` and where it ends (whole: it must fill the text); json.JSONDecodeError
-    for text that is not JSON, TooDeep for JSON nested deeper than MAX_DEPTH (never a RecursionError: 3,000 `[`
-    are a bad reply, not a crash)."""
+    """The JSON value at `pos` and its end (whole: filling the text); TooDeep past MAX_DEPTH, never a RecursionError."""
     if whole:
         pos = len(text) - len(text.lstrip(" \t\n\r"))
     try:
@@ -313,20 +280,14 @@ def decode(text: str, pos: int, whole: bool = False) -> tuple[Any, int]:
         raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos) from None
     if whole and text[end:].strip():
         raise json.JSONDecodeError("Extra data", text, end)
-    if _depth_over(obj, MAX_DEPTH):
-        raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos)
-    return obj, end
-
-
-def _depth_over(obj: Any, limit: int) -> bool:
     stack = [(obj, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
+            if depth > MAX_DEPTH:
+                raise TooDeep(f"nested deeper than {MAX_DEPTH}", text, pos)
             stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
+    return obj, end
 
 
 def check(text: str, validate: Callable[[Any], list[str]]) -> list[str]:

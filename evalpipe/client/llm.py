@@ -1,23 +1,8 @@
 """OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
 
-The SDK's own retries are off; this module decides what is retried (docs/operations.md has the table):
-  429            wait as Retry-After says (at most MAX_RETRY_AFTER; none, 0, negative or a date past: back off);
-                 one past max_retry_seconds: RetryLater, the run stops (exit 3)
-  5xx, 408, 409, 425, timeouts, connection errors, malformed bodies (not JSON, nested too deep, invalid HTTP,
-  over MAX_REPLY_BYTES), a 404 naming no model once the endpoint has answered
-                 capped exponential backoff with jitter, retry
-  400/413 context length exceeded     ContextTooLong: final, the task's row has an empty answer
-  other 400/422                       CallFailed at once (retried next run)
-  401/403, a 404 naming a model, 429 insufficient_quota       EndpointRefused: the run stops
-  no connection while the endpoint has never answered in this run, or a 404 naming no model (no API there)
-                 EndpointUnreachable after a few quick tries: the run stops in seconds
-Retries are capped in count (max_retries; 429s do not count) and in time (max_retry_seconds).
-
-Each attempt has a deadline for the whole call: Endpoint.timeout, plus DEADLINE_MARGIN_S so that the SDK's own
-connect and read timeouts say first what timed out. Slow is not dead: a CPU-served model can take minutes before
-its first byte, and llama.cpp's serial server answers nothing else meanwhile, not even GET /models. So an
-endpoint that accepts connections is called hung only once a call waited its whole --timeout without even a
-reply's headers, and GET /models, asked then, gets nothing within min(--timeout, MODELS_PROBE_S).
+The SDK's own retries are off: this module decides what is retried, what fails a call and what stops the run, and
+bounds each attempt in time and each reply in size. docs/operations.md holds the policy ("Errors and retries"),
+the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69).
 """
 
 import asyncio
@@ -73,7 +58,6 @@ _CONTEXT_LENGTH = re.compile(
     "context_length_exceeded|context length|context window|maximum context|context size|too many tokens"
     "|prompt is too long|input is too long"
 )
-_RETRYABLE_STATUS = {408, 409, 425, 429}
 MAX_RETRY_AFTER = 300.0  # the longest one wait a server's Retry-After gets (then the call tries again)
 LONG_WAIT_S = 10.0  # a wait the server asks for (Retry-After, a rate limit's pacing) this long or longer is printed
 MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and decompressed: larger is malformed
@@ -104,8 +88,7 @@ class CallTimedOut(Exception):
 
 
 async def _bound_body(response: "httpx2.Response") -> None:
-    """An httpx response hook, run before the body is read: the body is read through _BoundedStream, which
-    undoes its gzip or deflate itself; any other Content-Encoding (the client asks for none) is malformed."""
+    """An httpx response hook: the body is read through _BoundedStream; an encoding never asked for is malformed."""
     encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
     encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
@@ -144,8 +127,7 @@ async def _inflated(pieces: AsyncIterator[bytes], encoding: str) -> AsyncIterato
 
 @functools.cache
 def _bounded_stream_type() -> type:
-    """A reply body of at most MAX_REPLY_BYTES, on the wire and decoded (made on first use: httpx2 is loaded only
-    by stages that call)."""
+    """A reply body of at most MAX_REPLY_BYTES, on the wire and decoded (made on first use: httpx2 loads lazily)."""
 
     class _BoundedStream(httpx2.AsyncByteStream):
         def __init__(self, stream: "httpx2.AsyncByteStream", encodings: list[str]):
@@ -190,19 +172,16 @@ class Endpoint:
         return self.base_url or self.OPENAI_URL
 
     def sdk_options(self) -> dict[str, Any]:
-        """Keyword arguments for openai.OpenAI / AsyncOpenAI that leave it nothing to take from the
-        environment: the URL, the key and the headers are ours, Authorization always the key's."""
+        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment."""
         key = self.key()
         headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
         return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
 
     def key(self) -> str:
         """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
-        key = self.api_key
-        if not key:
-            if self.base_url is None:
-                raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-            key = "no-key"
+        if not self.api_key and self.base_url is None:
+            raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
+        key = self.api_key or "no-key"
         redact.register(key)
         return key
 
@@ -213,13 +192,10 @@ class Endpoint:
 
     def call_fields(self, fields: dict | None) -> tuple[dict, dict]:
         """(params, extra_body) of one call: the endpoint's, with `fields` put into extra_body (None: not sent)."""
-        params, extra = dict(self.params), dict(self.extra_body)
-        for name, value in (fields or {}).items():
-            params.pop(name, None)
-            extra.pop(name, None)
-            if value is not None:
-                extra[name] = value
-        return params, extra
+        fields = fields or {}
+        params = {name: value for name, value in self.params.items() if name not in fields}
+        extra = {name: value for name, value in self.extra_body.items() if name not in fields}
+        return params, extra | {name: value for name, value in fields.items() if value is not None}
 
     @property
     def host(self) -> str:
@@ -237,12 +213,9 @@ class Endpoint:
         return next((name for name in TOKEN_FIELDS if name in self.params), None)
 
     def use_token_field(self, name: str) -> None:
-        """Send the --max-tokens budget in `name` (one of TOKEN_FIELDS) from now on."""
         current = self.token_field
         if current is not None and current != name:
-            params = dict(self.params)
-            params[name] = params.pop(current)
-            self.params = params
+            self.params = {k: v for k, v in self.params.items() if k != current} | {name: self.params[current]}
 
 
 @dataclass
@@ -260,8 +233,7 @@ class Completion:
 
 @dataclass(frozen=True)
 class Served:
-    """What a reply says answered: `model` (a provider may re-point the asked name), `system_fingerprint` and the
-    reasoning effort applied; a row records them so that a changed snapshot shows."""
+    """What a reply says answered (a provider may re-point a name): a row records it, so a changed snapshot shows."""
 
     model: str | None
     fingerprint: str | None = None
@@ -269,11 +241,14 @@ class Served:
 
     @classmethod
     def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each cut to MAX_FIELD_CHARS (a server may send megabytes in them), our key taken
-        out (a server may echo it)."""
+        """What `response` says, each field cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
         said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
         model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
-        effort = _applied_effort(response)
+        extra = getattr(response, "model_extra", None) or {}
+        effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
+        if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
+            effort = reasoning.get("effort")
+        effort = redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
     def fields(self, prefix: str = "") -> dict[str, str]:
@@ -281,17 +256,6 @@ class Served:
         named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
         named["reasoning_effort_applied"] = self.effort
         return {prefix + name: value for name, value in named.items() if value}
-
-
-def _applied_effort(response: Any) -> str | None:
-    """The reasoning effort a reply says was applied: `reasoning_effort`, or `reasoning.effort` (as the Responses
-    API and some routers echo it); None when it says nothing."""
-    extra = getattr(response, "model_extra", None) or {}
-    effort = extra.get("reasoning_effort")
-    reasoning = extra.get("reasoning")
-    if effort is None and isinstance(reasoning, dict):
-        effort = reasoning.get("effort")
-    return redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -313,7 +277,6 @@ def error_text(exc: BaseException) -> str:
 
 
 def context_length_error(status: int | None, text: str) -> bool:
-    """Whether an error (its HTTP status and code/message text) says the prompt is too long."""
     return status in (400, 413, 422) and _CONTEXT_LENGTH.search(text.lower()) is not None
 
 
@@ -323,12 +286,11 @@ def is_retryable(exc: BaseException) -> bool:
     status = status_of(exc)
     if status == 429:
         return _error_code(exc) != "insufficient_quota"
-    return status is not None and (status in _RETRYABLE_STATUS or status >= 500)
+    return status is not None and (status in (408, 409, 425) or status >= 500)
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
-    """The seconds a reply's retry-after-ms or Retry-After (seconds or an HTTP date) asks us to wait; None when
-    it asks for none that can be read, or none at all (0, a negative time, a date past): then we back off."""
+    """The wait retry-after-ms or Retry-After asks for; None (back off): none readable, 0, negative or a date past."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     try:
         if "retry-after-ms" in headers:
@@ -353,8 +315,7 @@ def _retry_after_said(exc: BaseException) -> str:
 
 
 def connect_failure(exc: BaseException) -> str | None:
-    """Why a call never reached a server (refused, unknown host, TLS, connect timeout), or None
-    when it did (a reset, a read timeout or an HTTP error all mean something answered)."""
+    """Why a call never reached a server (refused, unknown host, TLS, connect timeout); None: something answered."""
     reason = None
     seen: BaseException | None = exc
     while seen is not None:
@@ -384,8 +345,7 @@ def connect_failure(exc: BaseException) -> str | None:
 
 
 def _mapped_as_timeout(exc: BaseException) -> bool:
-    """Whether the SDK calls a timeout what aiohttp says was a broken connection (a reset, a disconnect):
-    its aiohttp transport maps every aiohttp connection error to httpx's ConnectTimeout."""
+    """A broken connection (a reset) that the SDK's aiohttp transport, mapping every aiohttp error, calls a timeout."""
     if not isinstance(exc, openai.APITimeoutError):
         return False
     cause = exc.__cause__.__cause__ if exc.__cause__ is not None else None
@@ -398,8 +358,7 @@ def _bare_404(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line, key-free description of a failed call, safe to print (redact.printable: a server's
-    terminal escapes and control characters are shown escaped, never sent raw)."""
+    """A one-line, key-free description of a failed call, its control characters escaped (redact.printable)."""
     status = status_of(exc)
     prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
     text = str(exc)
@@ -409,19 +368,16 @@ def describe(exc: BaseException) -> str:
 
 
 def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
-    """The SDK's HTTP client over `kind` (HTTP_CLIENTS), with its defaults (timeouts, redirects by httpx's rules,
-    which drop Authorization for another origin), but a pool of `connections`, all kept open (the SDK's 100 kept
-    open, aiohttp's 100 without a number: past those, calls would queue unseen or connect anew each time).
-    `on_response(response)` is awaited as each reply's headers come, before its body."""
-    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
-    # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
-    hooks = {"response": [on_response, _bound_body]}
-    headers = {"Accept-Encoding": "gzip, deflate"}
-    if kind == "aiohttp":
-        return openai.DefaultAioHttpClient(limits=limits, event_hooks=hooks, headers=headers)
-    if kind == "httpx":
-        return openai.DefaultAsyncHttpxClient(limits=limits, event_hooks=hooks, headers=headers)
-    raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
+    """The SDK's HTTP client over `kind`, all `connections` kept open (past 100, calls would queue or reconnect)."""
+    if kind not in HTTP_CLIENTS:
+        raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
+    make = openai.DefaultAioHttpClient if kind == "aiohttp" else openai.DefaultAsyncHttpxClient
+    return make(
+        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+        # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
+        event_hooks={"response": [on_response, _bound_body]},
+        headers={"Accept-Encoding": "gzip, deflate"},
+    )
 
 
 class ChatClient:
@@ -431,9 +387,7 @@ class ChatClient:
     token_field_switched = False  # set on the client once the endpoint refused the --max-tokens field in this run
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
-        self.endpoint = endpoint
-        self.limit = limit
-        self.cap = cap
+        self.endpoint, self.limit, self.cap = endpoint, limit, cap
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
@@ -452,8 +406,7 @@ class ChatClient:
         self._announced_until = float("-inf")  # the end of the last long wait said (monotonic)
 
     def _announce_wait(self, seconds: float, why: str) -> None:
-        """One line on stderr for a wait of LONG_WAIT_S or more: what it waits for and until when; none while
-        the last wait said is still on (many calls wait for the same, or one after another)."""
+        """Says a wait of LONG_WAIT_S or more on stderr, unless the last one said is still on (many calls wait)."""
         now = time.monotonic()
         if seconds < LONG_WAIT_S or now < self._announced_until:
             return
@@ -465,15 +418,6 @@ class ChatClient:
         exc = state.outcome.exception()
         if retry_after_seconds(exc) is not None:
             self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
-
-    def _too_long_a_wait(self, exc: BaseException) -> RetryLater | None:
-        """RetryLater when `exc` asks for a wait past --max-retry-seconds (waiting could only end in failure)."""
-        if not is_retryable(exc):
-            return None
-        seconds = retry_after_seconds(exc)
-        if seconds is None or seconds <= self.endpoint.max_retry_seconds:
-            return None
-        return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
 
     def _retry_later(self, wait: str, seconds: float) -> RetryLater:
         return RetryLater(
@@ -513,9 +457,8 @@ class ChatClient:
         """One HTTP attempt, within its slot and pacing when there is a limiter, which hears how it went."""
         if self.limit is None:
             return (await self._request(messages, fields))[0]
-        params, extra = self.endpoint.call_fields(fields)
         max_wait_s = self.endpoint.max_retry_seconds
-        tokens = max_tokens_of({**params, **extra})
+        tokens = max_tokens_of(self.endpoint.request_body(messages, fields))
         try:
             async with Attempt(self.limit, prompt_chars(messages), tokens, max_wait_s, self._announce_wait) as attempt:
                 try:
@@ -538,10 +481,32 @@ class ChatClient:
         """The parsed chat completion and the reply's headers, within the deadline for the whole call."""
         if not self.heard and self._still_waiting is None:
             self._still_waiting = asyncio.get_running_loop().call_later(STILL_WAITING_S, self._say_still_waiting)
+        params, extra = self.endpoint.call_fields(fields)
         timed_out: Exception
         try:
             async with asyncio.timeout(self.endpoint.timeout + DEADLINE_MARGIN_S) as deadline:
-                return await self._chat(messages, fields)
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    model=self.endpoint.model,
+                    # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
+                    # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
+                    # in extra_body, which replaces the body's empty `messages` as it is.
+                    messages=cast("list[ChatCompletionMessageParam]", []),
+                    extra_body={"messages": messages, **extra},
+                    **params,
+                )
+            self.answered = True
+            try:
+                response = raw.parse()
+            except RecursionError:
+                raise MalformedReply("a JSON body nested too deep to read") from None
+            if isinstance(response, str) or not getattr(response, "choices", None):
+                raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
+            return response, raw.headers
+        except openai.APIStatusError as exc:
+            self.answered = self.answered or not _bare_404(exc)
+            raise
+        except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
+            raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -588,37 +553,10 @@ class ChatClient:
                 await self._client.models.with_raw_response.list(timeout=bound)
         return self.heard
 
-    async def _chat(self, messages: list[dict], fields: dict | None) -> tuple[Any, Mapping[str, str]]:
-        params, extra = self.endpoint.call_fields(fields)
-        try:
-            raw = await self._client.chat.completions.with_raw_response.create(
-                model=self.endpoint.model,
-                # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
-                # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
-                # in extra_body, which replaces the body's empty `messages` as it is.
-                messages=cast("list[ChatCompletionMessageParam]", []),
-                extra_body={"messages": messages, **extra},
-                **params,
-            )
-        except openai.APIStatusError as exc:
-            self.answered = self.answered or not _bare_404(exc)
-            raise
-        except aiohttp.ClientResponseError as exc:  # the aiohttp transport passes these on as they are
-            raise MalformedReply(f"an invalid HTTP reply: {exc.message}") from None
-        self.answered = True
-        try:
-            response = raw.parse()
-        except RecursionError:
-            raise MalformedReply("a JSON body nested too deep to read") from None
-        if isinstance(response, str) or not getattr(response, "choices", None):
-            raise MalformedReply(f"not a chat completion: {str(response)[:200]!r}")
-        return response, raw.headers
-
     async def complete(
         self, messages: list[dict], fields: dict | None = None, final: Callable[[BaseException], bool] | None = None
     ) -> Completion:
-        """One chat completion, `fields` overriding the endpoint's body fields (Endpoint.call_fields). Raises
-        ContextTooLong, CallFailed or EndpointRefused; Rejected at once for an error `final` is true for."""
+        """One chat completion, `fields` overriding the endpoint's (call_fields); Rejected at once if `final(error)`."""
         started = time.monotonic()
         attempts = failures = 0
         sent_field = self.endpoint.token_field
@@ -634,7 +572,7 @@ class ChatClient:
             ):
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
-            # --max-retry-seconds as a whole, the run stops: _too_long_a_wait)
+            # --max-retry-seconds as a whole, the run stops: _stop_error)
             spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
@@ -663,7 +601,7 @@ class ChatClient:
                 return await self.complete(messages, fields, final)
             if context_length_error(status, error_text(exc)):
                 raise ContextTooLong(describe(exc)) from None
-            stop = self._too_long_a_wait(exc) or self._unreachable_error(exc)
+            stop = self._stop_error(exc)
             if stop is not None:
                 raise stop from None
             if (
@@ -681,9 +619,7 @@ class ChatClient:
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
-        """Whether a call that sent --max-tokens in `sent` goes again in the other field, the endpoint having
-        refused `sent`: switched once in a run (the stage records it); a budget in the call's `fields` is the
-        caller's to handle."""
+        """Whether a call goes again with --max-tokens in the other field than the refused `sent` (once a run)."""
         if sent is None or any(name in (fields or {}) for name in TOKEN_FIELDS):
             return False
         if not token_field_refused(status_of(exc), error_text(exc), sent):
@@ -700,8 +636,11 @@ class ChatClient:
         """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
         return self.answered and _bare_404(exc)
 
-    def _unreachable_error(self, exc: BaseException) -> EndpointUnreachable | None:
-        """The one-line stop for an endpoint that never answered, or for a URL with no API behind it."""
+    def _stop_error(self, exc: BaseException) -> RetryLater | EndpointUnreachable | None:
+        """What stops the run: a wait asked for past --max-retry-seconds, an endpoint never reached, no API there."""
+        seconds = retry_after_seconds(exc) if is_retryable(exc) else None
+        if seconds is not None and seconds > self.endpoint.max_retry_seconds:
+            return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
         url, source = self.endpoint.host, self.endpoint.base_url_source
         if self._unreachable_so_far(exc):
             return EndpointUnreachable(
@@ -709,11 +648,9 @@ class ChatClient:
             )
         if _bare_404(exc) and not self.answered:
             path = urllib.parse.urlsplit(url).path.rstrip("/")
-            hint = (
-                f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
-                if not path.endswith("/v1")
-                else f"check the path in {source}"
-            )
+            hint = f"check the path in {source}"
+            if not path.endswith("/v1"):
+                hint = f"the URL may be missing /v1: try {url.rstrip('/')}/v1"
             return EndpointUnreachable(
                 f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}"
             )
@@ -738,9 +675,7 @@ _FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not per
 
 
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
-    """Whether an error says the endpoint does not take the token-limit field `sent` (one of TOKEN_FIELDS):
-    `Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens' instead.` (OpenAI's reasoning models),
-    `Unrecognized request argument supplied: max_completion_tokens` (older servers); not a budget too large."""
+    """Whether an error says the endpoint does not take the token field `sent` (not that the budget is too large)."""
     lowered = text.lower()
     other = next(name for name in TOKEN_FIELDS if name != sent)
     if status not in (400, 422) or sent not in lowered or "too large" in lowered or context_length_error(status, text):
@@ -778,15 +713,18 @@ def short_field(text: str) -> str:
 
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
-    """Our Completion from the SDK's ChatCompletion (an online reply, or a batch output line's body), the final
-    answer apart from the thinking (`mode`: thinking.MODES); our key is taken out of every text (a server may echo
-    it), since rows are made of it."""
+    """Our Completion from the SDK's ChatCompletion (online or batch), our key taken out of every text (echoed)."""
     choice = response.choices[0]
-    message = choice.message
+    message, finish_reason = choice.message, choice.finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""
-    reasoning = redact.secrets(_reasoning(message))
-    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, choice.finish_reason, mode)
-    finish_reason = choice.finish_reason
+    reasoning = ""  # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
+    extra = getattr(message, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name, getattr(message, name, None))
+        if isinstance(value, str) and value.strip():
+            reasoning = redact.secrets(valid_text(value))
+            break
+    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
     return Completion(
         text=reply.answer,
         finish_reason=None if finish_reason is None else short_field(redact.secrets(str(finish_reason))),
@@ -800,29 +738,15 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
     )
 
 
-def _reasoning(message: Any) -> str:
-    """The reasoning field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)."""
-    if message is None:
-        return ""
-    extra = getattr(message, "model_extra", None) or {}
-    for name in ("reasoning_content", "reasoning"):
-        value = extra.get(name, getattr(message, name, None))
-        if isinstance(value, str) and value.strip():
-            return valid_text(value)
-    return ""
-
-
 _usage_warned = False
 
 
 def valid_count(value: Any) -> bool:
-    """Whether a usage number is a token count: a whole number from 0 to MAX_TOKEN_COUNT."""
     return type(value) is int and 0 <= value <= MAX_TOKEN_COUNT
 
 
 def usage_dict(usage: Any) -> dict[str, Any]:
-    """The token counts of a reply; numbers that are not counts leave the call's usage out of tokens and cost:
-    {"invalid": {name: the value as text}}, with one warning per run."""
+    """A reply's token counts; numbers that are not counts give {"invalid": {...}} (left out of cost), warned once."""
     global _usage_warned
     if usage is None:
         return {}
