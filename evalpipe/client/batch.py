@@ -33,8 +33,7 @@ def custom_id(task_id, body: dict) -> str:
 
 
 class _Captured(Exception):
-    def __init__(self, line: dict):
-        self.line = line
+    """The request line of the call a task makes first."""
 
 
 class CapturingClient:
@@ -59,7 +58,7 @@ def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list
             try:
                 await work(task, CapturingClient(endpoint, task.id))
             except _Captured as captured:
-                lines.append(captured.line)
+                lines.append(captured.args[0])
 
     asyncio.run(capture())
     return lines
@@ -109,25 +108,6 @@ def export(
 # ---------------------------------------------------------------- import
 
 
-def read_results(paths: list[Path]) -> dict[str, dict]:
-    """custom_id → the result line, from output and error files in any order.
-    A successful answer is never replaced by an error line for the same request."""
-    results: dict[str, dict] = {}
-    for path in paths:
-        if not Path(path).exists():
-            raise BadInput("no such batch file", path)
-        for line_no, row in jsonl.iter_rows(path):
-            cid = row.get("custom_id")
-            if not isinstance(cid, str) or ("response" not in row and "error" not in row):
-                raise BadInput(
-                    "not a batch output or error line (needs custom_id and response or error)", path, line_no
-                )
-            if _ok(results.get(cid)) and not _ok(row):
-                continue
-            results[cid] = row
-    return results
-
-
 def _ok(row: dict | None) -> bool:
     response = (row or {}).get("response")
     return isinstance(response, dict) and response.get("status_code") == 200
@@ -160,23 +140,17 @@ class ReplayClient:
             if not reply.choices:
                 raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
             return completion_from(reply, None, 1, self.endpoint.thinking)
-        status = response.get("status_code")
-        text = redact.redact(_error_text(response.get("body"), row.get("error")))
+        status, body, reasons = response.get("status_code"), response.get("body"), []
+        # OpenAI's {"error": {code, message}} in the body or beside it, or vLLM's plain strings
+        for value in (body.get("error") if isinstance(body, dict) else body, row.get("error")):
+            if isinstance(value, dict):
+                reasons.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
+            elif value:
+                reasons.append(str(value))
+        text = redact.redact(" · ".join(r for r in reasons if r) or "no error message")
         if context_length_error(status, text):
             raise ContextTooLong(f"HTTP {status}: {text}"[:500])
         raise CallFailed(f"batch: {'HTTP ' + str(status) if status else 'not run'}: {text}"[:500])
-
-
-def _error_text(body, error) -> str:
-    """The reason of an error line: OpenAI's {"error": {code, message}} in the body or beside it,
-    or vLLM's plain strings."""
-    parts = []
-    for value in ((body or {}).get("error") if isinstance(body, dict) else body, error):
-        if isinstance(value, dict):
-            parts.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
-        elif value:
-            parts.append(str(value))
-    return " · ".join(p for p in parts if p) or "no error message"
 
 
 # The key that marks a row's call as served by a batch engine (priced with the table's batch_discount).
@@ -198,7 +172,18 @@ def import_files(
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
     redact.register(endpoint.api_key)
-    results = read_results(paths)
+    results: dict[str, dict] = {}  # custom_id → its line, from output and error files in any order
+    for path in paths:
+        if not Path(path).exists():
+            raise BadInput("no such batch file", path)
+        for line_no, row in jsonl.iter_rows(path):
+            cid = row.get("custom_id")
+            if not isinstance(cid, str) or ("response" not in row and "error" not in row):
+                raise BadInput(
+                    "not a batch output or error line (needs custom_id and response or error)", path, line_no
+                )
+            if not _ok(results.get(cid)) or _ok(row):  # an answer is never replaced by an error line
+                results[cid] = row
     side = runner.failures_path(output)
     side_rows = jsonl.iter_rows(side, torn_tail_ok=True) if side.exists() else []
     recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
@@ -221,5 +206,4 @@ def import_files(
 
     if paths:
         print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    one_at_a_time = dataclasses.replace(settings, workers=1)
-    return asyncio.run(runner.run(pending, replay, output, one_at_a_time, label=label))
+    return asyncio.run(runner.run(pending, replay, output, dataclasses.replace(settings, workers=1), label=label))

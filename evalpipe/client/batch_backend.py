@@ -61,12 +61,8 @@ class State:
         jsonl.atomic_write(self.path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
     def open_batches(self) -> list[dict]:
+        """Batches submitted for this output and not yet imported (none without a state file)."""
         return [b for b in self.batches if not b.get("imported")]
-
-
-def open_batches(output: Path) -> list[dict]:
-    """Batches submitted for this output and not yet imported (none without a state file)."""
-    return State(output).open_batches()
 
 
 def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:

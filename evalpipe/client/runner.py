@@ -1,11 +1,6 @@
-"""The bounded-concurrency loop every API-calling stage runs.
-
-pending = selected − done is computed by the stage; this loop calls `work` on each pending
-task with at most `workers` calls in flight, appends each finished row at once (one writer:
-the event loop), records failures in a side file, shows progress, and stops cleanly on
-SIGINT/SIGTERM, when the endpoint refuses us, or when the output cannot be written (disk full,
-read-only): then the rows still finishing are kept in a rescue file for the next run.
-"""
+"""The bounded-concurrency loop every API-calling stage runs on its pending tasks: at most `workers` calls in
+flight, each finished row appended at once (one writer: the event loop), failures in a side file, progress shown,
+and a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
 
 import asyncio
 import contextlib
@@ -102,56 +97,41 @@ class _Progress:
             self.bar.close()
 
 
-class _Rescue:
-    """Finished rows the output could not take, kept in jsonl.rescue_path(output) for the next run."""
-
-    def __init__(self, output: Path, summary: RunSummary):
-        self.output, self.summary = output, summary
-        self._file: jsonl.Appender | None = None
-
-    def keep(self, row: dict) -> None:
-        try:
-            if self._file is None:
-                self._file = jsonl.open_rescue(self.output)
-            self._file.append(row)
-        except (OutputUnwritable, OSError):
-            self.summary.lost += 1
-        else:
-            self.summary.rescued += 1
-
-    def close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
-                self._file.close()
-
-    def note(self) -> str:
-        path, parts = jsonl.rescue_path(self.output), []
-        if self.summary.rescued:
-            parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
-        if self.summary.lost:
-            parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
-        return "; ".join(parts)
-
-
 class _Sink:
     """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
-    rescue file), each failure to the side file. The first write that fails for want of space or permission
-    stops new calls."""
+    rescue file for the next run), each failure to the side file. The first write that fails for want of space or
+    permission stops new calls."""
 
     def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, grace_s: float):
         self.output, self.summary, self.stop, self.label, self.grace_s = output, summary, stop, label, grace_s
-        self.rescue = _Rescue(output, summary)
         self._out = jsonl.Appender(output)
         self._failures: jsonl.Appender | None = None
+        self._rescue: jsonl.Appender | None = None
 
     def write(self, row: dict) -> None:
         try:
             self._out.append(row)
         except OutputUnwritable as exc:
             self.stop_writing(exc)
-            self.rescue.keep(row)
         else:
             self.summary.written += 1
+            return
+        try:
+            if self._rescue is None:
+                self._rescue = jsonl.open_rescue(self.output)
+            self._rescue.append(row)
+        except (OutputUnwritable, OSError):
+            self.summary.lost += 1
+        else:
+            self.summary.rescued += 1
+
+    def rescue_note(self) -> str:
+        path, parts = jsonl.rescue_path(self.output), []
+        if self.summary.rescued:
+            parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
+        if self.summary.lost:
+            parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
+        return "; ".join(parts)
 
     def failed(self, task, error: str) -> None:
         self.summary.failed += 1
@@ -179,14 +159,15 @@ class _Sink:
         self.stop.set()
 
     def close(self) -> None:
-        self.rescue.close()
+        if self._rescue is not None:
+            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
+                self._rescue.close()
         if self._failures is not None:
             self._failures.close()
         self._out.close()
 
 
 async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
-    """Take tasks until there are none or the run stops; write what each gives."""
     summary, stop = sink.summary, sink.stop
     while (task := await next_task()) is not None:
         try:
@@ -213,7 +194,7 @@ async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
 
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
     """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
-    period, then abandon them. A first SIGINT/SIGTERM stops new calls, a second abandons those in flight."""
+    period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
     stop, label, grace_s = sink.stop, sink.label, sink.grace_s
 
     def on_signal(signame: str) -> None:
@@ -255,10 +236,8 @@ async def run(
     label: str,
     group_of: GroupOf | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task (each has `.id`); returns what happened. With `group_of` (a task's prefix
-    group, or None) a scheduler.PrefixSchedule hands out each group's first task alone, its siblings once it is
-    answered; without it, tasks go in order. Raises OutputUnwritable, after the calls in flight finished, if the
-    output or a side file could not be written."""
+    """Run `work(task)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule.
+    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
     total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
@@ -287,7 +266,7 @@ async def run(
     summary.elapsed_s = time.monotonic() - started
     if summary.unwritable is not None:
         _print_counts(label, summary)
-        summary.unwritable.note = sink.rescue.note()
+        summary.unwritable.note = sink.rescue_note()
         raise summary.unwritable
     return summary
 
@@ -302,8 +281,7 @@ async def run_with_client(
     group_of: GroupOf | None = None,
     cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards; its requests in flight
-    adapt to 429s below `settings.workers`."""
+    """`run` with a client for `endpoint` (None: no API calls), its calls in flight adapting below `workers`."""
     client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
     try:
         return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
