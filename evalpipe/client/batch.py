@@ -36,19 +36,6 @@ class _Captured(Exception):
     """The request line of the call a task makes first."""
 
 
-class CapturingClient:
-    """Stands in for llm.ChatClient: the first call a task makes becomes a request line."""
-
-    batched = True  # one call per task: a batch cannot answer a second attempt
-
-    def __init__(self, endpoint: Endpoint, task_id):
-        self.endpoint, self.task_id = endpoint, task_id
-
-    async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
-        body = self.endpoint.request_body(messages, fields)
-        raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
-
-
 def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list[dict]:
     """The next call of every pending task that needs one (tasks done without a call need none)."""
     lines = []
@@ -56,7 +43,7 @@ def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list
     async def capture() -> None:
         for task in pending:
             try:
-                await work(task, CapturingClient(endpoint, task.id))
+                await work(task, BatchClient(endpoint, task.id))
             except _Captured as captured:
                 lines.append(captured.args[0])
 
@@ -117,22 +104,26 @@ class NotInBatch(Exception):
     """The call a task needs next has no answer in the imported files."""
 
 
-class ReplayClient:
-    """Stands in for llm.ChatClient: answers from imported batch results, sends nothing."""
+class BatchClient:
+    """Stands in for llm.ChatClient and sends nothing: without `results` the first call a task makes becomes a
+    request line (raised as _Captured); with them, each call is answered from the imported batch results."""
 
-    batched = True
+    batched = True  # one call per task: a batch cannot answer a second attempt
 
-    def __init__(self, endpoint: Endpoint, results: dict[str, dict], task_id):
-        self.endpoint, self.results, self.task_id = endpoint, results, task_id
+    def __init__(self, endpoint: Endpoint, task_id, results: dict[str, dict] | None = None):
+        self.endpoint, self.task_id, self.results = endpoint, task_id, results
 
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
-        from openai.types.chat import ChatCompletion
-
-        row = self.results.get(custom_id(self.task_id, self.endpoint.request_body(messages, fields)))
+        body = self.endpoint.request_body(messages, fields)
+        if self.results is None:
+            raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+        row = self.results.get(custom_id(self.task_id, body))
         if row is None:
             raise NotInBatch()
         response = row.get("response") or {}
         if _ok(row):
+            from openai.types.chat import ChatCompletion
+
             try:
                 reply = ChatCompletion.model_validate(response.get("body"))
             except ValueError as exc:
@@ -140,9 +131,9 @@ class ReplayClient:
             if not reply.choices:
                 raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
             return completion_from(reply, None, 1, self.endpoint.thinking)
-        status, body, reasons = response.get("status_code"), response.get("body"), []
+        status, reply_body, reasons = response.get("status_code"), response.get("body"), []
         # OpenAI's {"error": {code, message}} in the body or beside it, or vLLM's plain strings
-        for value in (body.get("error") if isinstance(body, dict) else body, row.get("error")):
+        for value in (reply_body.get("error") if isinstance(reply_body, dict) else reply_body, row.get("error")):
             if isinstance(value, dict):
                 reasons.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
             elif value:
@@ -191,7 +182,7 @@ def import_files(
 
     async def replay(task):
         try:
-            row = await work(task, ReplayClient(endpoint, results, task.id))
+            row = await work(task, BatchClient(endpoint, task.id, results))
             if row is not None:
                 row[BATCH_FLAG[label]] = True
             if latest is not None and row == latest.get(task.id):

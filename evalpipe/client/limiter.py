@@ -4,6 +4,7 @@ in x-ratelimit-* headers, or to a rate measured between its 429s; never longer t
 
 import asyncio
 import bisect
+import contextlib
 import datetime
 import math
 import re
@@ -84,16 +85,12 @@ class ServerBudget:
     paces) until a reply announces it. `spent` counts everything taken: a reply tells what was taken after it."""
 
     def __init__(self) -> None:
-        self.limit = 0.0
-        self.rate = 0.0  # refill per second
+        self.limit, self.rate = 0.0, 0.0  # the bucket's size and its refill per second
         self.level = 0.0  # what the server has left now, by our account; below zero: owed to waiting attempts
         self.at = time.monotonic()
-        self.spent = 0.0
-        self.unsent = 0.0  # taken by attempts still waiting to go
+        self.spent, self.unsent = 0.0, 0.0  # taken in all; taken by attempts still waiting to go
         self._deficit_sum = self._reset_sum = 0.0  # decayed sums of (limit - remaining) and of reset seconds
-        self._fit = [
-            0.0
-        ] * 5  # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
+        self._fit = [0.0] * 5  # decayed sums over the points: weight, reset, remaining, reset², reset·remaining
         self.window_end: float | None = None  # fixed windows: when the current one ends (None: a refilling bucket)
         self._latest_end = float("-inf")  # the latest window end a reply has told
         self._window_over = float("-inf")  # the end of the last window refilled
@@ -142,8 +139,7 @@ class ServerBudget:
         self.unsent -= cost
 
     def wait_s(self, mark: float, now: float) -> float:
-        """Seconds until the attempt that took up to `mark` may start: until what is left, not counting
-        what later attempts took, is back above the reserve."""
+        """Seconds until what is left, not counting what attempts after `mark` took, is back above the reserve."""
         if not self.known:
             return 0.0
         self._refill(now)
@@ -173,9 +169,7 @@ class ServerBudget:
         if spread <= (0.02 * max(t / weight, 1e-3)) ** 2:
             return None  # resets too alike to draw a line through
         slope = (tr / weight - t * r / weight**2) / spread
-        if slope >= 0:
-            return None
-        return r / weight - slope * t / weight, -slope
+        return None if slope >= 0 else (r / weight - slope * t / weight, -slope)
 
     def announced(self, limit: float, remaining: float, reset_s: float, mark: float, sent_at: float, now: float):
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
@@ -191,8 +185,7 @@ class ServerBudget:
             self._latest_end = max(self._latest_end, end)
             self.window_end = self._latest_end
             if windows_before:
-                # our own count is exact within a window; the server's `remaining` can only tell us of less (other
-                # clients), never more: what it counted of the attempts sent after this one is unknown
+                # our count is exact within a window; the server's `remaining` can tell of less (other clients), not more
                 self._refill(now)
                 self.level = min(self.level, remaining - self.unsent)
             else:
@@ -221,8 +214,7 @@ class ServerBudget:
 
     def grow(self, factor: float, now: float) -> None:
         self._refill(now)
-        self.rate *= factor
-        self.limit *= factor
+        self.rate, self.limit = self.rate * factor, self.limit * factor
 
 
 class AdaptiveLimit:
@@ -230,22 +222,19 @@ class AdaptiveLimit:
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
         self.latency_s = 0.1  # smoothed round trip of successful attempts
-        self.in_flight = 0
-        self.cuts = 0
+        self.in_flight = self.cuts = 0
         self.budgets = {kind: ServerBudget() for kind in LIMITS}
         self.learned = ServerBudget()  # the rate of a server that only answers 429, once measured
         self._sent: deque[float] = deque()  # when recent attempts were sent, in order
         self._rejected: deque[float] = deque()  # when those answered 429 were sent
-        # when the first attempt answered 429 since the last measurement was sent
-        self._empty_since: float | None = None
+        self._empty_since: float | None = None  # when the first 429 since the last measurement was sent
         self._probed_at = 0.0
         self._waiting = 0  # attempts waiting for the pacing to let them go
         self._first_answer_at = float("inf")
         self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
         self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
         self._outcomes: deque[bool] = deque(maxlen=OUTCOMES)  # the last attempts' answers: True, 429
-        self._last_cut = float("-inf")
-        self._paused_until = 0.0
+        self._last_cut, self._paused_until = float("-inf"), 0.0
         self._changed = asyncio.Condition()
 
     async def __aenter__(self):
@@ -254,10 +243,8 @@ class AdaptiveLimit:
                 wait = self._paused_until - time.monotonic()
                 if wait <= 0 and self.in_flight < int(self.limit):
                     break
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait if wait > 0 else None)
-                except TimeoutError:
-                    pass
             self.in_flight += 1
         return self
 
