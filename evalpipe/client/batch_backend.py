@@ -133,8 +133,7 @@ def advance(
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
         print(f"{label}: submitted, waiting: {counts}; run the same command again to continue", file=sys.stderr)
         return EXIT_WAITING
-    left = pending_now()
-    if left:
+    if left := pending_now():
         print(
             f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
             f"(see {output.name}.failed.jsonl)",
@@ -156,8 +155,9 @@ def _collect(
             finished = True  # its requests are free to be submitted again
             continue
         info = client.batches.retrieve(entry["id"])
-        entry["status"] = info.status
-        entry["request_counts"] = info.request_counts.model_dump() if info.request_counts else None
+        entry.update(
+            status=info.status, request_counts=info.request_counts.model_dump() if info.request_counts else None
+        )
         state.save()
         if info.status not in FINISHED:
             continue

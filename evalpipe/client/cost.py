@@ -210,7 +210,6 @@ def format_summary(summary: dict) -> str:
 
 
 def add_counts(total: dict, counts: dict | None) -> dict:
-    """Add token counts (or any counts) into a running total, key by key."""
     for key, value in (counts or {}).items():
         total[key] = total.get(key, 0) + value
     return total

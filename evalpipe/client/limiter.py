@@ -64,7 +64,6 @@ def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float
 
 
 def wall_clock(seconds_from_now: float) -> str:
-    """The UTC time `seconds_from_now` from now, as a message says when something happens."""
     try:
         when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
     except OverflowError:
@@ -100,7 +99,6 @@ class ServerBudget:
 
     @property
     def said(self) -> str:
-        """What the server last said of this limit, for messages."""
         if self._last_said is None:
             return "429s"
         limit, remaining, reset_s, at = self._last_said

@@ -63,67 +63,39 @@ def failures_path(output: Path) -> Path:
     return output.with_name(output.name + ".failed.jsonl")
 
 
-class _Progress:
-    """A tqdm bar on a terminal; a plain line every `every` seconds otherwise (cron logs)."""
-
-    def __init__(self, label: str, total: int, every: float, mode: str = "auto"):
-        self.label, self.total, self.every = label, total, every
-        self.done = self.failed = 0
-        self.started = self.last = time.monotonic()
-        bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
-        self.bar = tqdm(total=total, desc=label, unit="task", file=sys.stderr) if bar else None
-
-    def update(self, failed: bool = False) -> None:
-        self.done += 1
-        self.failed += failed
-        if self.bar is not None:
-            self.bar.update(1)
-            if failed:
-                self.bar.set_postfix(failed=self.failed)
-            return
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        rate = self.done / (now - self.started) if now > self.started else 0.0
-        print(
-            f"{self.label}: {self.done}/{self.total} finished, {self.failed} failed, {rate:.2f} tasks/s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 class _Sink:
     """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
-    rescue file for the next run), each failure to the side file. The first write that fails for want of space or
-    permission stops new calls."""
+    rescue file for the next run), each failure to the side file, and their count to the progress display: a tqdm
+    bar on a terminal, a plain line every `log_every_s` otherwise (cron logs). The first write that fails for want
+    of space or permission stops new calls."""
 
-    def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, grace_s: float):
-        self.output, self.summary, self.stop, self.label, self.grace_s = output, summary, stop, label, grace_s
+    def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, settings: Settings):
+        self.output, self.summary, self.stop, self.label, self.settings = output, summary, stop, label, settings
         self._out = jsonl.Appender(output)
         self._failures: jsonl.Appender | None = None
         self._rescue: jsonl.Appender | None = None
+        self.started = self.shown = time.monotonic()
+        bar = settings.progress == "bar" or (settings.progress == "auto" and sys.stderr.isatty())
+        self.bar = tqdm(total=summary.pending, desc=label, unit="task", file=sys.stderr) if bar else None
 
-    def write(self, row: dict) -> None:
-        try:
-            self._out.append(row)
-        except OutputUnwritable as exc:
-            self.stop_writing(exc)
+    def write(self, row: dict | None) -> None:
+        """A finished task's row; None: nothing to write for it now (e.g. not in an imported batch)."""
+        if row is None:
+            self.summary.skipped += 1
         else:
-            self.summary.written += 1
-            return
-        try:
-            if self._rescue is None:
-                self._rescue = jsonl.open_rescue(self.output)
-            self._rescue.append(row)
-        except (OutputUnwritable, OSError):
-            self.summary.lost += 1
-        else:
-            self.summary.rescued += 1
+            try:
+                self._out.append(row)
+                self.summary.written += 1
+            except OutputUnwritable as exc:
+                self.stop_writing(exc)
+                try:
+                    if self._rescue is None:
+                        self._rescue = jsonl.open_rescue(self.output)
+                    self._rescue.append(row)
+                    self.summary.rescued += 1
+                except (OutputUnwritable, OSError):
+                    self.summary.lost += 1
+        self._progress()
 
     def rescue_note(self) -> str:
         path, parts = jsonl.rescue_path(self.output), []
@@ -145,6 +117,26 @@ class _Sink:
             )
         except OutputUnwritable as exc:
             self.stop_writing(exc)  # the task stays pending all the same: the next run retries it
+        self._progress(failed=True)
+
+    def _progress(self, failed: bool = False) -> None:
+        summary = self.summary
+        if self.bar is not None:
+            self.bar.update(1)
+            if failed:
+                self.bar.set_postfix(failed=summary.failed)
+            return
+        now = time.monotonic()
+        if now - self.shown < self.settings.log_every_s:
+            return
+        self.shown = now
+        done = summary.written + summary.rescued + summary.lost + summary.failed + summary.skipped
+        rate = done / (now - self.started) if now > self.started else 0.0
+        print(
+            f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def stop_writing(self, exc: OutputUnwritable) -> None:
         """As on SIGINT: no new calls; the calls in flight get the grace period."""
@@ -152,13 +144,15 @@ class _Sink:
             self.summary.unwritable = exc
             print(
                 f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {self.grace_s:g}s for calls in flight",
+                f"waiting up to {self.settings.grace_s:g}s for calls in flight",
                 file=sys.stderr,
                 flush=True,
             )
         self.stop.set()
 
     def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
         if self._rescue is not None:
             with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
                 self._rescue.close()
@@ -167,14 +161,13 @@ class _Sink:
         self._out.close()
 
 
-async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
+async def _worker(next_task, work, sink: _Sink) -> None:
     summary, stop = sink.summary, sink.stop
     while (task := await next_task()) is not None:
         try:
             row = await work(task)
         except CallFailed as exc:
             sink.failed(task, str(exc))
-            meter.update(failed=True)
         except (EndpointRefused, SpendingCapReached) as exc:
             summary.refused = summary.refused or exc
             stop.set()
@@ -183,11 +176,7 @@ async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
             sink.stop_writing(exc)
             return
         else:
-            if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
-                summary.skipped += 1
-            else:
-                sink.write(row)
-            meter.update()
+            sink.write(row)
         if stop.is_set():
             return
 
@@ -195,7 +184,7 @@ async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
     """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
     period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
-    stop, label, grace_s = sink.stop, sink.label, sink.grace_s
+    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace_s
 
     def on_signal(signame: str) -> None:
         if stop.is_set():
@@ -252,18 +241,13 @@ async def run(
 
     if schedule is not None:
         work = schedule.watching(work)
-    meter = _Progress(label, total, settings.log_every_s, settings.progress)
-    started = time.monotonic()
-    sink = _Sink(output, summary, stop, label, settings.grace_s)
+    sink = _Sink(output, summary, stop, label, settings)
     try:
-        running = [
-            asyncio.create_task(_worker(next_task, work, sink, meter)) for _ in range(max(1, min(workers, total)))
-        ]
+        running = [asyncio.create_task(_worker(next_task, work, sink)) for _ in range(max(1, min(workers, total)))]
         await _until_done_or_stopped(asyncio.gather(*running), sink)
     finally:
-        meter.close()
         sink.close()
-    summary.elapsed_s = time.monotonic() - started
+    summary.elapsed_s = time.monotonic() - sink.started
     if summary.unwritable is not None:
         _print_counts(label, summary)
         summary.unwritable.note = sink.rescue_note()

@@ -64,32 +64,26 @@ class PrefixSchedule:
             try:
                 result = await work(task)
             except BaseException:
-                self.failed(task)
+                self.ended(task, answered=False)
                 raise
-            self.answered(task)
+            self.ended(task, answered=True)
             return result
 
         return watched
 
-    def answered(self, task: Any) -> None:
-        group = self._led_group(task)
-        if group is not None:
-            del self._groups[group.key]
-            self._release(group)
-            self._notify()
-
-    def failed(self, task: Any) -> None:
-        """The task failed (it stays pending): if it led a group, its next sibling leads."""
+    def ended(self, task: Any, answered: bool) -> None:
+        """If the task led a group: answered, its siblings go; failed (it stays pending), its next sibling leads."""
         group = self._led_group(task)
         if group is None:
             return
-        if group.waiting and not group.released:
+        if not answered and group.waiting and not group.released:
             group.leader = group.waiting.popleft()
             group.since = time.monotonic()
             self._waiting -= 1
             self._promoted.append(group.leader)
         else:
             del self._groups[group.key]
+            self._release(group)
         self._notify()
 
     def _take(self) -> Any | None:

@@ -43,9 +43,7 @@ class SpendingCap:
     cap_usd: float
     prices: cost.Prices
     model: str
-    # --spending-ledger: the runner's file each reply's cost is appended to, and a stage starts counting from what
-    # the stages before it spent, so that MAX_COST caps the whole invocation, not each stage
-    ledger: Path | None = None
+    ledger: Path | None = None  # --spending-ledger: each reply's cost is added to it (docs/results.md)
     spent_usd: float = 0.0
     reserved_usd: float = 0.0
     in_flight: int = 0
