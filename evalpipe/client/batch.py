@@ -1,9 +1,6 @@
 """Batch engines: pending calls out as OpenAI batch request files, batch output files back in (docs/batch.md).
-
-Export and import run the benchmark's own solve/grade code against a stand-in client (one captures the next
-call a task needs, one answers from the batch files), so request lines and rows are exactly an online run's.
-A custom_id covers the request body's sha256: an answer only ever lands on the very request it answers.
-"""
+Both run the benchmark's own code against a stand-in client, so request lines and rows are exactly an online
+run's; a custom_id covers the request body's sha256, so an answer only ever lands on the request it answers."""
 
 import asyncio
 import dataclasses

@@ -1,9 +1,6 @@
-"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation (docs/batch.md).
-
-Each invocation advances a state file beside the output, `<output>.batch.json`: it imports the batches that
-finished, writes the rows that need no call, submits what is still missing (each upload recorded before its
-batch is created, so a crash never submits the same calls twice), and exits 75 while a batch still runs.
-"""
+"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation, each advancing the
+state file `<output>.batch.json`: import what finished, submit what is missing, exit 75 while a batch still runs
+(docs/batch.md)."""
 
 import os
 import secrets

@@ -70,15 +70,13 @@ def load_prices(path: Path | None = None) -> Prices:
             if key in price or key != "cached_input":
                 _check_amount(price.get(key), f"model {name!r}: {key}", "USD per million tokens, 0 or more", path)
     discount = table.get("batch_discount", 1.0)
-    _check_amount(discount, "batch_discount", "the share of the price a batch call costs, from 0 to 1", path)
-    if discount > 1:
-        raise BadInput(f"batch_discount is {discount!r}: give the share of the price a batch call costs, 0 to 1", path)
+    _check_amount(discount, "batch_discount", "the share of the price a batch call costs, from 0 to 1", path, most=1)
     return Prices(models, str(table.get("as_of", "?")), str(table.get("status", "")), str(path), float(discount))
 
 
-def _check_amount(value, name: str, wanted: str, path: Path) -> None:
+def _check_amount(value, name: str, wanted: str, path: Path, most=math.inf) -> None:
     """A price table's number: finite and not negative (a negative price would make a spending cap unreachable)."""
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= most:
         shown = "missing" if value is None else f"{value!r}"[:40]
         raise BadInput(f"{name} is {shown}: give a number, {wanted}", path)
 
@@ -163,14 +161,13 @@ class Ledger:
                         counts.get("reasoning_tokens", 0) * price["output"] / 1e6 * discount
                     )  # billed as output
             tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
-            models = sorted({str(m) for m, _ in tally.usages})
             priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
             out["stages"][stage] = {
                 "calls": tally.calls,
                 "batch_calls": tally.batch_calls,
                 "tokens": tokens,
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
-                "models": models,
+                "models": sorted({str(m) for m, _ in tally.usages}),
                 "cost_usd": round(cost, 6) if priced else None,
                 **({"reasoning_cost_usd": round(reasoning, 6)} if priced and tokens.get("reasoning_tokens") else {}),
                 **({"invalid_usage_calls": tally.invalid_usage} if tally.invalid_usage else {}),

@@ -132,10 +132,6 @@ class ServerBudget:
         self.unsent += cost
         return self.spent
 
-    def sent(self, cost: float) -> None:
-        """An attempt that took `cost` has gone (or given up waiting)."""
-        self.unsent -= cost
-
     def wait_s(self, mark: float, now: float) -> float:
         """Seconds until what is left, not counting what attempts after `mark` took, is back above the reserve."""
         if not self.known:
@@ -357,8 +353,8 @@ class Attempt:
                     now = time.monotonic()
             finally:
                 limit._waiting -= 1
-                for kind, budget in budgets.items():
-                    budget.sent(self.costs.get(kind, 1.0))
+                for kind, budget in budgets.items():  # gone, or given up waiting
+                    budget.unsent -= self.costs.get(kind, 1.0)
             self.sent_at = now
             limit._sending(now)
         except BaseException:

@@ -205,10 +205,8 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([all_done, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
-        if not all_done.done():
-            _, still_running = await asyncio.wait([all_done], timeout=grace_s)
-            if still_running:
-                all_done.cancel()
+        await asyncio.wait([all_done], timeout=grace_s)  # at once when the workers are done
+        all_done.cancel()  # calls still in flight after the grace period are abandoned
         with contextlib.suppress(asyncio.CancelledError):
             await all_done
     finally:
