@@ -157,9 +157,8 @@ class Ledger:
                 else:
                     discount = prices.batch_discount if batch else 1.0
                     cost += c * discount
-                    reasoning += (
-                        counts.get("reasoning_tokens", 0) * price["output"] / 1e6 * discount
-                    )  # billed as output
+                    # reasoning tokens are among the completion tokens, billed as output
+                    reasoning += counts.get("reasoning_tokens", 0) * price["output"] / 1e6 * discount
             tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
             priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
             out["stages"][stage] = {

@@ -179,7 +179,7 @@ class ServerBudget:
             self._latest_end = max(self._latest_end, end)
             self.window_end = self._latest_end
             if windows_before:
-                # our count is exact within a window; the server's `remaining` can tell of less (other clients), not more
+                # our count is exact within a window; the server's `remaining` tells of less (other clients), not more
                 self._refill(now)
                 self.level = min(self.level, remaining - self.unsent)
             else:

@@ -301,6 +301,4 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     if summary.interrupted:
         print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if summary.written < summary.pending:
-        return EXIT_INCOMPLETE
-    return EXIT_OK
+    return EXIT_INCOMPLETE if summary.written < summary.pending else EXIT_OK
