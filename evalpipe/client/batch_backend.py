@@ -89,8 +89,7 @@ def advance(
     sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
     client = openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
     state = State(output)
-    deadline = time.monotonic() + settings.batch_wait_s
-    wait = settings.batch_poll_s
+    deadline, wait = time.monotonic() + settings.batch_wait_s, settings.batch_poll_s
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     passes = 0
 

@@ -40,7 +40,6 @@ class Tasks(Protocol):
     """The pending tasks: counted, and read (again) from the start each time they are iterated."""
 
     def __len__(self) -> int: ...
-
     def __iter__(self) -> Iterator: ...
 
 

@@ -15,7 +15,6 @@ GroupOf = Callable[[Any], str | None]  # a task's prefix group; None: no group, 
 
 @dataclass
 class _Group:
-    key: str
     leader: Any  # the task whose answer warms the group's prefix
     since: float  # when the leader was handed out (monotonic)
     waiting: deque = field(default_factory=deque)  # siblings held until the leader is answered
@@ -34,11 +33,8 @@ class PrefixSchedule:
         patience_s: float = 60.0,
         lookahead: int = 4096,
     ):
-        self._source = iter(tasks)
-        self._group_of = group_of
-        self._stop = stop
-        self.patience_s = patience_s
-        self.lookahead = max(1, lookahead)
+        self._source, self._group_of, self._stop = iter(tasks), group_of, stop
+        self.patience_s, self.lookahead = patience_s, max(1, lookahead)
         self._exhausted = False
         self._groups: dict[str, _Group] = {}  # groups whose leader is out (or promoted and about to go)
         self._promoted: deque = deque()  # siblings of a failed leader, now their group's leader
@@ -82,7 +78,7 @@ class PrefixSchedule:
             self._waiting -= 1
             self._promoted.append(group.leader)
         else:
-            del self._groups[group.key]
+            del self._groups[self._group_of(task)]
             self._release(group)
         self._notify()
 
@@ -103,7 +99,7 @@ class PrefixSchedule:
                 return task
             group = self._groups.get(key)
             if group is None:
-                self._groups[key] = _Group(key, task, time.monotonic())
+                self._groups[key] = _Group(task, time.monotonic())
                 return task
             if group.released:
                 return task
