@@ -86,9 +86,7 @@ def percentiles(values: Sequence[float], points=(50, 90, 99)) -> dict[str, float
     if not values:
         return {}
     ordered = sorted(values)
-    out = {f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}
-    out["max"] = ordered[-1]
-    return out
+    return {**{f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}, "max": ordered[-1]}
 
 
 @dataclass

@@ -20,18 +20,16 @@ CUT = 0.7  # a rate limit's 429 leaves this share of the slots (at most once per
 GROWTH_PER_S = 1.0  # slots regrown a second while attempts succeed, up to the ceiling
 RESERVE_S = 0.05  # kept unspent in each bucket, in seconds of refill: slack for when the server counts an attempt
 RATE_MEMORY = 0.9  # weight of the older samples in the refill-rate estimate
-# Two 429s measure a rate when this many requests were admitted between them, or they are this far apart
-MEASURE_ADMITTED = 10
-MEASURE_SPAN_S = 2.0
+MEASURE_ADMITTED = 10  # two 429s measure a rate when this many requests were admitted between them,
+MEASURE_SPAN_S = 2.0  # or when they are this far apart (a slow server)
 LEARNED_MARGIN = 0.98  # a measured rate is paced at this much of itself (measuring is accurate to a request or two)
 PROBE_PER_S = 0.02  # the learned rate grows this much a second without a 429, to find out if it has grown
 SENT_MEMORY_S = 60.0  # how long the times of sent attempts are kept to measure from
 MIN_FIT_POINTS = 5  # replies before their (reset, remaining) points tell a bucket's size and rate, or windows
 FIT_MEMORY = 0.97  # weight of the older points in that fit
-# A 429 is a limit's when this share of the last OUTCOMES attempts were answered 429 (and at least LIMIT_REJECTS)
-OUTCOMES = 200
+OUTCOMES = 200  # a 429 is a limit's when LIMIT_SHARE of the last OUTCOMES attempts were answered 429,
 LIMIT_SHARE = 0.05
-LIMIT_REJECTS = 4
+LIMIT_REJECTS = 4  # and at least this many
 
 
 def parse_duration(text: str) -> float | None:

@@ -15,6 +15,7 @@ GroupOf = Callable[[Any], str | None]  # a task's prefix group; None: no group, 
 
 @dataclass
 class _Group:
+    key: str
     leader: Any  # the task whose answer warms the group's prefix
     since: float  # when the leader was handed out (monotonic)
     waiting: deque = field(default_factory=deque)  # siblings held until the leader is answered
@@ -78,7 +79,7 @@ class PrefixSchedule:
             self._waiting -= 1
             self._promoted.append(group.leader)
         else:
-            del self._groups[self._group_of(task)]
+            del self._groups[group.key]
             self._release(group)
         self._notify()
 
@@ -99,7 +100,7 @@ class PrefixSchedule:
                 return task
             group = self._groups.get(key)
             if group is None:
-                self._groups[key] = _Group(task, time.monotonic())
+                self._groups[key] = _Group(key, task, time.monotonic())
                 return task
             if group.released:
                 return task
