@@ -14,7 +14,6 @@ from evalpipe.client.batch_backend import (
     MAX_SUBMISSIONS,
     State,
     advance,
-    open_batches,
     refuse_other_engines,
     state_path,
 )
@@ -84,11 +83,11 @@ def test_a_new_state_is_empty_and_saving_writes_it_beside_the_output(tmp_path):
     again = State(out)
     assert again.batches == state.batches and again.submissions == {"t0~abc": 1}
     assert [b["id"] for b in again.open_batches()] == ["batch_1"]
-    assert [b["id"] for b in open_batches(out)] == ["batch_1"]
+    assert [b["id"] for b in State(out).open_batches()] == ["batch_1"]
 
 
 def test_open_batches_without_a_state_file_is_none(tmp_path):
-    assert open_batches(tmp_path / "infer.jsonl") == []
+    assert State(tmp_path / "infer.jsonl").open_batches() == []
     assert not state_path(tmp_path / "infer.jsonl").exists()
 
 

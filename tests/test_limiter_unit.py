@@ -319,7 +319,7 @@ def test_a_bucket_smaller_than_its_announced_per_minute_limit_is_fitted_from_the
     budget, now = ServerBudget(), 0.0
     for remaining in [49, 40, 30, 20, 10, 0, 5, 25]:
         budget.announced(3000, remaining, (50 - remaining) / 50, mark=budget.take(1, now), sent_at=now, now=now)
-        budget.sent(1)
+        budget.unsent -= 1
         now += 0.01
     assert abs(budget.limit - 50) < 1 and abs(budget.rate - 50) < 1 and budget.window_end is None
 
@@ -329,12 +329,12 @@ def test_fixed_windows_refill_only_when_the_window_ends():
     budget, now = ServerBudget(), 0.0
     for remaining in range(49, 39, -1):
         budget.announced(50, remaining, 1.0 - now, mark=budget.take(1, now), sent_at=now, now=now)
-        budget.sent(1)
+        budget.unsent -= 1
         now += 0.01
     assert budget.window_end is not None and abs(budget.window_end - 1.0) < 0.02
     marks = [budget.take(1, now) for _ in range(45)]
     assert budget.wait_s(marks[38], now) == 0  # 40 were left
     assert budget.wait_s(marks[44], now) > 0.8  # the rest wait for the next window, not a refill rate
     for _ in marks[:40]:
-        budget.sent(1)
+        budget.unsent -= 1
     assert budget.wait_s(marks[44], 1.01) == 0  # a new window: whole again

@@ -158,7 +158,7 @@ def test_a_leader_that_never_returns_releases_its_siblings_after_the_patience():
         leader = await schedule.next()
         siblings = [await asyncio.wait_for(schedule.next(), 5) for _ in range(2)]
         assert [t.id for t in siblings] == ["g0-1", "g0-2"]
-        schedule.answered(leader)  # late: nothing is left to release
+        schedule.ended(leader, answered=True)  # late: nothing is left to release
         assert await asyncio.wait_for(schedule.next(), 5) is None
 
     asyncio.run(scenario())

@@ -1,9 +1,6 @@
 """Batch engines: pending calls out as OpenAI batch request files, batch output files back in (docs/batch.md).
-
-Export and import run the benchmark's own solve/grade code against a stand-in client (one captures the next
-call a task needs, one answers from the batch files), so request lines and rows are exactly an online run's.
-A custom_id covers the request body's sha256: an answer only ever lands on the very request it answers.
-"""
+Both run the benchmark's own code against a stand-in client, so request lines and rows are exactly an online
+run's; a custom_id covers the request body's sha256, so an answer only ever lands on the request it answers."""
 
 import asyncio
 import dataclasses
@@ -33,21 +30,7 @@ def custom_id(task_id, body: dict) -> str:
 
 
 class _Captured(Exception):
-    def __init__(self, line: dict):
-        self.line = line
-
-
-class CapturingClient:
-    """Stands in for llm.ChatClient: the first call a task makes becomes a request line."""
-
-    batched = True  # one call per task: a batch cannot answer a second attempt
-
-    def __init__(self, endpoint: Endpoint, task_id):
-        self.endpoint, self.task_id = endpoint, task_id
-
-    async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
-        body = self.endpoint.request_body(messages, fields)
-        raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+    """The request line of the call a task makes first."""
 
 
 def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list[dict]:
@@ -57,9 +40,9 @@ def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list
     async def capture() -> None:
         for task in pending:
             try:
-                await work(task, CapturingClient(endpoint, task.id))
+                await work(task, BatchClient(endpoint, task.id))
             except _Captured as captured:
-                lines.append(captured.line)
+                lines.append(captured.args[0])
 
     asyncio.run(capture())
     return lines
@@ -109,25 +92,6 @@ def export(
 # ---------------------------------------------------------------- import
 
 
-def read_results(paths: list[Path]) -> dict[str, dict]:
-    """custom_id → the result line, from output and error files in any order.
-    A successful answer is never replaced by an error line for the same request."""
-    results: dict[str, dict] = {}
-    for path in paths:
-        if not Path(path).exists():
-            raise BadInput("no such batch file", path)
-        for line_no, row in jsonl.iter_rows(path):
-            cid = row.get("custom_id")
-            if not isinstance(cid, str) or ("response" not in row and "error" not in row):
-                raise BadInput(
-                    "not a batch output or error line (needs custom_id and response or error)", path, line_no
-                )
-            if _ok(results.get(cid)) and not _ok(row):
-                continue
-            results[cid] = row
-    return results
-
-
 def _ok(row: dict | None) -> bool:
     response = (row or {}).get("response")
     return isinstance(response, dict) and response.get("status_code") == 200
@@ -137,22 +101,26 @@ class NotInBatch(Exception):
     """The call a task needs next has no answer in the imported files."""
 
 
-class ReplayClient:
-    """Stands in for llm.ChatClient: answers from imported batch results, sends nothing."""
+class BatchClient:
+    """Stands in for llm.ChatClient and sends nothing: without `results` the first call a task makes becomes a
+    request line (raised as _Captured); with them, each call is answered from the imported batch results."""
 
-    batched = True
+    batched = True  # one call per task: a batch cannot answer a second attempt
 
-    def __init__(self, endpoint: Endpoint, results: dict[str, dict], task_id):
-        self.endpoint, self.results, self.task_id = endpoint, results, task_id
+    def __init__(self, endpoint: Endpoint, task_id, results: dict[str, dict] | None = None):
+        self.endpoint, self.task_id, self.results = endpoint, task_id, results
 
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
-        from openai.types.chat import ChatCompletion
-
-        row = self.results.get(custom_id(self.task_id, self.endpoint.request_body(messages, fields)))
+        body = self.endpoint.request_body(messages, fields)
+        if self.results is None:
+            raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+        row = self.results.get(custom_id(self.task_id, body))
         if row is None:
             raise NotInBatch()
         response = row.get("response") or {}
         if _ok(row):
+            from openai.types.chat import ChatCompletion
+
             try:
                 reply = ChatCompletion.model_validate(response.get("body"))
             except ValueError as exc:
@@ -160,23 +128,17 @@ class ReplayClient:
             if not reply.choices:
                 raise CallFailed(f"batch output line for {row['custom_id']} has no choices")
             return completion_from(reply, None, 1, self.endpoint.thinking)
-        status = response.get("status_code")
-        text = redact.redact(_error_text(response.get("body"), row.get("error")))
+        status, reply_body, reasons = response.get("status_code"), response.get("body"), []
+        # OpenAI's {"error": {code, message}} in the body or beside it, or vLLM's plain strings
+        for value in (reply_body.get("error") if isinstance(reply_body, dict) else reply_body, row.get("error")):
+            if isinstance(value, dict):
+                reasons.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
+            elif value:
+                reasons.append(str(value))
+        text = redact.redact(" · ".join(r for r in reasons if r) or "no error message")
         if context_length_error(status, text):
             raise ContextTooLong(f"HTTP {status}: {text}"[:500])
         raise CallFailed(f"batch: {'HTTP ' + str(status) if status else 'not run'}: {text}"[:500])
-
-
-def _error_text(body, error) -> str:
-    """The reason of an error line: OpenAI's {"error": {code, message}} in the body or beside it,
-    or vLLM's plain strings."""
-    parts = []
-    for value in ((body or {}).get("error") if isinstance(body, dict) else body, error):
-        if isinstance(value, dict):
-            parts.append(f"{value.get('code') or ''} {value.get('message') or ''}".strip())
-        elif value:
-            parts.append(str(value))
-    return " · ".join(p for p in parts if p) or "no error message"
 
 
 # The key that marks a row's call as served by a batch engine (priced with the table's batch_discount).
@@ -198,7 +160,18 @@ def import_files(
     if endpoint is None:
         raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
     redact.register(endpoint.api_key)
-    results = read_results(paths)
+    results: dict[str, dict] = {}  # custom_id → its line, from output and error files in any order
+    for path in paths:
+        if not Path(path).exists():
+            raise BadInput("no such batch file", path)
+        for line_no, row in jsonl.iter_rows(path):
+            cid = row.get("custom_id")
+            if not isinstance(cid, str) or ("response" not in row and "error" not in row):
+                raise BadInput(
+                    "not a batch output or error line (needs custom_id and response or error)", path, line_no
+                )
+            if not _ok(results.get(cid)) or _ok(row):  # an answer is never replaced by an error line
+                results[cid] = row
     side = runner.failures_path(output)
     side_rows = jsonl.iter_rows(side, torn_tail_ok=True) if side.exists() else []
     recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
@@ -206,7 +179,7 @@ def import_files(
 
     async def replay(task):
         try:
-            row = await work(task, ReplayClient(endpoint, results, task.id))
+            row = await work(task, BatchClient(endpoint, task.id, results))
             if row is not None:
                 row[BATCH_FLAG[label]] = True
             if latest is not None and row == latest.get(task.id):
@@ -221,5 +194,4 @@ def import_files(
 
     if paths:
         print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    one_at_a_time = dataclasses.replace(settings, workers=1)
-    return asyncio.run(runner.run(pending, replay, output, one_at_a_time, label=label))
+    return asyncio.run(runner.run(pending, replay, output, dataclasses.replace(settings, workers=1), label=label))

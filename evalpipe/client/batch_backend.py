@@ -1,9 +1,6 @@
-"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation (docs/batch.md).
-
-Each invocation advances a state file beside the output, `<output>.batch.json`: it imports the batches that
-finished, writes the rows that need no call, submits what is still missing (each upload recorded before its
-batch is created, so a crash never submits the same calls twice), and exits 75 while a batch still runs.
-"""
+"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation, each advancing the
+state file `<output>.batch.json`: import what finished, submit what is missing, exit 75 while a batch still runs
+(docs/batch.md)."""
 
 import os
 import secrets
@@ -61,12 +58,8 @@ class State:
         jsonl.atomic_write(self.path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
     def open_batches(self) -> list[dict]:
+        """Batches submitted for this output and not yet imported (none without a state file)."""
         return [b for b in self.batches if not b.get("imported")]
-
-
-def open_batches(output: Path) -> list[dict]:
-    """Batches submitted for this output and not yet imported (none without a state file)."""
-    return State(output).open_batches()
 
 
 def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:
@@ -96,8 +89,7 @@ def advance(
     sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
     client = openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
     state = State(output)
-    deadline = time.monotonic() + settings.batch_wait_s
-    wait = settings.batch_poll_s
+    deadline, wait = time.monotonic() + settings.batch_wait_s, settings.batch_poll_s
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     passes = 0
 
@@ -137,8 +129,7 @@ def advance(
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
         print(f"{label}: submitted, waiting: {counts}; run the same command again to continue", file=sys.stderr)
         return EXIT_WAITING
-    left = pending_now()
-    if left:
+    if left := pending_now():
         print(
             f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
             f"(see {output.name}.failed.jsonl)",
@@ -160,8 +151,9 @@ def _collect(
             finished = True  # its requests are free to be submitted again
             continue
         info = client.batches.retrieve(entry["id"])
-        entry["status"] = info.status
-        entry["request_counts"] = info.request_counts.model_dump() if info.request_counts else None
+        entry.update(
+            status=info.status, request_counts=info.request_counts.model_dump() if info.request_counts else None
+        )
         state.save()
         if info.status not in FINISHED:
             continue

@@ -1,9 +1,5 @@
-"""Tokens, latency and cost per stage, from the rows; prices from a table the user can replace.
-
-Costs are list prices per million tokens. Cached prompt tokens, when the endpoint reports
-them, are priced as cached input; reasoning tokens are already part of completion_tokens (as
-OpenAI reports them): they are shown apart, with what they cost (`reasoning_cost_usd`, at the output price).
-"""
+"""Tokens, latency and cost per stage, from the rows; list prices per million tokens from a table the user can
+replace. docs/results.md says how cached and reasoning tokens are priced."""
 
 import math
 import os
@@ -32,8 +28,8 @@ class Prices:
     batch_discount: float = 1.0
 
     def price_for(self, model: str | None) -> dict | None:
-        """The exact model, else a dated snapshot of a listed one (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`).
-        Other extensions (`o3-pro`, `o3-mini`) are other models with other prices: no match."""
+        """The exact model, else a dated snapshot of a listed one (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`), never
+        another extension (`o3-pro`, `o3-mini`: other models, other prices)."""
         if not model:
             return None
         name = model.rsplit("/", 1)[-1]  # "openai/gpt-4o" → "gpt-4o"
@@ -53,11 +49,6 @@ class Prices:
             + cached * price.get("cached_input", price["input"])
             + usage.get("completion_tokens", 0) * price["output"]
         ) / 1e6
-
-    def reasoning_cost(self, model: str | None, usage: dict) -> float | None:
-        """What the reasoning tokens among the completion tokens cost (they are billed as output)."""
-        price = self.price_for(model)
-        return None if price is None else usage.get("reasoning_tokens", 0) * price["output"] / 1e6
 
 
 def load_prices(path: Path | None = None) -> Prices:
@@ -79,22 +70,13 @@ def load_prices(path: Path | None = None) -> Prices:
             if key in price or key != "cached_input":
                 _check_amount(price.get(key), f"model {name!r}: {key}", "USD per million tokens, 0 or more", path)
     discount = table.get("batch_discount", 1.0)
-    _check_amount(discount, "batch_discount", "the share of the price a batch call costs, from 0 to 1", path)
-    if discount > 1:
-        raise BadInput(f"batch_discount is {discount!r}: give the share of the price a batch call costs, 0 to 1", path)
-    return Prices(
-        models=models,
-        as_of=str(table.get("as_of", "?")),
-        status=str(table.get("status", "")),
-        source=str(path),
-        batch_discount=float(discount),
-    )
+    _check_amount(discount, "batch_discount", "the share of the price a batch call costs, from 0 to 1", path, most=1)
+    return Prices(models, str(table.get("as_of", "?")), str(table.get("status", "")), str(path), float(discount))
 
 
-def _check_amount(value, name: str, wanted: str, path: Path) -> None:
-    """A price table's number: finite and not negative (a negative price would make a spending cap unreachable);
-    BadInput naming the file and the field otherwise, before any call."""
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+def _check_amount(value, name: str, wanted: str, path: Path, most=math.inf) -> None:
+    """A price table's number: finite and not negative (a negative price would make a spending cap unreachable)."""
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= most:
         shown = "missing" if value is None else f"{value!r}"[:40]
         raise BadInput(f"{name} is {shown}: give a number, {wanted}", path)
 
@@ -104,9 +86,7 @@ def percentiles(values: Sequence[float], points=(50, 90, 99)) -> dict[str, float
     if not values:
         return {}
     ordered = sorted(values)
-    out = {f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}
-    out["max"] = ordered[-1]
-    return out
+    return {**{f"p{p}": ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in points}, "max": ordered[-1]}
 
 
 @dataclass
@@ -122,9 +102,8 @@ MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a
 
 
 def _counts_valid(usage: dict, calls: int) -> bool:
-    """Whether a call's usage (or the summed usage of `calls` calls) holds token counts only: not marked
-    invalid when the reply came (llm.usage_dict), and every number whole, from 0 to MAX_TOKEN_COUNT a call.
-    Rows written before that check may hold anything."""
+    """Whether a call's usage (or the summed usage of `calls` calls) holds token counts only: not marked invalid
+    by llm.usage_dict, every number whole, from 0 to MAX_TOKEN_COUNT a call (older rows may hold anything)."""
     if "invalid" in usage:
         return False
     limit = MAX_TOKEN_COUNT * max(1, calls)
@@ -135,21 +114,13 @@ def _counts_valid(usage: dict, calls: int) -> bool:
     return True
 
 
+@dataclass
 class Ledger:
     """Calls, tokens and latencies per stage (infer, judge, error_analysis) of one run."""
 
-    def __init__(self):
-        self.stages: dict[str, _StageTally] = {}
+    stages: dict[str, _StageTally] = field(default_factory=dict)
 
-    def add(
-        self,
-        stage: str,
-        model: str | None,
-        usage: dict | None,
-        latency_s: float | None,
-        calls: int = 1,
-        batch: bool = False,
-    ) -> None:
+    def add(self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls=1, batch=False):
         # called once per call of a run (millions): kept to plain dict operations
         tally = self.stages.get(stage)
         if tally is None:
@@ -157,18 +128,16 @@ class Ledger:
         tally.calls += calls
         if batch:
             tally.batch_calls += calls
-        if usage:
-            if not _counts_valid(usage, calls):
-                tally.invalid_usage += calls
-                usage = None
-            else:
-                sums = tally.usages.get((model, batch))
-                if sums is None:
-                    sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
-                for key in TOKEN_KEYS:
-                    value = usage.get(key)
-                    if value:
-                        sums[key] += value
+        if usage and not _counts_valid(usage, calls):
+            tally.invalid_usage += calls
+        elif usage:
+            sums = tally.usages.get((model, batch))
+            if sums is None:
+                sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
+            for key in TOKEN_KEYS:
+                value = usage.get(key)
+                if value:
+                    sums[key] += value
         if latency_s is not None:
             tally.latencies.append(latency_s)
 
@@ -179,24 +148,23 @@ class Ledger:
             cost = reasoning = 0.0
             tokens: dict[str, int] = {}
             for (model, batch), counts in tally.usages.items():
-                for key, value in counts.items():
-                    tokens[key] = tokens.get(key, 0) + value
-                c = prices.cost(model, counts)
-                if c is None:
+                add_counts(tokens, counts)
+                c, price = prices.cost(model, counts), prices.price_for(model)
+                if c is None or price is None:
                     unpriced.add(str(model))
                 else:
                     discount = prices.batch_discount if batch else 1.0
                     cost += c * discount
-                    reasoning += (prices.reasoning_cost(model, counts) or 0.0) * discount
+                    # reasoning tokens are among the completion tokens, billed as output
+                    reasoning += counts.get("reasoning_tokens", 0) * price["output"] / 1e6 * discount
             tokens = {k: v for k, v in tokens.items() if v or k in ("prompt_tokens", "completion_tokens")}
-            models = sorted({str(m) for m, _ in tally.usages})
             priced = not any(prices.price_for(m) is None for m, _ in tally.usages)
             out["stages"][stage] = {
                 "calls": tally.calls,
                 "batch_calls": tally.batch_calls,
                 "tokens": tokens,
                 "latency_s": {k: round(v, 3) for k, v in percentiles(tally.latencies).items()},
-                "models": models,
+                "models": sorted({str(m) for m, _ in tally.usages}),
                 "cost_usd": round(cost, 6) if priced else None,
                 **({"reasoning_cost_usd": round(reasoning, 6)} if priced and tokens.get("reasoning_tokens") else {}),
                 **({"invalid_usage_calls": tally.invalid_usage} if tally.invalid_usage else {}),
@@ -210,8 +178,7 @@ class Ledger:
 def format_summary(summary: dict) -> str:
     lines = []
     for stage, s in summary["stages"].items():
-        t = s["tokens"]
-        lat = s["latency_s"]
+        t, lat = s["tokens"], s["latency_s"]
         cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
         timing = f"latency p50 {lat['p50']:.2f}s p90 {lat['p90']:.2f}s p99 {lat['p99']:.2f}s" if lat else "latency n/a"
         via = f" ({s['batch_calls']:,} by batch)" if s.get("batch_calls") else ""
@@ -237,7 +204,6 @@ def format_summary(summary: dict) -> str:
 
 
 def add_counts(total: dict, counts: dict | None) -> dict:
-    """Add token counts (or any counts) into a running total, key by key."""
     for key, value in (counts or {}).items():
         total[key] = total.get(key, 0) + value
     return total
@@ -254,25 +220,10 @@ def api_calls(row: dict) -> list[ApiCall]:
     elif "usage" in row or "latency_s" in row:
         out.append(ApiCall("infer", get("model"), get("usage"), get("latency_s"), 1, batch))
     if "judge_usage" in row or "judge_latency_s" in row:
-        out.append(
-            ApiCall(
-                "judge",
-                get("judge_model"),
-                get("judge_usage"),
-                get("judge_latency_s"),
-                get("judge_attempts", 1),
-                bool(get("judge_batch")),
-            )
-        )
+        attempts, batched = get("judge_attempts", 1), bool(get("judge_batch"))
+        out.append(ApiCall("judge", get("judge_model"), get("judge_usage"), get("judge_latency_s"), attempts, batched))
     if "analysis_model" in row:
-        out.append(
-            ApiCall(
-                "error_analysis",
-                get("analysis_model"),
-                get("analysis_usage"),
-                get("analysis_latency_s"),
-                get("analysis_attempts", 1),
-                bool(get("analysis_batch")),
-            )
-        )
+        usage, latency_s = get("analysis_usage"), get("analysis_latency_s")
+        attempts, batched = get("analysis_attempts", 1), bool(get("analysis_batch"))
+        out.append(ApiCall("error_analysis", get("analysis_model"), usage, latency_s, attempts, batched))
     return out

@@ -1,13 +1,10 @@
 """How many requests may be in flight (AIMD), and when the next may start: paced to the limits a server announces
-in x-ratelimit-* headers, or to a rate measured between its 429s. docs/design.md (Concurrency) says how and why.
-
-Every wait is bounded by the caller's `max_wait_s` (the user's --max-retry-seconds): an attempt the pacing would
-hold longer (a daily quota used up, a reset of 999999h) raises PacedPastLimit at once, and a long wait is told to
-the caller's `announce`. A limit below one (1e-300) is no limit anyone could pace to: its headers are not read.
-"""
+in x-ratelimit-* headers, or to a rate measured between its 429s; never longer than the caller's `max_wait_s`
+(PacedPastLimit instead). docs/design.md (Concurrency) says how and why."""
 
 import asyncio
 import bisect
+import contextlib
 import datetime
 import math
 import re
@@ -23,25 +20,20 @@ CUT = 0.7  # a rate limit's 429 leaves this share of the slots (at most once per
 GROWTH_PER_S = 1.0  # slots regrown a second while attempts succeed, up to the ceiling
 RESERVE_S = 0.05  # kept unspent in each bucket, in seconds of refill: slack for when the server counts an attempt
 RATE_MEMORY = 0.9  # weight of the older samples in the refill-rate estimate
-# Two 429s measure a rate when this many requests were admitted between them, or when they are this far
-# apart (a slow server); the measure is accurate to a request or two
-MEASURE_ADMITTED = 10
-MEASURE_SPAN_S = 2.0
+MEASURE_ADMITTED = 10  # two 429s measure a rate when this many requests were admitted between them,
+MEASURE_SPAN_S = 2.0  # or when they are this far apart (a slow server)
 LEARNED_MARGIN = 0.98  # a measured rate is paced at this much of itself (measuring is accurate to a request or two)
 PROBE_PER_S = 0.02  # the learned rate grows this much a second without a 429, to find out if it has grown
 SENT_MEMORY_S = 60.0  # how long the times of sent attempts are kept to measure from
 MIN_FIT_POINTS = 5  # replies before their (reset, remaining) points tell a bucket's size and rate, or windows
 FIT_MEMORY = 0.97  # weight of the older points in that fit
-# A 429 is a limit's when this share of the last OUTCOMES attempts were answered 429 (and at least LIMIT_REJECTS):
-# a sustained limit answers far more (a burst past it, most), an overloaded provider's sporadic 429s far fewer
-OUTCOMES = 200
+OUTCOMES = 200  # a 429 is a limit's when LIMIT_SHARE of the last OUTCOMES attempts were answered 429,
 LIMIT_SHARE = 0.05
-LIMIT_REJECTS = 4
+LIMIT_REJECTS = 4  # and at least this many
 
 
 def parse_duration(text: str) -> float | None:
-    """Seconds in a reset value: a Go duration ("20ms", "1s", "6m0s", "1m30.5s") or a bare number of
-    seconds; None when it is neither."""
+    """Seconds in a reset value: a Go duration ("20ms", "6m0s", "1m30.5s"), a bare number of seconds, or None."""
     text = text.strip()
     try:
         return max(0.0, float(text))
@@ -54,27 +46,22 @@ def parse_duration(text: str) -> float | None:
 
 
 def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
-    """{"requests"|"tokens": (limit, remaining, seconds until full again)} from x-ratelimit-* headers,
-    for each limit whose three headers are all present and readable."""
+    """{"requests"|"tokens": (limit, remaining, seconds until full again)} for each limit whose three
+    x-ratelimit-* headers are all there and readable (a limit below one is no limit anyone could pace to)."""
     found = {}
     for kind in LIMITS:
-        limit, remaining, reset = (
-            headers.get(f"x-ratelimit-{name}-{kind}") for name in ("limit", "remaining", "reset")
-        )
-        if limit is None or remaining is None or reset is None:
-            continue
         try:
-            limit_value, remaining_value = float(limit), float(remaining)
-        except ValueError:
+            limit = float(headers[f"x-ratelimit-limit-{kind}"])
+            remaining = float(headers[f"x-ratelimit-remaining-{kind}"])
+            reset_s = parse_duration(headers[f"x-ratelimit-reset-{kind}"])
+        except (KeyError, ValueError):
             continue
-        reset_s = parse_duration(reset)
-        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit_value < math.inf:
-            found[kind] = (limit_value, max(0.0, remaining_value), reset_s)
+        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit < math.inf:
+            found[kind] = (limit, max(0.0, remaining), reset_s)
     return found
 
 
 def wall_clock(seconds_from_now: float) -> str:
-    """The UTC time `seconds_from_now` from now, as a message says when something happens."""
     try:
         when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
     except OverflowError:
@@ -92,19 +79,15 @@ class PacedPastLimit(Exception):
 
 class ServerBudget:
     """One limit of the server (requests or tokens) as a bucket we spend from before it does; unknown (never
-    paces) until a reply announces it. `spent` counts everything taken, so that a reply can tell what was taken
-    after its own attempt."""
+    paces) until a reply announces it. `spent` counts everything taken: a reply tells what was taken after it."""
 
     def __init__(self) -> None:
-        self.limit = 0.0
-        self.rate = 0.0  # refill per second
+        self.limit, self.rate = 0.0, 0.0  # the bucket's size and its refill per second
         self.level = 0.0  # what the server has left now, by our account; below zero: owed to waiting attempts
         self.at = time.monotonic()
-        self.spent = 0.0
-        self.unsent = 0.0  # taken by attempts still waiting to go
+        self.spent, self.unsent = 0.0, 0.0  # taken in all; taken by attempts still waiting to go
         self._deficit_sum = self._reset_sum = 0.0  # decayed sums of (limit - remaining) and of reset seconds
-        # decayed sums over the replies' points: weight, reset, remaining, reset², reset·remaining
-        self._fit = [0.0] * 5
+        self._fit = [0.0] * 5  # decayed sums over the points: weight, reset, remaining, reset², reset·remaining
         self.window_end: float | None = None  # fixed windows: when the current one ends (None: a refilling bucket)
         self._latest_end = float("-inf")  # the latest window end a reply has told
         self._window_over = float("-inf")  # the end of the last window refilled
@@ -114,7 +97,6 @@ class ServerBudget:
 
     @property
     def said(self) -> str:
-        """What the server last said of this limit, for messages."""
         if self._last_said is None:
             return "429s"
         limit, remaining, reset_s, at = self._last_said
@@ -126,10 +108,8 @@ class ServerBudget:
         return self.limit > 0 and (self.rate > 0 or self.window_end is not None)
 
     @property
-    def reserve(self) -> float:
-        if self.window_end is not None:
-            return 0.0  # a window's count is exact: nothing refills unseen in between
-        return min(self.rate * RESERVE_S, 0.1 * self.limit)
+    def reserve(self) -> float:  # none in windows: their count is exact, nothing refills unseen in between
+        return 0.0 if self.window_end is not None else min(self.rate * RESERVE_S, 0.1 * self.limit)
 
     def _refill(self, now: float) -> None:
         if self.window_end is not None:
@@ -150,13 +130,8 @@ class ServerBudget:
         self.unsent += cost
         return self.spent
 
-    def sent(self, cost: float) -> None:
-        """An attempt that took `cost` has gone (or given up waiting)."""
-        self.unsent -= cost
-
     def wait_s(self, mark: float, now: float) -> float:
-        """Seconds until the attempt that took up to `mark` may start: until what is left, not counting
-        what later attempts took, is back above the reserve."""
+        """Seconds until what is left, not counting what attempts after `mark` took, is back above the reserve."""
         if not self.known:
             return 0.0
         self._refill(now)
@@ -168,9 +143,8 @@ class ServerBudget:
         return short / self.rate
 
     def _fitted(self, remaining: float, reset_s: float) -> tuple[float, float] | None:
-        """(size, rate) of a refilling bucket from the replies' points so far, (0, 0) for fixed windows, or
-        None while the points do not tell. In a bucket the reset is the time to refill what is missing, so
-        of two replies the one with less left has the longer reset; in windows both fall as time passes."""
+        """(size, rate) of a refilling bucket fitted to the replies' points, (0, 0) for fixed windows, or None
+        while the points do not tell (docs/design.md: less left means a longer reset in a bucket only)."""
         if self._last_point is not None and remaining != self._last_point[1] and reset_s != self._last_point[0]:
             opposite = (remaining - self._last_point[1]) * (reset_s - self._last_point[0]) < 0
             self._votes = FIT_MEMORY * self._votes + (-1.0 if opposite else 1.0)
@@ -187,9 +161,7 @@ class ServerBudget:
         if spread <= (0.02 * max(t / weight, 1e-3)) ** 2:
             return None  # resets too alike to draw a line through
         slope = (tr / weight - t * r / weight**2) / spread
-        if slope >= 0:
-            return None
-        return r / weight - slope * t / weight, -slope
+        return None if slope >= 0 else (r / weight - slope * t / weight, -slope)
 
     def announced(self, limit: float, remaining: float, reset_s: float, mark: float, sent_at: float, now: float):
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
@@ -205,8 +177,7 @@ class ServerBudget:
             self._latest_end = max(self._latest_end, end)
             self.window_end = self._latest_end
             if windows_before:
-                # our own count is exact within a window; the server's `remaining` can only tell us of less (other
-                # clients), never more: what it counted of the attempts sent after this one is unknown
+                # our count is exact within a window; the server's `remaining` tells of less (other clients), not more
                 self._refill(now)
                 self.level = min(self.level, remaining - self.unsent)
             else:
@@ -228,16 +199,14 @@ class ServerBudget:
         self.at = now
 
     def found_empty(self, rate: float, taken_after: float, sent_at: float, now: float) -> None:
-        """A 429 without headers for an attempt sent at `sent_at`: the server had nothing left then, has
-        admitted or will admit `taken_after` since, and refills at `rate` (measured by AdaptiveLimit)."""
+        """A 429 without headers for an attempt sent at `sent_at`: empty then, `taken_after` admitted since."""
         self.rate, self.limit = rate, max(1.0, rate * 0.5)
         self.level = min(self.limit, rate * max(0.0, now - sent_at)) - taken_after
         self.at = now
 
     def grow(self, factor: float, now: float) -> None:
         self._refill(now)
-        self.rate *= factor
-        self.limit *= factor
+        self.rate, self.limit = self.rate * factor, self.limit * factor
 
 
 class AdaptiveLimit:
@@ -245,22 +214,19 @@ class AdaptiveLimit:
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
         self.latency_s = 0.1  # smoothed round trip of successful attempts
-        self.in_flight = 0
-        self.cuts = 0
+        self.in_flight = self.cuts = 0
         self.budgets = {kind: ServerBudget() for kind in LIMITS}
         self.learned = ServerBudget()  # the rate of a server that only answers 429, once measured
         self._sent: deque[float] = deque()  # when recent attempts were sent, in order
         self._rejected: deque[float] = deque()  # when those answered 429 were sent
-        # when the first attempt answered 429 since the last measurement was sent
-        self._empty_since: float | None = None
+        self._empty_since: float | None = None  # when the first 429 since the last measurement was sent
         self._probed_at = 0.0
         self._waiting = 0  # attempts waiting for the pacing to let them go
         self._first_answer_at = float("inf")
         self.chars_per_token = 4.0  # learned from the prompt_tokens of replies
         self._prompt_chars_seen = self._prompt_tokens_seen = 0.0
         self._outcomes: deque[bool] = deque(maxlen=OUTCOMES)  # the last attempts' answers: True, 429
-        self._last_cut = float("-inf")
-        self._paused_until = 0.0
+        self._last_cut, self._paused_until = float("-inf"), 0.0
         self._changed = asyncio.Condition()
 
     async def __aenter__(self):
@@ -269,10 +235,8 @@ class AdaptiveLimit:
                 wait = self._paused_until - time.monotonic()
                 if wait <= 0 and self.in_flight < int(self.limit):
                     break
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait if wait > 0 else None)
-                except TimeoutError:
-                    pass
             self.in_flight += 1
         return self
 
@@ -330,15 +294,8 @@ class AdaptiveLimit:
         self._probed_at = now
         self._empty_since = sent_at
 
-    def _probe(self, now: float) -> None:
-        if self.learned.known:
-            self.learned.grow(1 + PROBE_PER_S * (now - self._probed_at), now)
-        self._probed_at = now
-
     def limit_reached(self, announced: dict[str, tuple[float, float, float]]) -> bool:
-        """Whether a 429 (already counted) is a rate limit's: its headers say a limit is empty, or 429s are
-        frequent, or a limit was found before (its rate is being measured). A few 429s among many answers, with
-        nothing saying a limit is empty, are an overloaded server's: only their own requests wait."""
+        """Whether a 429 (already counted) is a rate limit's, not an overloaded server's (docs/design.md)."""
         if any(remaining < 1 for _, remaining, _ in announced.values()) or self.learned.known:
             return True  # said empty, or a limit's rate already measured between 429s (each 429 corrects it)
         # out of the attempts answered and those still in flight: a 429 comes back at once, an answer after the
@@ -364,9 +321,7 @@ class AdaptiveLimit:
 
 
 class Attempt:
-    """A slot and the server's go-ahead for one HTTP attempt (`async with Attempt(...) as attempt`): spends from the
-    budgets before it starts (a wait past `max_wait_s` raises PacedPastLimit, `announce(seconds, why)` hears of
-    each), and hands the reply's headers back to them."""
+    """A slot and the pacing's go-ahead for one HTTP attempt, whose reply's headers go back to the budgets."""
 
     def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int, max_wait_s: float, announce: Announce):
         self.limit, self.prompt_chars = limit, prompt_chars
@@ -396,8 +351,8 @@ class Attempt:
                     now = time.monotonic()
             finally:
                 limit._waiting -= 1
-                for kind, budget in budgets.items():
-                    budget.sent(self.costs.get(kind, 1.0))
+                for kind, budget in budgets.items():  # gone, or given up waiting
+                    budget.unsent -= self.costs.get(kind, 1.0)
             self.sent_at = now
             limit._sending(now)
         except BaseException:
@@ -417,12 +372,15 @@ class Attempt:
         return announced
 
     def succeeded(self, headers: Mapping[str, str], prompt_tokens: int | None) -> None:
-        self.limit._outcomes.append(False)
-        if not self._announced(headers):
-            self.limit._probe(time.monotonic())
+        limit, now = self.limit, time.monotonic()
+        limit._outcomes.append(False)
+        if not self._announced(headers):  # a learned rate grows slowly, to find out if the server's has
+            if limit.learned.known:
+                limit.learned.grow(1 + PROBE_PER_S * (now - limit._probed_at), now)
+            limit._probed_at = now
         if prompt_tokens:
-            self.limit.learn_prompt_tokens(self.prompt_chars, prompt_tokens)
-        self.limit.succeeded(time.monotonic() - self.sent_at)
+            limit.learn_prompt_tokens(self.prompt_chars, prompt_tokens)
+        limit.succeeded(time.monotonic() - self.sent_at)
 
     def rate_limited(self, headers: Mapping[str, str], retry_after: float | None) -> None:
         self.limit._outcomes.append(True)

@@ -1,11 +1,6 @@
-"""The bounded-concurrency loop every API-calling stage runs.
-
-pending = selected − done is computed by the stage; this loop calls `work` on each pending
-task with at most `workers` calls in flight, appends each finished row at once (one writer:
-the event loop), records failures in a side file, shows progress, and stops cleanly on
-SIGINT/SIGTERM, when the endpoint refuses us, or when the output cannot be written (disk full,
-read-only): then the rows still finishing are kept in a rescue file for the next run.
-"""
+"""The bounded-concurrency loop every API-calling stage runs on its pending tasks: at most `workers` calls in
+flight, each finished row appended at once (one writer: the event loop), failures in a side file, progress shown,
+and a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
 
 import asyncio
 import contextlib
@@ -45,7 +40,6 @@ class Tasks(Protocol):
     """The pending tasks: counted, and read (again) from the start each time they are iterated."""
 
     def __len__(self) -> int: ...
-
     def __iter__(self) -> Iterator: ...
 
 
@@ -68,90 +62,47 @@ def failures_path(output: Path) -> Path:
     return output.with_name(output.name + ".failed.jsonl")
 
 
-class _Progress:
-    """A tqdm bar on a terminal; a plain line every `every` seconds otherwise (cron logs)."""
+class _Sink:
+    """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
+    rescue file for the next run), each failure to the side file, and their count to the progress display: a tqdm
+    bar on a terminal, a plain line every `log_every_s` otherwise (cron logs). The first write that fails for want
+    of space or permission stops new calls."""
 
-    def __init__(self, label: str, total: int, every: float, mode: str = "auto"):
-        self.label, self.total, self.every = label, total, every
-        self.done = self.failed = 0
-        self.started = self.last = time.monotonic()
-        bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
-        self.bar = tqdm(total=total, desc=label, unit="task", file=sys.stderr) if bar else None
+    def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, settings: Settings):
+        self.output, self.summary, self.stop, self.label, self.settings = output, summary, stop, label, settings
+        self._out = jsonl.Appender(output)
+        self._failures: jsonl.Appender | None = None
+        self._rescue: jsonl.Appender | None = None
+        self.started = self.shown = time.monotonic()
+        bar = settings.progress == "bar" or (settings.progress == "auto" and sys.stderr.isatty())
+        self.bar = tqdm(total=summary.pending, desc=label, unit="task", file=sys.stderr) if bar else None
 
-    def update(self, failed: bool = False) -> None:
-        self.done += 1
-        self.failed += failed
-        if self.bar is not None:
-            self.bar.update(1)
-            if failed:
-                self.bar.set_postfix(failed=self.failed)
-            return
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        rate = self.done / (now - self.started) if now > self.started else 0.0
-        print(
-            f"{self.label}: {self.done}/{self.total} finished, {self.failed} failed, {rate:.2f} tasks/s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-class _Rescue:
-    """Finished rows the output could not take, kept in jsonl.rescue_path(output) for the next run."""
-
-    def __init__(self, output: Path, summary: RunSummary):
-        self.output, self.summary = output, summary
-        self._file: jsonl.Appender | None = None
-
-    def keep(self, row: dict) -> None:
-        try:
-            if self._file is None:
-                self._file = jsonl.open_rescue(self.output)
-            self._file.append(row)
-        except (OutputUnwritable, OSError):
-            self.summary.lost += 1
+    def write(self, row: dict | None) -> None:
+        """A finished task's row; None: nothing to write for it now (e.g. not in an imported batch)."""
+        if row is None:
+            self.summary.skipped += 1
         else:
-            self.summary.rescued += 1
+            try:
+                self._out.append(row)
+                self.summary.written += 1
+            except OutputUnwritable as exc:
+                self.stop_writing(exc)
+                try:
+                    if self._rescue is None:
+                        self._rescue = jsonl.open_rescue(self.output)
+                    self._rescue.append(row)
+                    self.summary.rescued += 1
+                except (OutputUnwritable, OSError):
+                    self.summary.lost += 1
+        self._progress()
 
-    def close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
-                self._file.close()
-
-    def note(self) -> str:
+    def rescue_note(self) -> str:
         path, parts = jsonl.rescue_path(self.output), []
         if self.summary.rescued:
             parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
         if self.summary.lost:
             parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
         return "; ".join(parts)
-
-
-class _Sink:
-    """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
-    rescue file), each failure to the side file. The first write that fails for want of space or permission
-    stops new calls."""
-
-    def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, grace_s: float):
-        self.output, self.summary, self.stop, self.label, self.grace_s = output, summary, stop, label, grace_s
-        self.rescue = _Rescue(output, summary)
-        self._out = jsonl.Appender(output)
-        self._failures: jsonl.Appender | None = None
-
-    def write(self, row: dict) -> None:
-        try:
-            self._out.append(row)
-        except OutputUnwritable as exc:
-            self.stop_writing(exc)
-            self.rescue.keep(row)
-        else:
-            self.summary.written += 1
 
     def failed(self, task, error: str) -> None:
         self.summary.failed += 1
@@ -165,6 +116,26 @@ class _Sink:
             )
         except OutputUnwritable as exc:
             self.stop_writing(exc)  # the task stays pending all the same: the next run retries it
+        self._progress(failed=True)
+
+    def _progress(self, failed: bool = False) -> None:
+        summary = self.summary
+        if self.bar is not None:
+            self.bar.update(1)
+            if failed:
+                self.bar.set_postfix(failed=summary.failed)
+            return
+        now = time.monotonic()
+        if now - self.shown < self.settings.log_every_s:
+            return
+        self.shown = now
+        done = summary.written + summary.rescued + summary.lost + summary.failed + summary.skipped
+        rate = done / (now - self.started) if now > self.started else 0.0
+        print(
+            f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def stop_writing(self, exc: OutputUnwritable) -> None:
         """As on SIGINT: no new calls; the calls in flight get the grace period."""
@@ -172,28 +143,30 @@ class _Sink:
             self.summary.unwritable = exc
             print(
                 f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {self.grace_s:g}s for calls in flight",
+                f"waiting up to {self.settings.grace_s:g}s for calls in flight",
                 file=sys.stderr,
                 flush=True,
             )
         self.stop.set()
 
     def close(self) -> None:
-        self.rescue.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self._rescue is not None:
+            with contextlib.suppress(OutputUnwritable, OSError):  # the rows are in the file; only their fsync failed
+                self._rescue.close()
         if self._failures is not None:
             self._failures.close()
         self._out.close()
 
 
-async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
-    """Take tasks until there are none or the run stops; write what each gives."""
+async def _worker(next_task, work, sink: _Sink) -> None:
     summary, stop = sink.summary, sink.stop
     while (task := await next_task()) is not None:
         try:
             row = await work(task)
         except CallFailed as exc:
             sink.failed(task, str(exc))
-            meter.update(failed=True)
         except (EndpointRefused, SpendingCapReached) as exc:
             summary.refused = summary.refused or exc
             stop.set()
@@ -202,19 +175,15 @@ async def _worker(next_task, work, sink: _Sink, meter: _Progress) -> None:
             sink.stop_writing(exc)
             return
         else:
-            if row is None:  # nothing to write for this task now (e.g. not in an imported batch)
-                summary.skipped += 1
-            else:
-                sink.write(row)
-            meter.update()
+            sink.write(row)
         if stop.is_set():
             return
 
 
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
     """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
-    period, then abandon them. A first SIGINT/SIGTERM stops new calls, a second abandons those in flight."""
-    stop, label, grace_s = sink.stop, sink.label, sink.grace_s
+    period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
+    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace_s
 
     def on_signal(signame: str) -> None:
         if stop.is_set():
@@ -235,10 +204,8 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([all_done, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
-        if not all_done.done():
-            _, still_running = await asyncio.wait([all_done], timeout=grace_s)
-            if still_running:
-                all_done.cancel()
+        await asyncio.wait([all_done], timeout=grace_s)  # at once when the workers are done
+        all_done.cancel()  # calls still in flight after the grace period are abandoned
         with contextlib.suppress(asyncio.CancelledError):
             await all_done
     finally:
@@ -255,10 +222,8 @@ async def run(
     label: str,
     group_of: GroupOf | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task (each has `.id`); returns what happened. With `group_of` (a task's prefix
-    group, or None) a scheduler.PrefixSchedule hands out each group's first task alone, its siblings once it is
-    answered; without it, tasks go in order. Raises OutputUnwritable, after the calls in flight finished, if the
-    output or a side file could not be written."""
+    """Run `work(task)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule.
+    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
     total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
@@ -273,21 +238,16 @@ async def run(
 
     if schedule is not None:
         work = schedule.watching(work)
-    meter = _Progress(label, total, settings.log_every_s, settings.progress)
-    started = time.monotonic()
-    sink = _Sink(output, summary, stop, label, settings.grace_s)
+    sink = _Sink(output, summary, stop, label, settings)
     try:
-        running = [
-            asyncio.create_task(_worker(next_task, work, sink, meter)) for _ in range(max(1, min(workers, total)))
-        ]
+        running = [asyncio.create_task(_worker(next_task, work, sink)) for _ in range(max(1, min(workers, total)))]
         await _until_done_or_stopped(asyncio.gather(*running), sink)
     finally:
-        meter.close()
         sink.close()
-    summary.elapsed_s = time.monotonic() - started
+    summary.elapsed_s = time.monotonic() - sink.started
     if summary.unwritable is not None:
         _print_counts(label, summary)
-        summary.unwritable.note = sink.rescue.note()
+        summary.unwritable.note = sink.rescue_note()
         raise summary.unwritable
     return summary
 
@@ -302,8 +262,7 @@ async def run_with_client(
     group_of: GroupOf | None = None,
     cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls) that is closed afterwards; its requests in flight
-    adapt to 429s below `settings.workers`."""
+    """`run` with a client for `endpoint` (None: no API calls), its calls in flight adapting below `workers`."""
     client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
     try:
         return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
@@ -341,6 +300,4 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     if summary.interrupted:
         print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if summary.written < summary.pending:
-        return EXIT_INCOMPLETE
-    return EXIT_OK
+    return EXIT_INCOMPLETE if summary.written < summary.pending else EXIT_OK

@@ -1,12 +1,6 @@
-"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered.
-
-Tasks of one group (CL-bench: one context) share their leading messages, which a prefix-caching server computes
-once only if the leader was answered before its siblings arrive. Measured (docs/design.md, Shared-prefix
-scheduling, which gives the rules): it pays where a server misses on siblings sent together, as the test server's
-prefix cache does; vLLM's CPU engine served those from its cache too, and there it neither gained nor cost
-anything measurable. The workers read ahead for other work while siblings wait (at most `lookahead` held); a
-failed leader hands the lead to its next sibling, a leader out longer than `patience_s` releases its siblings,
-and once the run's `stop` is set no task is handed out.
+"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered, so
+that a prefix-caching server computes their shared prefix once. docs/design.md (Shared-prefix scheduling) gives
+the rules and the measurements.
 """
 
 import asyncio
@@ -29,7 +23,7 @@ class _Group:
 
 
 class PrefixSchedule:
-    """Hands out `tasks` to concurrent workers, each group's leader first and alone (see the module docstring)."""
+    """Hands out `tasks` to concurrent workers, each group's leader first and alone."""
 
     def __init__(
         self,
@@ -40,11 +34,8 @@ class PrefixSchedule:
         patience_s: float = 60.0,
         lookahead: int = 4096,
     ):
-        self._source = iter(tasks)
-        self._group_of = group_of
-        self._stop = stop
-        self.patience_s = patience_s
-        self.lookahead = max(1, lookahead)
+        self._source, self._group_of, self._stop = iter(tasks), group_of, stop
+        self.patience_s, self.lookahead = patience_s, max(1, lookahead)
         self._exhausted = False
         self._groups: dict[str, _Group] = {}  # groups whose leader is out (or promoted and about to go)
         self._promoted: deque = deque()  # siblings of a failed leader, now their group's leader
@@ -70,33 +61,26 @@ class PrefixSchedule:
             try:
                 result = await work(task)
             except BaseException:
-                self.failed(task)
+                self.ended(task, answered=False)
                 raise
-            self.answered(task)
+            self.ended(task, answered=True)
             return result
 
         return watched
 
-    def answered(self, task: Any) -> None:
-        """The task has its answer: if it led a group, the group's siblings go."""
-        group = self._led_group(task)
-        if group is not None:
-            del self._groups[group.key]
-            self._release(group)
-            self._notify()
-
-    def failed(self, task: Any) -> None:
-        """The task failed (it stays pending for the next run): if it led a group, its next sibling leads."""
+    def ended(self, task: Any, answered: bool) -> None:
+        """If the task led a group: answered, its siblings go; failed (it stays pending), its next sibling leads."""
         group = self._led_group(task)
         if group is None:
             return
-        if group.waiting and not group.released:
+        if not answered and group.waiting and not group.released:
             group.leader = group.waiting.popleft()
             group.since = time.monotonic()
             self._waiting -= 1
             self._promoted.append(group.leader)
         else:
             del self._groups[group.key]
+            self._release(group)
         self._notify()
 
     def _take(self) -> Any | None:
@@ -134,14 +118,6 @@ class PrefixSchedule:
         self._released.extend(group.waiting)
         group.waiting.clear()
 
-    def _release_overdue(self) -> None:
-        """Release the siblings of leaders out longer than `patience_s` (a hung or very slow call)."""
-        now = time.monotonic()
-        for group in self._groups.values():
-            if not group.released and now - group.since >= self.patience_s:
-                group.released = True
-                self._release(group)
-
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -157,4 +133,8 @@ class PrefixSchedule:
         finally:
             changed.cancel()
             stopped.cancel()
-        self._release_overdue()
+        now = time.monotonic()
+        for group in self._groups.values():  # a leader out past its patience (hung, retrying) releases its siblings
+            if not group.released and now - group.since >= self.patience_s:
+                group.released = True
+                self._release(group)

@@ -1,10 +1,6 @@
-"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass (docs/results.md).
-
-Before each call goes out its worst case is reserved: a prompt token per byte of its request (a tokenizer's
-token is at least a byte; characters are no bound) at the input price, plus the completion tokens it may
-answer at the output price. A call that could pass the cap waits while calls are in flight, and when none
-is, is not sent: the stage keeps its rows and exits 6. A reply's cost then replaces its reservation.
-"""
+"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass. Each call's worst case
+(a prompt token per byte of its request, plus the completion tokens it may answer) is reserved before it goes
+and replaced by its reply's cost; docs/results.md (A spending cap) says how."""
 
 import asyncio
 import json
@@ -47,9 +43,7 @@ class SpendingCap:
     cap_usd: float
     prices: cost.Prices
     model: str
-    # --spending-ledger: the runner's file each reply's cost is appended to, and a stage starts counting from what
-    # the stages before it spent, so that MAX_COST caps the whole invocation, not each stage
-    ledger: Path | None = None
+    ledger: Path | None = None  # --spending-ledger: each reply's cost is added to it (docs/results.md)
     spent_usd: float = 0.0
     reserved_usd: float = 0.0
     in_flight: int = 0
@@ -58,8 +52,7 @@ class SpendingCap:
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
-        """Reserve a call's worst case, waiting while calls in flight may leave room for it; SpendingCapReached
-        when none is in flight and it could still pass the cap."""
+        """Reserve a call's worst case, waiting while calls in flight may leave room; SpendingCapReached if none is."""
         usage = {
             "prompt_tokens": request_size + PROMPT_OVERHEAD,
             "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
@@ -87,8 +80,7 @@ class SpendingCap:
         self._done()
 
     def settle(self, reservation: Reservation, usage: dict) -> None:
-        """A reply: its cost replaces its reservation. A reply whose usage says nothing, or nothing that is a token
-        count (usage.invalid), counts its reservation, the worst case: an endpoint cannot spend past the cap unseen."""
+        """A reply: its cost replaces its reservation; without usage (or invalid usage) the reservation counts."""
         self.reserved_usd -= reservation.usd
         priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
         spent = reservation.usd if priced is None else priced
@@ -130,9 +122,8 @@ def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
 
 
 def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
-    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent.
-    A ledger line that is not an amount (nan, inf, a negative, text) is refused: a ledger that cannot be summed
-    caps nothing."""
+    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent;
+    a ledger line that is not an amount (nan, inf, a negative, text) is refused: it would cap nothing."""
     prices = prices_for(prices_path, model)
     spent = 0.0
     for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):

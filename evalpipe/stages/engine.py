@@ -113,7 +113,7 @@ def run(job: Job, args) -> int:
     with lock.exclusive(job.output):
         _seed_token_field(job)
         written = job.written()
-        in_batches = batch_backend.open_batches(job.output)
+        in_batches = batch_backend.State(job.output).open_batches()
         _refuse(job, args, written, in_batches)
         pending = job.pending_given(written)
         job.announce(pending)
