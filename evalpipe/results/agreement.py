@@ -146,7 +146,6 @@ def _line(f: dict) -> str:
 
 
 def format_report(section: dict) -> str:
-    """The agreement section as text (score prints it; the CLI too)."""
     lines = [
         "Judge agreement"
         + (f" (pooled over {', '.join(section['pooled_over_runs'])})" if "pooled_over_runs" in section else "")

@@ -51,7 +51,6 @@ def tables(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, dict[str, 
 
 
 def headline(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, float | None]:
-    """The headline figures of a run's score.json, by name in display order."""
     return tables(figures, metrics)[HEADLINE]
 
 

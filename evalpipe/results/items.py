@@ -1,9 +1,5 @@
-"""Item-level uncertainty: each figure a ratio of item means (a task averaged over the runs that graded it) with a
-delta-method standard error, clustered where the benchmark names a cluster; paired model comparisons.
-docs/statistics.md explains the methods.
-
-Items are counted, not listed: identical items (cluster, group labels, every run's value of every column) are one
-entry with a weight, so a million CoinFlip tasks over three runs are a few hundred entries."""
+"""Item-level uncertainty and paired model comparisons (docs/statistics.md). Items are counted, not listed: identical
+items (cluster, group labels, every run's value of every column) are one weighted entry."""
 
 import math
 import random
@@ -27,11 +23,8 @@ MDE_RUNS = (1, 3, 5, 10)  # runs per item the minimum detectable difference is p
 
 @dataclass(frozen=True)
 class ItemFigure:
-    """One figure a benchmark reports, declared once (figures.py makes the run's value and reads it back):
-    a ratio of item-column sums, Σnum / Σden (den None: over all items), 0.0 when that is 0/0.
-
-    aggregate's item-level estimate is the same ratio of item means. With `by`, one figure per value
-    of that group column, named `name.format(value)`."""
+    """One figure a benchmark reports: Σnum / Σden over items (den None: over all items; 0/0 is 0.0); with `by`,
+    one figure per value of that group column, named `name.format(value)`."""
 
     name: str
     num: str
@@ -49,8 +42,7 @@ class ItemFigure:
 
 
 def display_interval(items: dict) -> tuple[float, float] | None:
-    """An estimate's 95% interval clipped to the values its figure can take (rates, F1: [0, 1]), for display.
-    Estimates written before `bounds` was recorded: rates are clipped to [0, 1], other figures not."""
+    """An estimate's 95% interval clipped to its figure's bounds (estimates without `bounds`: rates to [0, 1])."""
     ci = items.get("ci95")
     if not ci:
         return None
@@ -97,8 +89,6 @@ def read(path: Path) -> tuple[str | None, ItemColumns]:
     return data.get("cluster"), columns
 
 
-# ---- one model's runs merged into item means
-
 Entry = tuple[Hashable, float, float, int, int]  # (cluster, a, b, runs that graded it, how many such items)
 
 
@@ -139,8 +129,7 @@ class ModelItems:
             raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
-        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k. An item graded
-        in no run counts as 0 in a plain mean and adds nothing to a ratio."""
+        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
@@ -172,12 +161,8 @@ class ModelItems:
     def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
         """The figure's items (of the group value `label` for a `by` figure), counted."""
         values = self.values(figure.num, figure.den)
-        out = []
-        for (cluster, item_label, code), count in self.counts(figure.by).items():
-            if figure.by is None or item_label == label:
-                a, b, k = values[code]
-                out.append((cluster, a, b, k, count))
-        return out
+        counted = self.counts(figure.by).items()
+        return [(c, *values[code], n) for (c, item, code), n in counted if figure.by is None or item == label]
 
     def subsets(self, figure: ItemFigure) -> Iterator[tuple[str, Hashable]]:
         """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
@@ -223,11 +208,7 @@ def _merged_groups(runs: list[ItemColumns]) -> dict[str, list]:
     return merged
 
 
-# ---- one figure of one model
-
-
 def _se_method(figure: ItemFigure, cluster: str | None) -> str:
-    """naive (a mean over independent items), delta (a ratio), cr1:<key> (clustered), delta+cr1:<key>."""
     if cluster is None:
         return "delta" if figure.den else "naive"
     return ("delta+" if figure.den else "") + f"cr1:{cluster}"
@@ -311,13 +292,10 @@ def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
     return out
 
 
-# ---- the optional cluster bootstrap
-
 Units = tuple[list[float], list[float]]  # per resampling unit: the sum of numerators and of denominators
 
 
 def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
-    """Resampling units: clusters (their sums), or single items (each counted entry spelled out)."""
     if clustered:
         sums: dict[Hashable, list[float]] = {}
         for cluster, a, b, _, w in entries:
@@ -341,7 +319,6 @@ class Bootstrap:
     seed: int
 
     def interval(self, sides: list[Units], label: str, clustered: bool) -> dict:
-        """Bootstrap the ratio Σa/Σb of one side, or the difference of two sides' ratios on the same draws."""
         count = len(sides[0][0])
         rng = random.Random(f"{self.seed}:{label}")
         draws: list[float] = []
@@ -365,9 +342,6 @@ class Bootstrap:
             "se": stats.std(finite) if len(finite) > 1 else None,
             "undefined_replicates": len(draws) - len(finite),
         }
-
-
-# ---- paired comparison of two models
 
 
 def compare(

@@ -38,7 +38,6 @@ def _bar(figure: dict | None, std_key: str) -> tuple[float, float, float, bool]:
 
 
 def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: str) -> Path:
-    """Grouped bars: one group per figure, one bar per model, in percent, with error bars."""
     plt = _pyplot()
     names = list(dict.fromkeys(n for m in models for n in figures_of(m)))
     width = 0.8 / max(1, len(models))
@@ -68,7 +67,6 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
 
 
 def save(plt, fig, path: Path, **options) -> Path:
-    """Write `fig` as a PNG at `path` (atomically, as every output) and close it."""
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": None}, **options)
     plt.close(fig)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from . import tables
 from .agreement import NOTE as AGREEMENT_NOTE
 from .items import MDE_RUNS, display_interval
-from .tables import pct
+from .tables import pct, signed
 
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (Benchmark.flagged)
@@ -57,7 +57,6 @@ class Tables(NamedTuple):
 
 
 def _figures_of(title: str) -> Callable[[dict], dict]:
-    """A model's figures of one table: the headline table's, or an extra table's by title."""
     return lambda m: m["figures"] if title == MAIN else m["extra_tables"].get(title, {})
 
 
@@ -69,8 +68,7 @@ def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
 
 
 def provenance_notes(models: list[dict]) -> list[str]:
-    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings.
-    Markdown: every name comes from a folder, a manifest or an endpoint, and is escaped."""
+    """Under the leaderboard: mixed served models, thinking, and each row's settings (every name escaped)."""
     esc = tables.md_escape
     notes = []
     mixed = [m for m in models if m.get("mixed_served_models")]
@@ -311,16 +309,12 @@ def _power_table(models: list[dict], first: str | None) -> str:
     return tables.markdown_table(["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)], rows)
 
 
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:+.1f}"
-
-
 def _comparison_row(c: dict) -> list[str]:
     ci = c["ci95"]
-    interval = f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-"
+    interval = f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else "-"
     p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
     correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
-    cells = [f"{_signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
+    cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
     return [
         c["model"],
         c["baseline"],

@@ -11,7 +11,6 @@ _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def md_escape(text: object) -> str:
-    """Text for Markdown: HTML-escaped, and | escaped so that it stays in its table cell."""
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
@@ -36,9 +35,7 @@ def csv_cell(value: object) -> object:
 
 def csv_text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(map(csv_cell, headers))
-    writer.writerows(map(csv_cell, row) for row in rows)
+    csv.writer(buf, lineterminator="\n").writerows(map(csv_cell, row) for row in [headers, *rows])
     return buf.getvalue()
 
 
@@ -72,6 +69,10 @@ def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], captio
     return "\n".join(lines) + "\n"
 
 
-def pct(rate: float | None, digits: int = 1) -> str:
-    """A rate in 0..1 as a percentage with `digits` decimals, or "-" when unknown."""
-    return "-" if rate is None else f"{100 * rate:.{digits}f}"
+def pct(rate: float | None) -> str:
+    """A rate in 0..1 as a percentage, or "-" when unknown."""
+    return "-" if rate is None else f"{100 * rate:.1f}"
+
+
+def signed(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}"
