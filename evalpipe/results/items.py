@@ -197,15 +197,10 @@ def _realigned(run: ItemColumns, position: dict[Hashable, int]) -> ItemColumns:
 
 
 def _merged_groups(runs: list[ItemColumns]) -> dict[str, list]:
-    """Group labels per item from whichever run has the item."""
-    merged: dict[str, list] = {}
-    for r in runs:
-        for name, labels in r["groups"].items():
-            current = merged.setdefault(name, list(labels))
-            for i, label in enumerate(labels):
-                if current[i] is None:
-                    current[i] = label
-    return merged
+    """Group labels per item from the first run that has the item."""
+    names = dict.fromkeys(name for r in runs for name in r["groups"])
+    columns = {name: [r["groups"][name] for r in runs if name in r["groups"]] for name in names}
+    return {name: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for name, c in columns.items()}
 
 
 def _se_method(figure: ItemFigure, cluster: str | None) -> str:

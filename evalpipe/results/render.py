@@ -61,10 +61,7 @@ def _figures_of(title: str) -> Callable[[dict], dict]:
 
 
 def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
-    names: list[str] = []
-    for m in models:
-        names += [n for n in figures_of(m) if n not in names]
-    return names
+    return list(dict.fromkeys(n for m in models for n in figures_of(m)))
 
 
 def provenance_notes(models: list[dict]) -> list[str]:
@@ -151,11 +148,8 @@ def runs_cell(figure: dict | None, std_key: str, with_ci: bool, tex: bool = Fals
 
 def _method(models: list[dict], figures_of: Callable[[dict], dict], name: str) -> str:
     """How a column's item-level figures were made, when all models agree (else "varies")."""
-    seen = set()
-    for m in models:
-        items = (figures_of(m).get(name) or {}).get("items")
-        if items and items.get("mean") is not None:
-            seen.add(f"{items['se_method']}, {items['ci_method'] or 'no interval'}")
+    found = [(figures_of(m).get(name) or {}).get("items") or {} for m in models]
+    seen = {f"{i['se_method']}, {i['ci_method'] or 'no interval'}" for i in found if i.get("mean") is not None}
     return seen.pop() if len(seen) == 1 else ("varies (see JSON)" if seen else "-")
 
 
@@ -226,13 +220,13 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
         figure = m["figures"].get(first)
         items = (figure or {}).get("items") or {}
         name = m["model"] + (f" {MIXED}" if m.get("mixed_served_models", False) else "")
-        counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
+        counts = [len(m["runs"]), _count(items.get("n_items")), _count(items.get("n_clusters"))]
         cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
-        figures = [
+        shown = [
             items_cell(items, tex) + (_flag(tex) if m["flagged"] else ""),
             runs_cell(figure, style.key, False, tex),
         ]
-        return [name, len(m["runs"]), *counts, *figures, pct(items.get("mde")), cost]
+        return [name, *counts, *shown, pct(items.get("mde")), cost]
 
     rows, tex_rows = _both(models, row)
     notes = [ITEMS_NOTE if _has_items(models, _figures_of(MAIN)) else NO_ITEMS_NOTE]
