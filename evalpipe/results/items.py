@@ -397,12 +397,10 @@ def compare(
         t = out["diff"] / se
         out["p_value"] = math.erfc(abs(t) / math.sqrt(2)) if ci_method == "z" else stats.t_two_sided_p(t, df)
     if bootstrap is not None:
-        one = [(e[0], e[1], e[2], 0, e[5]) for e in entries]
-        two = [(e[0], e[3], e[4], 0, e[5]) for e in entries]
         clustered = clusters is not None
-        out["bootstrap"] = bootstrap.interval(
-            [_units(one, figure, clustered), _units(two, figure, clustered)], f"{name}:diff", clustered
-        )
+        sides = [[(e[0], e[i], e[i + 1], 0, e[5]) for e in entries] for i in (1, 3)]
+        units = [_units(side, figure, clustered) for side in sides]
+        out["bootstrap"] = bootstrap.interval(units, f"{name}:diff", clustered)
     return out
 
 

@@ -241,12 +241,10 @@ def report(verdict: dict, link: str | None) -> str:
         h = c["headline"]
         lines.append(f"Against the {label}, {c['night']}:")
         if h is not None:
-            if _moved(h, alpha):
-                verdict_word = f"beyond noise at two-sided alpha {alpha:g}"
-            elif h["p_value"] is None:
+            moved = _moved(h, alpha)
+            verdict_word = f"{'beyond' if moved else 'within'} noise at two-sided alpha {alpha:g}"
+            if not moved and h["p_value"] is None:
                 verdict_word = "every paired task scored alike: nothing to test"
-            else:
-                verdict_word = f"within noise at two-sided alpha {alpha:g}"
             lines.append(
                 f"  {h['figure']}: {signed(h['diff'])} points {_interval(h['ci95'], diff=True)}, "
                 f"{_p_text(h['p_value'])} "
