@@ -424,14 +424,10 @@ def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -
     out = []
     for root, present in results:
         for bench in present:
-            for model_dir in sorted((root / bench).iterdir()):
-                if not model_dir.is_dir() or not (model_dir / f"{HISTORY}.md").exists():
-                    continue
-                link = model_dir.relative_to(outputs_dir).as_posix()
-                write_history(model_dir, f"{bench} / {model_dir.name}", plot=True)
-                page = model_dir / f"{HISTORY}.md"
-                text = page.read_text(encoding="utf-8")
-                text = re.sub(r"^## ", "### ", text, flags=re.MULTILINE)
+            for page in sorted((root / bench).glob(f"*/{HISTORY}.md")):
+                link = page.parent.relative_to(outputs_dir).as_posix()
+                write_history(page.parent, f"{bench} / {page.parent.name}", plot=True)
+                text = re.sub(r"^## ", "### ", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
                 text = text.replace(f"]({HISTORY}.", f"]({link}/{HISTORY}.")
                 out.append(f"## Watch history: {link}\n\n{text}")
     return out

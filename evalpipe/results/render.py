@@ -207,10 +207,6 @@ def _both(models: list[dict], row: Callable[[dict, bool], list]) -> tuple[list[l
     return [row(m, False) for m in models], [row(m, True) for m in models]
 
 
-def _flag(tex: bool) -> str:
-    return FLAG_TEX if tex else f" {FLAG}"
-
-
 def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note: str, md: list, tex: list) -> None:
     """The leaderboard: the headline figure over items and over runs, the MDE and the cost, with its notes."""
     headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
@@ -222,10 +218,9 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
         name = m["model"] + (f" {MIXED}" if m.get("mixed_served_models", False) else "")
         counts = [len(m["runs"]), _count(items.get("n_items")), _count(items.get("n_clusters"))]
         cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
-        shown = [
-            items_cell(items, tex) + (_flag(tex) if m["flagged"] else ""),
-            runs_cell(figure, style.key, False, tex),
-        ]
+        shown = [items_cell(items, tex), runs_cell(figure, style.key, False, tex)]
+        if m["flagged"]:
+            shown[0] += FLAG_TEX if tex else f" {FLAG}"
         return [name, *counts, *shown, pct(items.get("mde")), cost]
 
     rows, tex_rows = _both(models, row)
@@ -270,7 +265,7 @@ def _figure_tables(
     def runs_row(m: dict, tex: bool) -> list:
         cells = [runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex) for n in names]
         if title == MAIN and m["model"] in flagged:  # the benchmark's mark beside the headline figure
-            cells[0] += _flag(tex)
+            cells[0] += FLAG_TEX if tex else f" {FLAG}"
         return [m["model"], len(m["runs"]), *cells]
 
     rows, tex_rows = _both(models, runs_row)
