@@ -42,6 +42,17 @@ POWER_NOTE = (
     "finds with 80% power against a model of the same variance when the two are not paired (a paired comparison, "
     "below, usually does better). Projected from the spread between each task's runs for other runs per task."
 )
+MIXED_NOTE = (
+    f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
+    "counts): a name re-pointed to another snapshot mixes two models in one row. "
+)
+THINKING_NOTE = (
+    "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
+    "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
+    "has no final answer and scores 0, as an empty answer): "
+)
+SETTINGS_NOTE = "Generation settings (from the manifests; a setting not listed was not sent): "
+NOT_SENT = "none sent (the endpoint's defaults)"
 COMPARE_NOTE = (
     "Paired comparisons: model − baseline on the tasks both graded, task by task (a task missing for either "
     "model is left out and counted), with the SE of the paired difference (clustered like the figure), its 95% "
@@ -64,29 +75,22 @@ def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
     return list(dict.fromkeys(n for m in models for n in figures_of(m)))
 
 
+def _counted(found: dict) -> str:
+    return ", ".join(f"{tables.md_escape(name)} ({n})" for name, n in found.items())
+
+
 def provenance_notes(models: list[dict]) -> list[str]:
     """Under the leaderboard: mixed served models, thinking, and each row's settings (every name escaped)."""
     esc = tables.md_escape
-    notes = []
-    mixed = [m for m in models if m.get("mixed_served_models")]
-    if mixed:
-        parts = []
-        for m in mixed:
-            said = [
-                f"{who} {', '.join(f'{esc(name)} ({n})' for name, n in m['served'][who].items())}"
-                for who in ("model", "judge")
-                if len(m["served"].get(who, {})) > 1
-            ]
-            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
-        notes.append(
-            f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
-            "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
-        )
-    thought = [m for m in models if m.get("thinking")]
-    if thought:
-        parts = []
-        for m in thought:
-            t = m["thinking"]
+    mixed, thought, settings_lines = [], [], []
+    for m in models:
+        model = esc(m["model"])
+        if m.get("mixed_served_models"):
+            served = m["served"]
+            said = [f"{who} {_counted(served[who])}" for who in ("model", "judge") if len(served.get(who, {})) > 1]
+            mixed.append(f"{model}: {'; '.join(said)}")
+        t = m.get("thinking")
+        if t:
             said = []
             if t["reasoning_tokens_per_task"] is not None:
                 share = "" if t["reasoning_share"] is None else f", {pct(t['reasoning_share'])}% of the {t['share_of']}"
@@ -94,29 +98,18 @@ def provenance_notes(models: list[dict]) -> list[str]:
             if t["thinking_truncated"]:
                 said.append(f"{t['thinking_truncated']} answers ran out of tokens while thinking (scored 0)")
             if t["effort_applied"]:
-                applied = ", ".join(f"{esc(name)} ({n})" for name, n in t["effort_applied"].items())
-                said.append(f"reasoning effort applied, as the endpoint said: {applied}")
-            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
-        notes.append(
-            "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
-            "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
-            "has no final answer and scores 0, as an empty answer): " + ". ".join(parts) + "."
-        )
-    lines = []
-    for m in models:
+                said.append(f"reasoning effort applied, as the endpoint said: {_counted(t['effort_applied'])}")
+            thought.append(f"{model}: {'; '.join(said)}")
         settings = m.get("settings") or {}
-        said = []
-        for who, values in settings.items():
-            sent = ", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model")
-            said.append(f"{who}: " + (sent or "none sent (the endpoint's defaults)"))
+        said = [
+            f"{who}: " + (", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model") or NOT_SENT)
+            for who, values in settings.items()
+        ]
         judge = (settings.get("judge") or {}).get("model")
         if said:
-            lines.append(esc(m["model"]) + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
-    if lines:
-        notes.append(
-            "Generation settings (from the manifests; a setting not listed was not sent): " + ". ".join(lines) + "."
-        )
-    return notes
+            settings_lines.append(model + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
+    intros = [(MIXED_NOTE, mixed), (THINKING_NOTE, thought), (SETTINGS_NOTE, settings_lines)]
+    return [intro + ". ".join(parts) + "." for intro, parts in intros if parts]
 
 
 def items_cell(items: dict | None, tex: bool = False) -> str:
@@ -304,15 +297,8 @@ def _comparison_row(c: dict) -> list[str]:
     p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
     correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
     cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
-    return [
-        c["model"],
-        c["baseline"],
-        c["figure"],
-        *cells,
-        _count(c["n_clusters"]),
-        str(c["n_left_out"]),
-        pct(c["mde"]),
-    ]
+    counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
+    return [c["model"], c["baseline"], c["figure"], *cells, *counts]
 
 
 COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
@@ -323,7 +309,7 @@ def _r(value: float | None, scale: float = 100) -> object:
     return "" if value is None else round(scale * value, 4)
 
 
-def _blank(value: int | None) -> int | str:
+def _blank(value: float | None) -> float | str:
     return "" if value is None else value
 
 
@@ -343,11 +329,10 @@ def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
             headers += [f"{prefix}{name} items {part}" for part in CSV_ITEM_COLUMNS]
             for row, m in zip(rows, models):
                 f = figures_of(m).get(name) or {}
-                ci = f.get("ci95") or [None, None]
-                if f.get("mean") is not None:
-                    row += [_r(f["mean"]), _r(f[f"std_{std_kind}"]), _r(f["stderr"]), _r(ci[0]), _r(ci[1])]
-                else:
+                if f.get("mean") is None:
                     row += [""] * 5
+                else:
+                    row += map(_r, [f["mean"], f[f"std_{std_kind}"], f["stderr"], *(f.get("ci95") or [None, None])])
                 items = f.get("items") or {}
                 ici = items.get("ci95") or [None, None]
                 row += [_r(items.get("mean")), _r(items.get("se")), _r(ici[0]), _r(ici[1])]
@@ -367,7 +352,7 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
         ci = c["ci95"] or [None, None]
         rows.append(
             [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
-            + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
+            + [_blank(c["p_value"]), _r(c["correlation"], 1), c["n_items"]]
             + [_blank(c["n_clusters"]), c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)
