@@ -58,10 +58,8 @@ def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], captio
     """A booktabs table. Headers and each row's first cell are escaped; the other cells are LaTeX already."""
     spec = "l" + "r" * (len(headers) - 1)
     lines = ["\\begin{table}[ht]", "\\centering", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
-    lines.append(" & ".join(latex_escape(h) for h in headers) + " \\\\")
-    lines.append("\\midrule")
-    for row in rows:
-        lines.append(" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\")
+    lines += [" & ".join(latex_escape(h) for h in headers) + " \\\\", "\\midrule"]
+    lines += [" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\" for row in rows]
     lines += ["\\bottomrule", "\\end{tabular}"]
     if caption:
         lines.append(f"\\caption{{{caption}}}")
