@@ -1,6 +1,5 @@
-"""How far two judges agree, from their final rows keyed by task id (read by stages/agreement.py): Cohen's κ and the
-2×2 table, overall, per category and per rubric item, the response_format modes of each side (modes that differ: a
-format A/B), and for files of one judge model their flip rate and Fleiss' κ."""
+"""How far judges agree, from their final rows keyed by task id: Cohen's κ and the 2×2 table overall, per category
+and per rubric item, each side's response_format modes; files of one judge model: flip rate and Fleiss' κ."""
 
 from collections import Counter
 from collections.abc import Iterable

@@ -405,8 +405,7 @@ def compare(
 
 
 def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
-    """The model's items by (cluster, label, code, the baseline's code or None where it lacks the item), and the
-    baseline's items the model lacks by (label, code)."""
+    """The model's items by (cluster, label, code, baseline's code or None), the baseline's only by (label, code)."""
     theirs: Sequence[int | None] = baseline.codes
     only_theirs: Counter = Counter()
     if model.keys != baseline.keys:

@@ -111,8 +111,7 @@ def _shown(value: Any) -> str:
 
 
 def changes(before: dict, after: dict) -> list[dict]:
-    """What differs between two nights' facts: served names as sets, settings key by key, the dataset by what both
-    nights recorded."""
+    """What differs between two nights' facts: served names as sets, settings key by key, the dataset where known."""
     out = []
     for what in (*FLAGGING, *REPORTED):
         old, new = before.get(what), after.get(what)
@@ -441,8 +440,7 @@ def verdict(
     alpha: float,
     about: dict,
 ) -> dict:
-    """A complete night's verdict: exit 8 when the headline moved beyond noise against the previous night or the
-    baseline, or a flagging fact changed since the previous night."""
+    """A night's verdict: exit 8 when the headline moved beyond noise or a flagging fact changed since last night."""
     tonight = Night(folder)
     before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
     pinned = None

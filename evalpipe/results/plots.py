@@ -1,5 +1,4 @@
-"""PNG bar charts of the leaderboard: models × figures, the item-level mean with its 95% interval (without item-level
-data, the mean over runs ± std). matplotlib is optional (requirements-report.txt): without it, no plots."""
+"""PNG bar charts of the leaderboard (models × figures); matplotlib is optional (requirements-report.txt)."""
 
 import io
 import re

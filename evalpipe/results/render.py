@@ -1,5 +1,4 @@
-"""aggregate's tables as Markdown, CSV and LaTeX: the leaderboard, the item-level estimates, the run-to-run
-table of the papers, power, the paired comparisons and judge agreement (figures' keys: results/items.py)."""
+"""aggregate's tables (leaderboard, item-level, run-to-run, power, comparisons, agreement) as Markdown, CSV, LaTeX."""
 
 from collections.abc import Callable
 from typing import NamedTuple

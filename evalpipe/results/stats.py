@@ -1,6 +1,5 @@
-"""Statistics over runs and over items, after E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640):
-every item-level figure is a ratio of item means R = ā / b̄, linearised per item as ψ_i = (a_i − R·b_i) / b̄
-(the delta method). docs/statistics.md states each formula and where it comes from."""
+"""Statistics over runs and over items, after E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640); each
+formula and where it comes from: docs/statistics.md."""
 
 import math
 import operator

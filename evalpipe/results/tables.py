@@ -1,6 +1,5 @@
-"""Tables out of figures: Markdown, CSV and LaTeX text. A cell may hold text from a dataset or a model: Markdown
-cells are HTML-escaped (shown, never run, where Markdown becomes HTML), CSV cells a spreadsheet would read as a
-formula get a leading '."""
+"""Markdown, CSV and LaTeX tables. Cells may hold a dataset's or a model's text: Markdown cells are HTML-escaped,
+CSV cells a spreadsheet would read as a formula get a leading '."""
 
 import csv
 import html
