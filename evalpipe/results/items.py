@@ -104,11 +104,8 @@ class ModelItems:
             self.keys = first["keys"]
             aligned = list(runs)
         else:  # runs over different task sets: every item of any run, in first-seen order
-            position: dict[Hashable, int] = {}
-            for r in runs:
-                for key in r["keys"]:
-                    position.setdefault(key, len(position))
-            self.keys = list(position)
+            self.keys = list(dict.fromkeys(key for r in runs for key in r["keys"]))
+            position = {key: i for i, key in enumerate(self.keys)}
             aligned = [_realigned(r, position) for r in runs]
         n = len(self.keys)
         self.n_runs = len(aligned)

@@ -154,7 +154,6 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("publish: huggingface_hub is not installed: `make publish` installs it", file=sys.stderr)
         return EXIT_BAD_INPUT
-
     try:
         commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)
     except HfHubHTTPError as exc:
