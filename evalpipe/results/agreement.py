@@ -139,11 +139,8 @@ def _line(f: dict) -> str:
 
 
 def format_report(section: dict) -> str:
-    lines = [
-        "Judge agreement"
-        + (f" (pooled over {', '.join(section['pooled_over_runs'])})" if "pooled_over_runs" in section else "")
-        + ":"
-    ]
+    pooled = f" (pooled over {', '.join(section['pooled_over_runs'])})" if "pooled_over_runs" in section else ""
+    lines = [f"Judge agreement{pooled}:"]
     for pair in section["pairs"]:
         lines.append(f"  {pair['a']} ({pair['judge_model_a'] or '?'}) vs {pair['b']} ({pair['judge_model_b'] or '?'}):")
         lines.append(f"    overall: {_line(pair['overall'])}")

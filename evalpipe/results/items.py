@@ -328,9 +328,7 @@ class Bootstrap:
             "resampled": "clusters" if clustered else "items",
             "replicates": self.replicates,
             "seed": self.seed,
-            "ci95": [stats.percentile(finite, (1 - LEVEL) / 2), stats.percentile(finite, (1 + LEVEL) / 2)]
-            if finite
-            else None,
+            "ci95": [stats.percentile(finite, q) for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2)] if finite else None,
             "se": stats.std(finite) if len(finite) > 1 else None,
             "undefined_replicates": len(draws) - len(finite),
         }

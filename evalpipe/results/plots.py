@@ -81,13 +81,6 @@ def write_all(bench, models: list[dict], out_dir: Path, std_kind: str) -> list[P
     written = [bar_chart(out_dir / "aggregate.png", bench.name, models, lambda m: m["figures"], std_key)]
     for title in dict.fromkeys(t for m in models for t in m["extra_tables"]):
         slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
-        written.append(
-            bar_chart(
-                out_dir / f"aggregate-{slug}.png",
-                f"{bench.name}: {title}",
-                models,
-                lambda m, t=title: m["extra_tables"].get(t, {}),
-                std_key,
-            )
-        )
+        path, name = out_dir / f"aggregate-{slug}.png", f"{bench.name}: {title}"
+        written.append(bar_chart(path, name, models, lambda m, t=title: m["extra_tables"].get(t, {}), std_key))
     return written
