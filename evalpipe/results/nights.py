@@ -12,6 +12,7 @@ import orjson
 from ..errors import EXIT_CHANGED, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths
 from . import items, plots, stats, tables
+from .items import ItemFigure
 from .shapes import row_id
 from .tables import signed
 from .viewer.collect import passed
@@ -52,7 +53,7 @@ class Night:
         self.passes: dict[str, int] = jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
 
 
-def _headline(figures: Sequence[items.ItemFigure]) -> items.ItemFigure:
+def _headline(figures: Sequence[ItemFigure]) -> ItemFigure:
     """The figure a verdict rests on: the first of the headline table (the leaderboard sorts by it)."""
     return next(f for f in figures if not f.table and f.by is None)
 
@@ -139,7 +140,7 @@ def _moved(result: dict, alpha: float) -> bool:
     return result.get("se") == 0 and abs(result.get("diff") or 0.0) > 1e-12
 
 
-def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, alpha: float) -> dict:
+def compare(figures: Sequence[ItemFigure], before: Night, after: Night, alpha: float) -> dict:
     """Tonight (`after`) against an earlier night, paired task by task: headline, biggest moves, flips, changes."""
     tonight, earlier = after.items, before.items
     head = _headline(figures)
@@ -179,7 +180,7 @@ def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, al
     }
 
 
-def estimate(figures: Sequence[items.ItemFigure], night: Night) -> dict:
+def estimate(figures: Sequence[ItemFigure], night: Night) -> dict:
     """A night's headline figure with its interval over tasks (clustered where the benchmark clusters)."""
     head = _headline(figures)
     found = items.estimate(night.items, head, None, None)
@@ -433,12 +434,7 @@ def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -
 
 
 def verdict(
-    figures: Sequence[items.ItemFigure],
-    folder: Path,
-    previous: Path | None,
-    baseline: Path | None,
-    alpha: float,
-    about: dict,
+    figures: Sequence[ItemFigure], folder: Path, previous: Path | None, baseline: Path | None, alpha: float, about: dict
 ) -> dict:
     """A night's verdict: exit 8 when the headline moved beyond noise or a flagging fact changed since last night."""
     tonight = Night(folder)

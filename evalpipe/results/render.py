@@ -223,9 +223,8 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
     notes += provenance_notes(models)
     md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
     md.append("\n\n".join(notes) + "\n")
-    tex.append(
-        tables.latex_table(headers, tex_rows, caption=tables.latex_escape(f"{bench.name}: leaderboard, in percent"))
-    )
+    caption = tables.latex_escape(f"{bench.name}: leaderboard, in percent")
+    tex.append(tables.latex_table(headers, tex_rows, caption=caption))
 
 
 def _figure_tables(
