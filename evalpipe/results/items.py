@@ -33,11 +33,9 @@ class ItemFigure:
     table: str = ""  # "" for the headline table, else the title of an extra table
     proportion: bool = True  # per run, num ∈ {0, 1} and num ≤ den ∈ {0, 1}: Wilson applies
     bounds: tuple[float | None, float | None] = (0.0, 1.0)  # the values it can take (None: unbounded)
-    # where score.json keeps the run's value: keys joined by "/", "{}" the group value ("{-}": with "_" written
-    # "-"); None: not kept, the leaderboard computes it with `run`
+    # where score.json keeps the run's value: keys joined by "/", "{}" the group value ("{-}": "_" written "-")
     key: str | None = None
-    # the run's value from score.json's other figures, where the reference computes it so and not as the ratio of
-    # sums (F1 from precision and recall: the same number to the last digit)
+    # the run's value from score.json's other figures where the reference computes it so (F1 from precision, recall)
     run: Callable[[dict], float | None] | None = None
 
 
