@@ -247,8 +247,7 @@ def report(verdict: dict, link: str | None) -> str:
                 verdict_word = "every paired task scored alike: nothing to test"
             lines.append(
                 f"  {h['figure']}: {signed(h['diff'])} points {_interval(h['ci95'], diff=True)}, "
-                f"{_p_text(h['p_value'])} "
-                f"({verdict_word}), paired on {h['n_items']} tasks"
+                f"{_p_text(h['p_value'])} ({verdict_word}), paired on {h['n_items']} tasks"
                 + (f" in {h['n_clusters']} clusters" if h.get("n_clusters") else "")
                 + (f", {h['n_left_out']} left out" if h.get("n_left_out") else "")
             )
@@ -264,11 +263,8 @@ def report(verdict: dict, link: str | None) -> str:
         if c["moves"]:
             lines.append("  biggest moves of the other figures:")
             for m in c["moves"]:
-                star = " *" if m["beyond_noise"] else ""
-                lines.append(
-                    f"    {m['figure']}: {signed(m['diff'])} {_interval(m['ci95'], diff=True)} {_p_text(m['p_value'])}"
-                    f"{star}"
-                )
+                shown = f"{signed(m['diff'])} {_interval(m['ci95'], diff=True)} {_p_text(m['p_value'])}"
+                lines.append(f"    {m['figure']}: {shown}" + (" *" if m["beyond_noise"] else ""))
         flips = c["flips"]
         lines.append(
             f"  flipped: {flips['to_fail'] + flips['to_pass']} of {flips['paired']} tasks "
@@ -377,19 +373,13 @@ def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -
     else:
         lines.append("Run-to-run noise: not measured yet (it needs two complete nights).")
     lines.append("")
-    table = [
-        [
-            r["night"],
-            f"{tables.pct(r['value'])} {_interval(r['ci95'])}",
-            "-" if r["diff"] is None else f"{signed(r['diff'])} {_interval(r['diff_ci95'], diff=True)}",
-            "-" if r["p_value"] is None else f"{r['p_value']:.2g}",
-            "-" if r["flipped"] is None else str(r["flipped"]),
-            r["served_model"],
-            r["judge_served"],
-            r["flag"] or "-",
-        ]
-        for r in reversed(rows)
-    ]
+    table = []
+    for r in reversed(rows):
+        value = f"{tables.pct(r['value'])} {_interval(r['ci95'])}"
+        change = "-" if r["diff"] is None else f"{signed(r['diff'])} {_interval(r['diff_ci95'], diff=True)}"
+        p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
+        flipped = "-" if r["flipped"] is None else str(r["flipped"])
+        table.append([r["night"], value, change, p, flipped, r["served_model"], r["judge_served"], r["flag"] or "-"])
     headers = ["Night", f"{figure} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
     lines.append(tables.markdown_table([*headers, "Served model", "Judge served", "Flag"], table))
     if plotted:
