@@ -1,6 +1,5 @@
-"""How far two judges agree, from their final rows keyed by task id (read by stages/agreement.py): Cohen's κ and the
-2×2 table, overall, per category and per rubric item, the response_format modes of each side (modes that differ: a
-format A/B), and for files of one judge model their flip rate and Fleiss' κ."""
+"""How far judges agree, from their final rows keyed by task id: Cohen's κ and the 2×2 table overall, per category
+and per rubric item, each side's response_format modes; files of one judge model: flip rate and Fleiss' κ."""
 
 from collections import Counter
 from collections.abc import Iterable
@@ -64,16 +63,10 @@ def compare(a: Rows, b: Rows) -> dict:
     categories: dict[str, list] = {}
     for k in common:
         categories.setdefault(a[k]["category"], []).append((a[k]["score"], b[k]["score"]))
-    rubric_pairs: list[tuple[int, int]] = []
-    rubric_rows = 0
-    for k in common:
-        sa, sb = a[k]["statuses"], b[k]["statuses"]
-        if sa is not None and sb is not None and len(sa) == len(sb):
-            rubric_rows += 1
-            rubric_pairs += zip(sa, sb)
-    rubric = _table_figures(rubric_pairs) if rubric_pairs else None
-    if rubric is not None:
-        rubric["tasks"] = rubric_rows
+    statuses = [(a[k]["statuses"], b[k]["statuses"]) for k in common]
+    rubric_rows = [(sa, sb) for sa, sb in statuses if sa is not None and sb is not None and len(sa) == len(sb)]
+    rubric_pairs = [pair for sa, sb in rubric_rows for pair in zip(sa, sb)]
+    rubric = _table_figures(rubric_pairs) | {"tasks": len(rubric_rows)} if rubric_pairs else None
     formats_a = _counts(a[k]["format"] for k in common)
     formats_b = _counts(b[k]["format"] for k in common)
     return {
@@ -102,12 +95,12 @@ def repeated(files: list[Rows]) -> dict:
 
 def report(files: dict[str, tuple[Rows, int, str | None]]) -> dict:
     """Every file (name → final rows, provisional rows, judge model) against the first; repeats of one judge model."""
-    names = list(files)
-    first = names[0]
-    pairs = []
-    for name in names[1:]:
-        pair = compare(files[first][0], files[name][0])
-        pairs.append({"a": first, "b": name, "judge_model_a": files[first][2], "judge_model_b": files[name][2]} | pair)
+    first, *others = files
+    pairs = [
+        {"a": first, "b": name, "judge_model_a": files[first][2], "judge_model_b": files[name][2]}
+        | compare(files[first][0], files[name][0])
+        for name in others
+    ]
     by_model: dict[str, list[str]] = {}
     for name, (_, _, model) in files.items():
         if model is not None:
@@ -146,12 +139,8 @@ def _line(f: dict) -> str:
 
 
 def format_report(section: dict) -> str:
-    """The agreement section as text (score prints it; the CLI too)."""
-    lines = [
-        "Judge agreement"
-        + (f" (pooled over {', '.join(section['pooled_over_runs'])})" if "pooled_over_runs" in section else "")
-        + ":"
-    ]
+    pooled = f" (pooled over {', '.join(section['pooled_over_runs'])})" if "pooled_over_runs" in section else ""
+    lines = [f"Judge agreement{pooled}:"]
     for pair in section["pairs"]:
         lines.append(f"  {pair['a']} ({pair['judge_model_a'] or '?'}) vs {pair['b']} ({pair['judge_model_b'] or '?'}):")
         lines.append(f"    overall: {_line(pair['overall'])}")

@@ -1,6 +1,5 @@
-"""Where results are (make report, the viewer, publish): the results roots at or below an outputs folder, up to
-MAX_DEPTH levels down (e.g. outputs/demo/), that hold <bench>/<model>/run-<K>/ folders holding what the caller asks.
-"""
+"""Where results are (make report, the viewer, publish): the results roots at or below an outputs folder that hold
+<bench>/<model>/run-<K>/ folders holding what the caller asks."""
 
 from collections.abc import Callable, Iterable
 from pathlib import Path

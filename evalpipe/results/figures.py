@@ -11,8 +11,7 @@ HEADLINE = ""  # the `table` of the headline figures
 
 
 def write(figures: Sequence[ItemFigure], columns: ItemColumns, metrics: dict) -> dict:
-    """Each figure's run value into `metrics` at its key: Σnum / Σden over the items (None counts as 0; without
-    `den`, over all items; 0/0 is 0.0), per group value for a `by` figure; then the `run` figures, from those."""
+    """Each figure's run value into `metrics` at its key (per group value for a `by` figure), then the `run` ones."""
     everything = range(len(columns["keys"]))
     for figure in figures:
         if figure.key is None or figure.run is not None:
@@ -51,7 +50,6 @@ def tables(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, dict[str, 
 
 
 def headline(figures: Sequence[ItemFigure], metrics: dict) -> dict[str, float | None]:
-    """The headline figures of a run's score.json, by name in display order."""
     return tables(figures, metrics)[HEADLINE]
 
 

@@ -1,9 +1,5 @@
-"""Item-level uncertainty: each figure a ratio of item means (a task averaged over the runs that graded it) with a
-delta-method standard error, clustered where the benchmark names a cluster; paired model comparisons.
-docs/statistics.md explains the methods.
-
-Items are counted, not listed: identical items (cluster, group labels, every run's value of every column) are one
-entry with a weight, so a million CoinFlip tasks over three runs are a few hundred entries."""
+"""Item-level uncertainty and paired model comparisons (docs/statistics.md). Items are counted, not listed: identical
+items (cluster, group labels, every run's value of every column) are one weighted entry."""
 
 import math
 import random
@@ -27,11 +23,8 @@ MDE_RUNS = (1, 3, 5, 10)  # runs per item the minimum detectable difference is p
 
 @dataclass(frozen=True)
 class ItemFigure:
-    """One figure a benchmark reports, declared once (figures.py makes the run's value and reads it back):
-    a ratio of item-column sums, Σnum / Σden (den None: over all items), 0.0 when that is 0/0.
-
-    aggregate's item-level estimate is the same ratio of item means. With `by`, one figure per value
-    of that group column, named `name.format(value)`."""
+    """One figure a benchmark reports: Σnum / Σden over items (den None: over all items; 0/0 is 0.0); with `by`,
+    one figure per value of that group column, named `name.format(value)`."""
 
     name: str
     num: str
@@ -40,17 +33,14 @@ class ItemFigure:
     table: str = ""  # "" for the headline table, else the title of an extra table
     proportion: bool = True  # per run, num ∈ {0, 1} and num ≤ den ∈ {0, 1}: Wilson applies
     bounds: tuple[float | None, float | None] = (0.0, 1.0)  # the values it can take (None: unbounded)
-    # where score.json keeps the run's value: keys joined by "/", "{}" the group value ("{-}": with "_" written
-    # "-"); None: not kept, the leaderboard computes it with `run`
+    # where score.json keeps the run's value: keys joined by "/", "{}" the group value ("{-}": "_" written "-")
     key: str | None = None
-    # the run's value from score.json's other figures, where the reference computes it so and not as the ratio of
-    # sums (F1 from precision and recall: the same number to the last digit)
+    # the run's value from score.json's other figures where the reference computes it so (F1 from precision, recall)
     run: Callable[[dict], float | None] | None = None
 
 
 def display_interval(items: dict) -> tuple[float, float] | None:
-    """An estimate's 95% interval clipped to the values its figure can take (rates, F1: [0, 1]), for display.
-    Estimates written before `bounds` was recorded: rates are clipped to [0, 1], other figures not."""
+    """An estimate's 95% interval clipped to its figure's bounds (estimates without `bounds`: rates to [0, 1])."""
     ci = items.get("ci95")
     if not ci:
         return None
@@ -97,8 +87,6 @@ def read(path: Path) -> tuple[str | None, ItemColumns]:
     return data.get("cluster"), columns
 
 
-# ---- one model's runs merged into item means
-
 Entry = tuple[Hashable, float, float, int, int]  # (cluster, a, b, runs that graded it, how many such items)
 
 
@@ -114,11 +102,8 @@ class ModelItems:
             self.keys = first["keys"]
             aligned = list(runs)
         else:  # runs over different task sets: every item of any run, in first-seen order
-            position: dict[Hashable, int] = {}
-            for r in runs:
-                for key in r["keys"]:
-                    position.setdefault(key, len(position))
-            self.keys = list(position)
+            self.keys = list(dict.fromkeys(key for r in runs for key in r["keys"]))
+            position = {key: i for i, key in enumerate(self.keys)}
             aligned = [_realigned(r, position) for r in runs]
         n = len(self.keys)
         self.n_runs = len(aligned)
@@ -139,8 +124,7 @@ class ModelItems:
             raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
-        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k. An item graded
-        in no run counts as 0 in a plain mean and adds nothing to a ratio."""
+        """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
@@ -172,12 +156,8 @@ class ModelItems:
     def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
         """The figure's items (of the group value `label` for a `by` figure), counted."""
         values = self.values(figure.num, figure.den)
-        out = []
-        for (cluster, item_label, code), count in self.counts(figure.by).items():
-            if figure.by is None or item_label == label:
-                a, b, k = values[code]
-                out.append((cluster, a, b, k, count))
-        return out
+        counted = self.counts(figure.by).items()
+        return [(c, *values[code], n) for (c, item, code), n in counted if figure.by is None or item == label]
 
     def subsets(self, figure: ItemFigure) -> Iterator[tuple[str, Hashable]]:
         """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
@@ -212,22 +192,13 @@ def _realigned(run: ItemColumns, position: dict[Hashable, int]) -> ItemColumns:
 
 
 def _merged_groups(runs: list[ItemColumns]) -> dict[str, list]:
-    """Group labels per item from whichever run has the item."""
-    merged: dict[str, list] = {}
-    for r in runs:
-        for name, labels in r["groups"].items():
-            current = merged.setdefault(name, list(labels))
-            for i, label in enumerate(labels):
-                if current[i] is None:
-                    current[i] = label
-    return merged
-
-
-# ---- one figure of one model
+    """Group labels per item from the first run that has the item."""
+    names = dict.fromkeys(name for r in runs for name in r["groups"])
+    columns = {name: [r["groups"][name] for r in runs if name in r["groups"]] for name in names}
+    return {name: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for name, c in columns.items()}
 
 
 def _se_method(figure: ItemFigure, cluster: str | None) -> str:
-    """naive (a mean over independent items), delta (a ratio), cr1:<key> (clustered), delta+cr1:<key>."""
     if cluster is None:
         return "delta" if figure.den else "naive"
     return ("delta+" if figure.den else "") + f"cr1:{cluster}"
@@ -311,13 +282,10 @@ def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
     return out
 
 
-# ---- the optional cluster bootstrap
-
 Units = tuple[list[float], list[float]]  # per resampling unit: the sum of numerators and of denominators
 
 
 def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
-    """Resampling units: clusters (their sums), or single items (each counted entry spelled out)."""
     if clustered:
         sums: dict[Hashable, list[float]] = {}
         for cluster, a, b, _, w in entries:
@@ -341,7 +309,6 @@ class Bootstrap:
     seed: int
 
     def interval(self, sides: list[Units], label: str, clustered: bool) -> dict:
-        """Bootstrap the ratio Σa/Σb of one side, or the difference of two sides' ratios on the same draws."""
         count = len(sides[0][0])
         rng = random.Random(f"{self.seed}:{label}")
         draws: list[float] = []
@@ -359,15 +326,10 @@ class Bootstrap:
             "resampled": "clusters" if clustered else "items",
             "replicates": self.replicates,
             "seed": self.seed,
-            "ci95": [stats.percentile(finite, (1 - LEVEL) / 2), stats.percentile(finite, (1 + LEVEL) / 2)]
-            if finite
-            else None,
+            "ci95": [stats.percentile(finite, q) for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2)] if finite else None,
             "se": stats.std(finite) if len(finite) > 1 else None,
             "undefined_replicates": len(draws) - len(finite),
         }
-
-
-# ---- paired comparison of two models
 
 
 def compare(
@@ -428,18 +390,15 @@ def compare(
         t = out["diff"] / se
         out["p_value"] = math.erfc(abs(t) / math.sqrt(2)) if ci_method == "z" else stats.t_two_sided_p(t, df)
     if bootstrap is not None:
-        one = [(e[0], e[1], e[2], 0, e[5]) for e in entries]
-        two = [(e[0], e[3], e[4], 0, e[5]) for e in entries]
         clustered = clusters is not None
-        out["bootstrap"] = bootstrap.interval(
-            [_units(one, figure, clustered), _units(two, figure, clustered)], f"{name}:diff", clustered
-        )
+        sides = [[(e[0], e[i], e[i + 1], 0, e[5]) for e in entries] for i in (1, 3)]
+        units = [_units(side, figure, clustered) for side in sides]
+        out["bootstrap"] = bootstrap.interval(units, f"{name}:diff", clustered)
     return out
 
 
 def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
-    """The model's items by (cluster, label, code, the baseline's code or None where it lacks the item), and the
-    baseline's items the model lacks by (label, code)."""
+    """The model's items by (cluster, label, code, baseline's code or None), the baseline's only by (label, code)."""
     theirs: Sequence[int | None] = baseline.codes
     only_theirs: Counter = Counter()
     if model.keys != baseline.keys:

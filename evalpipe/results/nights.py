@@ -1,6 +1,5 @@
-"""The watch's nights (docs/watch.md): a night is one run, run-<YYYYMMDD>/; once complete, its verdict (watch.json)
-compares it with the previous night and a baseline. The history page is made from the verdicts alone. Reads files
-and the figures the caller hands it, never a benchmark."""
+"""The watch's nights (docs/watch.md): each complete night's verdict and the history page made from the verdicts.
+Reads files and the figures the caller hands it, never a benchmark."""
 
 import math
 import re
@@ -13,7 +12,9 @@ import orjson
 from ..errors import EXIT_CHANGED, EXIT_OK, BadInput
 from ..store import jsonl, manifest, paths
 from . import items, plots, stats, tables
+from .items import ItemFigure
 from .shapes import row_id
+from .tables import signed
 from .viewer.collect import passed
 
 VERDICT = "watch.json"  # a complete night's verdict, in its run folder
@@ -31,19 +32,12 @@ REPORTED = ("served fingerprint", "judge's fingerprint", "endpoint", "model sett
 
 
 def night_name(run: int) -> str:
-    """`2026-11-26` for run 20261126."""
     text = f"{run:08d}"
     return f"{text[:4]}-{text[4:6]}-{text[6:]}"
 
 
 def run_number(night: str) -> int:
-    """20261126 for `2026-11-26`: a night's run folder is run-20261126."""
     return int(night.replace("-", ""))
-
-
-def headline_figure(figures: Sequence[items.ItemFigure]) -> items.ItemFigure:
-    """The figure a night's verdict rests on: the first of the headline table (the leaderboard sorts by it)."""
-    return next(f for f in figures if not f.table and f.by is None)
 
 
 class Night:
@@ -59,8 +53,13 @@ class Night:
         self.passes: dict[str, int] = jsonl.latest_rows(folder / "judge.jsonl", row_id, passed)
 
 
+def _headline(figures: Sequence[ItemFigure]) -> ItemFigure:
+    """The figure a verdict rests on: the first of the headline table (the leaderboard sorts by it)."""
+    return next(f for f in figures if not f.table and f.by is None)
+
+
 def read_json(path: Path) -> dict:
-    """A JSON object the watch wrote ({} when absent); BadInput naming the file when it is damaged."""
+    """A JSON object the watch wrote ({} when absent)."""
     if not path.exists():
         return {}
     try:
@@ -68,9 +67,6 @@ def read_json(path: Path) -> dict:
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON ({exc})", path) from None
     return data if isinstance(data, dict) else {}
-
-
-# ---- what answered, and how
 
 
 def facts(folder: Path) -> dict:
@@ -116,8 +112,7 @@ def _shown(value: Any) -> str:
 
 
 def changes(before: dict, after: dict) -> list[dict]:
-    """What differs between two nights' facts, each with whether it flags the night: served names as sets (counts are
-    shown, not compared), settings key by key, the dataset by what both nights recorded of it."""
+    """What differs between two nights' facts: served names as sets, settings key by key, the dataset where known."""
     out = []
     for what in (*FLAGGING, *REPORTED):
         old, new = before.get(what), after.get(what)
@@ -138,9 +133,6 @@ def changes(before: dict, after: dict) -> list[dict]:
     return out
 
 
-# ---- two nights compared
-
-
 def _moved(result: dict, alpha: float) -> bool:
     """Beyond noise: p below alpha, or every paired difference the same and not zero (no spread to test)."""
     if result.get("p_value") is not None:
@@ -148,10 +140,10 @@ def _moved(result: dict, alpha: float) -> bool:
     return result.get("se") == 0 and abs(result.get("diff") or 0.0) > 1e-12
 
 
-def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, alpha: float) -> dict:
+def compare(figures: Sequence[ItemFigure], before: Night, after: Night, alpha: float) -> dict:
     """Tonight (`after`) against an earlier night, paired task by task: headline, biggest moves, flips, changes."""
     tonight, earlier = after.items, before.items
-    head = headline_figure(figures)
+    head = _headline(figures)
     result = items.compare(tonight, earlier, head, head.name, None)
     headline = None if result is None else {"figure": head.name, **result}
     moves = []
@@ -188,31 +180,19 @@ def compare(figures: Sequence[items.ItemFigure], before: Night, after: Night, al
     }
 
 
-def estimate(figures: Sequence[items.ItemFigure], night: Night) -> dict:
+def estimate(figures: Sequence[ItemFigure], night: Night) -> dict:
     """A night's headline figure with its interval over tasks (clustered where the benchmark clusters)."""
-    head = headline_figure(figures)
+    head = _headline(figures)
     found = items.estimate(night.items, head, None, None)
     interval = items.display_interval(found)
-    return {
-        "figure": head.name,
-        "mean": found["mean"],
-        "se": found["se"],
-        "ci95": list(interval) if interval else None,
-        "n_items": found["n_items"],
-    }
+    kept = {k: found[k] for k in ("mean", "se")}
+    return {"figure": head.name, **kept, "ci95": list(interval) if interval else None, "n_items": found["n_items"]}
 
 
-# ---- the verdict's words
-
-
-def _pt(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:+.1f}"
-
-
-def _interval(ci: Sequence[float] | None, signed: bool = False) -> str:
+def _interval(ci: Sequence[float] | None, diff: bool = False) -> str:
     if not ci:
         return "[-]"
-    shown = _pt if signed else tables.pct
+    shown = signed if diff else tables.pct
     return f"[{shown(ci[0])}, {shown(ci[1])}]"
 
 
@@ -226,13 +206,13 @@ def _comparison_text(c: dict) -> str:
         return f"vs {c['night']}: no tasks in common"
     flips = c["flips"]
     return (
-        f"vs {c['night']} {_pt(h['diff'])} {_interval(h['ci95'], signed=True)} ({_p_text(h['p_value'])}, "
+        f"vs {c['night']} {signed(h['diff'])} {_interval(h['ci95'], diff=True)} ({_p_text(h['p_value'])}, "
         f"{h['n_items']} tasks, {flips['to_fail'] + flips['to_pass']} flipped)"
     )
 
 
 def summary_line(verdict: dict) -> str:
-    """The one line a night prints: what it says, the headline with its interval, the comparisons, the served model."""
+    """The one line a night prints."""
     head = verdict["headline"]
     where = f"watch: {verdict['benchmark']} {verdict['model']} {verdict['night']}"
     if verdict["exit_code"]:
@@ -261,16 +241,13 @@ def report(verdict: dict, link: str | None) -> str:
         h = c["headline"]
         lines.append(f"Against the {label}, {c['night']}:")
         if h is not None:
-            if _moved(h, alpha):
-                verdict_word = f"beyond noise at two-sided alpha {alpha:g}"
-            elif h["p_value"] is None:
+            moved = _moved(h, alpha)
+            verdict_word = f"{'beyond' if moved else 'within'} noise at two-sided alpha {alpha:g}"
+            if not moved and h["p_value"] is None:
                 verdict_word = "every paired task scored alike: nothing to test"
-            else:
-                verdict_word = f"within noise at two-sided alpha {alpha:g}"
             lines.append(
-                f"  {h['figure']}: {_pt(h['diff'])} points {_interval(h['ci95'], signed=True)}, "
-                f"{_p_text(h['p_value'])} "
-                f"({verdict_word}), paired on {h['n_items']} tasks"
+                f"  {h['figure']}: {signed(h['diff'])} points {_interval(h['ci95'], diff=True)}, "
+                f"{_p_text(h['p_value'])} ({verdict_word}), paired on {h['n_items']} tasks"
                 + (f" in {h['n_clusters']} clusters" if h.get("n_clusters") else "")
                 + (f", {h['n_left_out']} left out" if h.get("n_left_out") else "")
             )
@@ -286,29 +263,22 @@ def report(verdict: dict, link: str | None) -> str:
         if c["moves"]:
             lines.append("  biggest moves of the other figures:")
             for m in c["moves"]:
-                star = " *" if m["beyond_noise"] else ""
-                lines.append(
-                    f"    {m['figure']}: {_pt(m['diff'])} {_interval(m['ci95'], signed=True)} {_p_text(m['p_value'])}"
-                    f"{star}"
-                )
+                shown = f"{signed(m['diff'])} {_interval(m['ci95'], diff=True)} {_p_text(m['p_value'])}"
+                lines.append(f"    {m['figure']}: {shown}" + (" *" if m["beyond_noise"] else ""))
         flips = c["flips"]
         lines.append(
             f"  flipped: {flips['to_fail'] + flips['to_pass']} of {flips['paired']} tasks "
             f"({flips['to_fail']} pass -> fail, {flips['to_pass']} fail -> pass)"
         )
-        if flips["first_to_fail"]:
-            lines.append("    pass -> fail: " + ", ".join(map(_shown, flips["first_to_fail"])))
-        if flips["first_to_pass"]:
-            lines.append("    fail -> pass: " + ", ".join(map(_shown, flips["first_to_pass"])))
+        for key, words in (("first_to_fail", "pass -> fail"), ("first_to_pass", "fail -> pass")):
+            if flips[key]:
+                lines.append(f"    {words}: " + ", ".join(map(_shown, flips[key])))
     if any(m["beyond_noise"] for c in (verdict["previous"], verdict["baseline"]) if c for m in c["moves"]):
         lines.append(f"(* beyond noise at alpha {alpha:g}, each figure on its own: only the headline decides)")
     if link:
         lines.append(f"Compare the two nights: {link}")
     lines.append(f"History: {verdict['history']}")
     return "\n".join(lines) + "\n"
-
-
-# ---- the history page
 
 
 def verdicts(model_dir: Path) -> list[dict]:
@@ -318,8 +288,8 @@ def verdicts(model_dir: Path) -> list[dict]:
 
 
 def noise(history: list[dict], alpha: float) -> dict | None:
-    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the smallest change of the pass
-    rate a night detects at two-sided `alpha`: a paired difference of 0/1 scores has variance flip rate / tasks."""
+    """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the pass rate's MDE at
+    two-sided `alpha`: a paired difference of 0/1 scores has variance flip rate / tasks."""
     pairs = [v["previous"] for v in history if v.get("previous")]
     quiet = [c for c in pairs if not c["flagged"]] or pairs
     flipped = sum(c["flips"]["to_fail"] + c["flips"]["to_pass"] for c in quiet)
@@ -364,15 +334,12 @@ def _row(v: dict) -> dict:
 
 
 def _csv_cells(row: dict) -> list:
-    """A history row's values, each interval as two cells (None: an empty cell, as csv writes it)."""
-    cells: list = []
-    for key, value in row.items():
-        cells += (value or [None, None]) if key.endswith("ci95") else [value]
-    return cells
+    """A history row's values, each interval as two cells."""
+    return [c for k, v in row.items() for c in ((v or [None, None]) if k.endswith("ci95") else [v])]
 
 
 def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]:
-    """history.{json,csv,md} from the verdicts (history.png with `plot`: make report's, a night never waits for it)."""
+    """history.{json,csv,md} from the verdicts (history.png with `plot`: make report's; a night never waits for it)."""
     found = verdicts(model_dir)
     if not found:
         return []
@@ -406,19 +373,13 @@ def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -
     else:
         lines.append("Run-to-run noise: not measured yet (it needs two complete nights).")
     lines.append("")
-    table = [
-        [
-            r["night"],
-            f"{tables.pct(r['value'])} {_interval(r['ci95'])}",
-            "-" if r["diff"] is None else f"{_pt(r['diff'])} {_interval(r['diff_ci95'], signed=True)}",
-            "-" if r["p_value"] is None else f"{r['p_value']:.2g}",
-            "-" if r["flipped"] is None else str(r["flipped"]),
-            r["served_model"],
-            r["judge_served"],
-            r["flag"] or "-",
-        ]
-        for r in reversed(rows)
-    ]
+    table = []
+    for r in reversed(rows):
+        value = f"{tables.pct(r['value'])} {_interval(r['ci95'])}"
+        change = "-" if r["diff"] is None else f"{signed(r['diff'])} {_interval(r['diff_ci95'], diff=True)}"
+        p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
+        flipped = "-" if r["flipped"] is None else str(r["flipped"])
+        table.append([r["night"], value, change, p, flipped, r["served_model"], r["judge_served"], r["flag"] or "-"])
     headers = ["Night", f"{figure} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
     lines.append(tables.markdown_table([*headers, "Served model", "Judge served", "Flag"], table))
     if plotted:
@@ -453,29 +414,19 @@ def history_sections(results: list[tuple[Path, list[str]]], outputs_dir: Path) -
     out = []
     for root, present in results:
         for bench in present:
-            for model_dir in sorted((root / bench).iterdir()):
-                if not model_dir.is_dir() or not (model_dir / f"{HISTORY}.md").exists():
-                    continue
-                link = model_dir.relative_to(outputs_dir).as_posix()
-                write_history(model_dir, f"{bench} / {model_dir.name}", plot=True)
-                page = model_dir / f"{HISTORY}.md"
-                text = page.read_text(encoding="utf-8")
-                text = re.sub(r"^## ", "### ", text, flags=re.MULTILINE)
+            for page in sorted((root / bench).glob(f"*/{HISTORY}.md")):
+                link = page.parent.relative_to(outputs_dir).as_posix()
+                write_history(page.parent, f"{bench} / {page.parent.name}", plot=True)
+                text = re.sub(r"^## ", "### ", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
                 text = text.replace(f"]({HISTORY}.", f"]({link}/{HISTORY}.")
                 out.append(f"## Watch history: {link}\n\n{text}")
     return out
 
 
 def verdict(
-    figures: Sequence[items.ItemFigure],
-    folder: Path,
-    previous: Path | None,
-    baseline: Path | None,
-    alpha: float,
-    about: dict,
+    figures: Sequence[ItemFigure], folder: Path, previous: Path | None, baseline: Path | None, alpha: float, about: dict
 ) -> dict:
-    """A complete night's verdict; exit code 8 when the headline moved beyond noise against the previous night or the
-    baseline, or a flagging fact changed since the previous night. `about`: what the verdict names."""
+    """A night's verdict: exit 8 when the headline moved beyond noise or a flagging fact changed since last night."""
     tonight = Night(folder)
     before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
     pinned = None

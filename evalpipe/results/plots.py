@@ -1,5 +1,4 @@
-"""PNG bar charts of the leaderboard: models × figures, the item-level mean with its 95% interval (without item-level
-data, the mean over runs ± std). matplotlib is optional (requirements-report.txt): without it, no plots."""
+"""PNG bar charts of the leaderboard (models × figures); matplotlib is optional (requirements-report.txt)."""
 
 import io
 import re
@@ -38,7 +37,6 @@ def _bar(figure: dict | None, std_key: str) -> tuple[float, float, float, bool]:
 
 
 def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: str) -> Path:
-    """Grouped bars: one group per figure, one bar per model, in percent, with error bars."""
     plt = _pyplot()
     names = list(dict.fromkeys(n for m in models for n in figures_of(m)))
     width = 0.8 / max(1, len(models))
@@ -68,7 +66,6 @@ def bar_chart(path: Path, title: str, models: list[dict], figures_of, std_key: s
 
 
 def save(plt, fig, path: Path, **options) -> Path:
-    """Write `fig` as a PNG at `path` (atomically, as every output) and close it."""
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": None}, **options)
     plt.close(fig)
@@ -84,13 +81,6 @@ def write_all(bench, models: list[dict], out_dir: Path, std_kind: str) -> list[P
     written = [bar_chart(out_dir / "aggregate.png", bench.name, models, lambda m: m["figures"], std_key)]
     for title in dict.fromkeys(t for m in models for t in m["extra_tables"]):
         slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
-        written.append(
-            bar_chart(
-                out_dir / f"aggregate-{slug}.png",
-                f"{bench.name}: {title}",
-                models,
-                lambda m, t=title: m["extra_tables"].get(t, {}),
-                std_key,
-            )
-        )
+        path, name = out_dir / f"aggregate-{slug}.png", f"{bench.name}: {title}"
+        written.append(bar_chart(path, name, models, lambda m, t=title: m["extra_tables"].get(t, {}), std_key))
     return written

@@ -1,13 +1,5 @@
-"""A benchmark's results as a Hugging Face Hub dataset: `make publish BENCH=coin_flip REPO=owner/name`.
-
-    python -m evalpipe.results.publish BENCH REPO [--outputs-dir outputs] [--with-prompts] [--private]
-
-One commit holds, under `<bench>/`, samples.jsonl (a row per model × run × task; prompts and answers only
---with-prompts), leaderboard.jsonl, aggregate.md/.json/.csv and the stages' manifests, and README.md, the
-dataset card naming every benchmark's configs in the repo (docs/results.md). The same results make the same
-bytes, so publishing again makes no commit; this benchmark's files no longer made are deleted. The token
-(HF_TOKEN or huggingface_hub's login) is read by huggingface_hub, never written by us; HF_ENDPOINT: another Hub.
-"""
+"""A benchmark's results as a Hugging Face Hub dataset, one commit (none when nothing changed): `make publish
+BENCH=coin_flip REPO=owner/name`. What the repo gets, and the token: docs/results.md."""
 
 import argparse
 import os
@@ -48,8 +40,7 @@ def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) 
 
 
 def inside(path: Path, root: Path) -> Path:
-    """`path`, when it is inside `root` (the outputs folder, resolved) once links are followed; else BadInput: a link
-    in a shared folder may point at any file this user can read, and publish uploads only the outputs."""
+    """`path`, when it is inside `root` once links are followed: a link may point at any file this user can read."""
     real = path.resolve()
     if not real.is_relative_to(root):
         raise BadInput(
@@ -163,7 +154,6 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("publish: huggingface_hub is not installed: `make publish` installs it", file=sys.stderr)
         return EXIT_BAD_INPUT
-
     try:
         commit, changed = publish(args.outputs_dir, args.bench, args.repo, args.with_prompts, args.private)
     except HfHubHTTPError as exc:

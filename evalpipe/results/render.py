@@ -1,5 +1,4 @@
-"""aggregate's tables as Markdown, CSV and LaTeX: the leaderboard, the item-level estimates, the run-to-run
-table of the papers, power, the paired comparisons and judge agreement (figures' keys: results/items.py)."""
+"""aggregate's tables (leaderboard, item-level, run-to-run, power, comparisons, agreement) as Markdown, CSV, LaTeX."""
 
 from collections.abc import Callable
 from typing import NamedTuple
@@ -7,7 +6,7 @@ from typing import NamedTuple
 from . import tables
 from .agreement import NOTE as AGREEMENT_NOTE
 from .items import MDE_RUNS, display_interval
-from .tables import pct
+from .tables import pct, signed
 
 MAIN = "main"  # the key of the headline table among a model's tables
 FLAG, FLAG_TEX = "†", "\\textsuperscript{\\dag}"  # beside a headline figure the benchmark flags (Benchmark.flagged)
@@ -42,6 +41,17 @@ POWER_NOTE = (
     "finds with 80% power against a model of the same variance when the two are not paired (a paired comparison, "
     "below, usually does better). Projected from the spread between each task's runs for other runs per task."
 )
+MIXED_NOTE = (
+    f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
+    "counts): a name re-pointed to another snapshot mixes two models in one row. "
+)
+THINKING_NOTE = (
+    "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
+    "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
+    "has no final answer and scores 0, as an empty answer): "
+)
+SETTINGS_NOTE = "Generation settings (from the manifests; a setting not listed was not sent): "
+NOT_SENT = "none sent (the endpoint's defaults)"
 COMPARE_NOTE = (
     "Paired comparisons: model − baseline on the tasks both graded, task by task (a task missing for either "
     "model is left out and counted), with the SE of the paired difference (clustered like the figure), its 95% "
@@ -57,41 +67,29 @@ class Tables(NamedTuple):
 
 
 def _figures_of(title: str) -> Callable[[dict], dict]:
-    """A model's figures of one table: the headline table's, or an extra table's by title."""
     return lambda m: m["figures"] if title == MAIN else m["extra_tables"].get(title, {})
 
 
 def _names(models: list[dict], figures_of: Callable[[dict], dict]) -> list[str]:
-    names: list[str] = []
-    for m in models:
-        names += [n for n in figures_of(m) if n not in names]
-    return names
+    return list(dict.fromkeys(n for m in models for n in figures_of(m)))
+
+
+def _counted(found: dict) -> str:
+    return ", ".join(f"{tables.md_escape(name)} ({n})" for name, n in found.items())
 
 
 def provenance_notes(models: list[dict]) -> list[str]:
-    """Under the leaderboard: which models were mixed (served models per row), and each row's generation settings.
-    Markdown: every name comes from a folder, a manifest or an endpoint, and is escaped."""
+    """Under the leaderboard: mixed served models, thinking, and each row's settings (every name escaped)."""
     esc = tables.md_escape
-    notes = []
-    mixed = [m for m in models if m.get("mixed_served_models")]
-    if mixed:
-        parts = []
-        for m in mixed:
-            said = [
-                f"{who} {', '.join(f'{esc(name)} ({n})' for name, n in m['served'][who].items())}"
-                for who in ("model", "judge")
-                if len(m["served"].get(who, {})) > 1
-            ]
-            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
-        notes.append(
-            f"{MIXED} Runs answered or judged by more than one served model (the rows' response_model, with "
-            "counts): a name re-pointed to another snapshot mixes two models in one row. " + ". ".join(parts) + "."
-        )
-    thought = [m for m in models if m.get("thinking")]
-    if thought:
-        parts = []
-        for m in thought:
-            t = m["thinking"]
+    mixed, thought, settings_lines = [], [], []
+    for m in models:
+        model = esc(m["model"])
+        if m.get("mixed_served_models"):
+            served = m["served"]
+            said = [f"{who} {_counted(served[who])}" for who in ("model", "judge") if len(served.get(who, {})) > 1]
+            mixed.append(f"{model}: {'; '.join(said)}")
+        t = m.get("thinking")
+        if t:
             said = []
             if t["reasoning_tokens_per_task"] is not None:
                 share = "" if t["reasoning_share"] is None else f", {pct(t['reasoning_share'])}% of the {t['share_of']}"
@@ -99,29 +97,18 @@ def provenance_notes(models: list[dict]) -> list[str]:
             if t["thinking_truncated"]:
                 said.append(f"{t['thinking_truncated']} answers ran out of tokens while thinking (scored 0)")
             if t["effort_applied"]:
-                applied = ", ".join(f"{esc(name)} ({n})" for name, n in t["effort_applied"].items())
-                said.append(f"reasoning effort applied, as the endpoint said: {applied}")
-            parts.append(f"{esc(m['model'])}: {'; '.join(said)}")
-        notes.append(
-            "Thinking, over all runs (reasoning tokens are billed as output; the share is of the whole bill, judge "
-            "included, or of the completion tokens without a price; an answer that ran out of tokens while thinking "
-            "has no final answer and scores 0, as an empty answer): " + ". ".join(parts) + "."
-        )
-    lines = []
-    for m in models:
+                said.append(f"reasoning effort applied, as the endpoint said: {_counted(t['effort_applied'])}")
+            thought.append(f"{model}: {'; '.join(said)}")
         settings = m.get("settings") or {}
-        said = []
-        for who, values in settings.items():
-            sent = ", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model")
-            said.append(f"{who}: " + (sent or "none sent (the endpoint's defaults)"))
+        said = [
+            f"{who}: " + (", ".join(f"{k} {esc(v)}" for k, v in values.items() if k != "model") or NOT_SENT)
+            for who, values in settings.items()
+        ]
         judge = (settings.get("judge") or {}).get("model")
         if said:
-            lines.append(esc(m["model"]) + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
-    if lines:
-        notes.append(
-            "Generation settings (from the manifests; a setting not listed was not sent): " + ". ".join(lines) + "."
-        )
-    return notes
+            settings_lines.append(model + (f" (judge {esc(judge)})" if judge else "") + ": " + "; ".join(said))
+    intros = [(MIXED_NOTE, mixed), (THINKING_NOTE, thought), (SETTINGS_NOTE, settings_lines)]
+    return [intro + ". ".join(parts) + "." for intro, parts in intros if parts]
 
 
 def items_cell(items: dict | None, tex: bool = False) -> str:
@@ -153,11 +140,8 @@ def runs_cell(figure: dict | None, std_key: str, with_ci: bool, tex: bool = Fals
 
 def _method(models: list[dict], figures_of: Callable[[dict], dict], name: str) -> str:
     """How a column's item-level figures were made, when all models agree (else "varies")."""
-    seen = set()
-    for m in models:
-        items = (figures_of(m).get(name) or {}).get("items")
-        if items and items.get("mean") is not None:
-            seen.add(f"{items['se_method']}, {items['ci_method'] or 'no interval'}")
+    found = [(figures_of(m).get(name) or {}).get("items") or {} for m in models]
+    seen = {f"{i['se_method']}, {i['ci_method'] or 'no interval'}" for i in found if i.get("mean") is not None}
     return seen.pop() if len(seen) == 1 else ("varies (see JSON)" if seen else "-")
 
 
@@ -215,10 +199,6 @@ def _both(models: list[dict], row: Callable[[dict, bool], list]) -> tuple[list[l
     return [row(m, False) for m in models], [row(m, True) for m in models]
 
 
-def _flag(tex: bool) -> str:
-    return FLAG_TEX if tex else f" {FLAG}"
-
-
 def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note: str, md: list, tex: list) -> None:
     """The leaderboard: the headline figure over items and over runs, the MDE and the cost, with its notes."""
     headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
@@ -228,13 +208,12 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
         figure = m["figures"].get(first)
         items = (figure or {}).get("items") or {}
         name = m["model"] + (f" {MIXED}" if m.get("mixed_served_models", False) else "")
-        counts = [_count(items.get("n_items")), _count(items.get("n_clusters"))]
+        counts = [len(m["runs"]), _count(items.get("n_items")), _count(items.get("n_clusters"))]
         cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
-        figures = [
-            items_cell(items, tex) + (_flag(tex) if m["flagged"] else ""),
-            runs_cell(figure, style.key, False, tex),
-        ]
-        return [name, len(m["runs"]), *counts, *figures, pct(items.get("mde")), cost]
+        shown = [items_cell(items, tex), runs_cell(figure, style.key, False, tex)]
+        if m["flagged"]:
+            shown[0] += FLAG_TEX if tex else f" {FLAG}"
+        return [name, *counts, *shown, pct(items.get("mde")), cost]
 
     rows, tex_rows = _both(models, row)
     notes = [ITEMS_NOTE if _has_items(models, _figures_of(MAIN)) else NO_ITEMS_NOTE]
@@ -244,9 +223,8 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
     notes += provenance_notes(models)
     md.append(f"## {bench.name}: leaderboard, in percent\n\n" + tables.markdown_table(headers, rows))
     md.append("\n\n".join(notes) + "\n")
-    tex.append(
-        tables.latex_table(headers, tex_rows, caption=tables.latex_escape(f"{bench.name}: leaderboard, in percent"))
-    )
+    caption = tables.latex_escape(f"{bench.name}: leaderboard, in percent")
+    tex.append(tables.latex_table(headers, tex_rows, caption=caption))
 
 
 def _figure_tables(
@@ -278,7 +256,7 @@ def _figure_tables(
     def runs_row(m: dict, tex: bool) -> list:
         cells = [runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex) for n in names]
         if title == MAIN and m["model"] in flagged:  # the benchmark's mark beside the headline figure
-            cells[0] += _flag(tex)
+            cells[0] += FLAG_TEX if tex else f" {FLAG}"
         return [m["model"], len(m["runs"]), *cells]
 
     rows, tex_rows = _both(models, runs_row)
@@ -311,25 +289,14 @@ def _power_table(models: list[dict], first: str | None) -> str:
     return tables.markdown_table(["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)], rows)
 
 
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:+.1f}"
-
-
 def _comparison_row(c: dict) -> list[str]:
     ci = c["ci95"]
-    interval = f"[{_signed(ci[0])}, {_signed(ci[1])}]" if ci else "-"
+    interval = f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else "-"
     p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
     correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
-    cells = [f"{_signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
-    return [
-        c["model"],
-        c["baseline"],
-        c["figure"],
-        *cells,
-        _count(c["n_clusters"]),
-        str(c["n_left_out"]),
-        pct(c["mde"]),
-    ]
+    cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
+    counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
+    return [c["model"], c["baseline"], c["figure"], *cells, *counts]
 
 
 COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
@@ -340,7 +307,7 @@ def _r(value: float | None, scale: float = 100) -> object:
     return "" if value is None else round(scale * value, 4)
 
 
-def _blank(value: int | None) -> int | str:
+def _blank(value: float | None) -> float | str:
     return "" if value is None else value
 
 
@@ -360,11 +327,10 @@ def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
             headers += [f"{prefix}{name} items {part}" for part in CSV_ITEM_COLUMNS]
             for row, m in zip(rows, models):
                 f = figures_of(m).get(name) or {}
-                ci = f.get("ci95") or [None, None]
-                if f.get("mean") is not None:
-                    row += [_r(f["mean"]), _r(f[f"std_{std_kind}"]), _r(f["stderr"]), _r(ci[0]), _r(ci[1])]
-                else:
+                if f.get("mean") is None:
                     row += [""] * 5
+                else:
+                    row += map(_r, [f["mean"], f[f"std_{std_kind}"], f["stderr"], *(f.get("ci95") or [None, None])])
                 items = f.get("items") or {}
                 ici = items.get("ci95") or [None, None]
                 row += [_r(items.get("mean")), _r(items.get("se")), _r(ici[0]), _r(ici[1])]
@@ -384,7 +350,7 @@ def _comparisons_csv(comparisons: list[dict]) -> str:
         ci = c["ci95"] or [None, None]
         rows.append(
             [c["model"], c["baseline"], c["table"], c["figure"], _r(c["diff"]), _r(c["se"]), _r(ci[0]), _r(ci[1])]
-            + ["" if c["p_value"] is None else c["p_value"], _r(c["correlation"], 1), c["n_items"]]
+            + [_blank(c["p_value"]), _r(c["correlation"], 1), c["n_items"]]
             + [_blank(c["n_clusters"]), c["n_left_out"], _r(c["mde"]), c["se_method"], c["ci_method"]]
         )
     return tables.csv_text(headers, rows)

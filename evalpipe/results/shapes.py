@@ -1,5 +1,4 @@
-"""How the viewer shows one benchmark (`benchmarks.VIEWS`): its samples' facets and details, and the figures
-its leaderboard falls back on without aggregate.json."""
+"""How the viewer shows one benchmark (`benchmarks.VIEWS`): its samples' facets and details, and its figures."""
 
 from collections.abc import Sequence
 from typing import Any

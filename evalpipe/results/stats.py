@@ -1,6 +1,5 @@
-"""Statistics over runs and over items, after E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640):
-every item-level figure is a ratio of item means R = ā / b̄, linearised per item as ψ_i = (a_i − R·b_i) / b̄
-(the delta method). docs/statistics.md states each formula and where it comes from."""
+"""Statistics over runs and over items, after E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640); each
+formula and where it comes from: docs/statistics.md."""
 
 import math
 import operator
@@ -27,16 +26,12 @@ def std(values: Sequence[float], kind: str = "sample") -> float:
 
 
 def stderr(values: Sequence[float]) -> float:
-    """Standard error of the mean, from the sample std."""
     return std(values, "sample") / math.sqrt(len(values))
 
 
 def binomial_stderr(rate: float, n: int) -> float:
     """Standard error of a rate measured over n independent items: sqrt(p(1 − p)/n)."""
     return math.sqrt(rate * (1 - rate) / n) if n else 0.0
-
-
-# ---- distributions
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -75,7 +70,7 @@ _LARGE_DF = 100_000  # beyond this, t is the normal plus its first two Cornish�
 
 
 def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| ≥ |t|) for Student's t with df degrees of freedom."""
+    """P(|T| ≥ |t|) for Student's t."""
     if df >= _LARGE_DF:
         return math.erfc(abs(t) / math.sqrt(2))
     return betainc(df / 2, 0.5, df / (df + t * t))
@@ -125,9 +120,6 @@ def wilson(successes: float, trials: float, level: float = 0.95) -> tuple[float,
     low = 0.0 if successes <= 0 else max(0.0, centre - half)
     high = 1.0 if successes >= trials else min(1.0, centre + half)
     return low, high
-
-
-# ---- item-level estimates
 
 
 class RatioEstimate:
@@ -210,7 +202,7 @@ def minimum_detectable(se_difference: float, level: float = 0.95, power: float =
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q quantile by linear interpolation between order statistics."""
+    """The q quantile, interpolated linearly between order statistics."""
     position = q * (len(sorted_values) - 1)
     low = math.floor(position)
     high = min(low + 1, len(sorted_values) - 1)

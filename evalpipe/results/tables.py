@@ -1,6 +1,5 @@
-"""Tables out of figures: Markdown, CSV and LaTeX text. A cell may hold text from a dataset or a model: Markdown
-cells are HTML-escaped (shown, never run, where Markdown becomes HTML), CSV cells a spreadsheet would read as a
-formula get a leading '."""
+"""Markdown, CSV and LaTeX tables. Cells may hold a dataset's or a model's text: Markdown cells are HTML-escaped,
+CSV cells a spreadsheet would read as a formula get a leading '."""
 
 import csv
 import html
@@ -11,7 +10,6 @@ _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def md_escape(text: object) -> str:
-    """Text for Markdown: HTML-escaped, and | escaped so that it stays in its table cell."""
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
@@ -36,9 +34,7 @@ def csv_cell(value: object) -> object:
 
 def csv_text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(map(csv_cell, headers))
-    writer.writerows(map(csv_cell, row) for row in rows)
+    csv.writer(buf, lineterminator="\n").writerows(map(csv_cell, row) for row in [headers, *rows])
     return buf.getvalue()
 
 
@@ -61,10 +57,8 @@ def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], captio
     """A booktabs table. Headers and each row's first cell are escaped; the other cells are LaTeX already."""
     spec = "l" + "r" * (len(headers) - 1)
     lines = ["\\begin{table}[ht]", "\\centering", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
-    lines.append(" & ".join(latex_escape(h) for h in headers) + " \\\\")
-    lines.append("\\midrule")
-    for row in rows:
-        lines.append(" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\")
+    lines += [" & ".join(latex_escape(h) for h in headers) + " \\\\", "\\midrule"]
+    lines += [" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\" for row in rows]
     lines += ["\\bottomrule", "\\end{tabular}"]
     if caption:
         lines.append(f"\\caption{{{caption}}}")
@@ -72,6 +66,10 @@ def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], captio
     return "\n".join(lines) + "\n"
 
 
-def pct(rate: float | None, digits: int = 1) -> str:
-    """A rate in 0..1 as a percentage with `digits` decimals, or "-" when unknown."""
-    return "-" if rate is None else f"{100 * rate:.{digits}f}"
+def pct(rate: float | None) -> str:
+    """A rate in 0..1 as a percentage, or "-" when unknown."""
+    return "-" if rate is None else f"{100 * rate:.1f}"
+
+
+def signed(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}"
