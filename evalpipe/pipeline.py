@@ -1,21 +1,10 @@
-"""The pipeline in one command whose exit code a cron job can act on; `make infer judge score ...` runs it.
+"""The pipeline in one command whose exit code a cron job can act on (make turns every failure into 2).
 
     .venv/bin/python -m evalpipe.pipeline infer judge score aggregate BENCH=clbench MODEL=gpt-4o-mini RUNS=3
+    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini  (docs/watch.md)
 
-It takes make's words: stage names (run in pipeline order whatever order they are given in) and
-VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its own process:
-  3  (incomplete: some tasks failed, or coverage is short) lets the other runs and the next stages
-     go on, and the pipeline ends with 3: rerun the same command later;
-  75 (--backend batch: batches submitted, still waiting) lets the other runs go on, then stops
-     before the next stage;
-  any other failure stops at once with that stage's code (see docs/operations.md).
-The pipeline's exit code is the first stage's that did not finish: after a 3, a later stage that
-cannot go on (score with no judge file yet) stops the pipeline but leaves the code 3.
-make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
-
-    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
-
-evaluates a served model night after night and exits 8 when something changed (evalpipe/watch.py, docs/watch.md).
+Stages run in pipeline order, each per-run stage once per run 1..RUNS in its own process; exit 3 and 75 let the
+other runs go on. How the runner's exit code is chosen: docs/operations.md#make-and-the-runner.
 """
 
 import argparse
@@ -156,8 +145,7 @@ def check_prices(plan: Plan) -> None:
 
 
 def _flag(plan: Plan, var: str, flag: str) -> list[str]:
-    value = plan.get(var)
-    return [flag, value] if value is not None else []
+    return [flag, plan.settings[var]] if plan.get(var) is not None else []
 
 
 def _cap(plan: Plan) -> list[str]:
@@ -209,20 +197,16 @@ def command(plan: Plan, stage: str) -> list[str]:
     ]
 
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
 def die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn for Popen: the kernel sends the child SIGKILL when this process dies, however it dies
-    (Linux's PR_SET_PDEATHSIG: a SIGKILL to our process group, a CI cancel, `timeout -s KILL`, a scheduler);
-    None where there is no prctl. Popen must be called from the main thread: the kernel watches the thread."""
+    """A preexec_fn for Popen: the kernel SIGKILLs the child when this process dies, however it dies (Linux's
+    PR_SET_PDEATHSIG); None elsewhere. Call Popen from the main thread: the kernel watches the thread."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     parent = os.getpid()
 
     def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, <linux/prctl.h>
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(128 + signal.SIGKILL)
 
@@ -230,12 +214,8 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class _Signals:
-    """Passes SIGINT/SIGTERM on to the running stage, one for one.
-
-    Each stage runs in a process group of its own, so a Ctrl-C reaches it only through here:
-    exactly once per press (the first lets calls in flight finish, a second abandons them), and a
-    `kill` of this process stops the stage as cleanly as a Ctrl-C. A SIGKILL, which cannot be passed on,
-    ends the stage by die_with_parent."""
+    """Passes SIGINT/SIGTERM on to the stage, which runs in a process group of its own: exactly once per press
+    (the first lets calls in flight finish, a second abandons them), and a `kill` of the runner acts as a Ctrl-C."""
 
     def __init__(self):
         self.child: subprocess.Popen | None = None
@@ -262,17 +242,11 @@ class _Signals:
             returncode = self.child.wait()
             if returncode < 0 and not self.received:
                 name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
-                _say(f"{name} was killed by {_signal_name(-returncode)}")
+                known = f" ({signal.Signals(-returncode).name})" if -returncode in set(signal.Signals) else ""
+                _say(f"{name} was killed by signal {-returncode}{known}")
             return 128 - returncode if returncode < 0 else returncode  # as a shell says killed by signal N: 128 + N
         finally:
             self.child = None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
 
 
 def _over_runs(signals: _Signals, cmd: list[str], runs: list[int]) -> int:

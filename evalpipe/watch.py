@@ -2,18 +2,10 @@
 
     .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
 
-Each night is one run of the model, named by its UTC date: OUTPUTS/watch/<bench>/<model>/run-<YYYYMMDD>/
-(NIGHT=YYYY-MM-DD sets the night, for backfills and tests). Repeating the line the same night resumes that
-night's run (infer, judge, score; a start that finds another one running exits 5); once the night is complete
-it is compared, task by task and paired, with the previous complete night (and with BASELINE=YYYY-MM-DD, a
-pinned night), its verdict is written beside it (watch.json) and the history page is made again
-(history.md, .csv, .json, .png beside the nights). Later starts that night only repeat the verdict's line.
-
-Exit codes: 0 nothing moved (one line on stdout; also the first night, with nothing to compare with yet);
-8 the headline moved beyond noise (two-sided ALPHA, default 0.01), or the served model, the judge or the
-dataset changed (a short report on stdout, for cron's mail); any other code is the stages' own, as the
-pipeline runner gives it (3 incomplete: run again later, 5 locked, 6 spending cap, 69 unreachable, ...).
-The stages' own output goes to stderr. docs/watch.md has the details.
+Each night is one resumable run, OUTPUTS/watch/<bench>/<model>/run-<YYYYMMDD>/, compared task by task with the
+previous complete night once complete. Exit 0: nothing moved (one line on stdout); 8: the headline moved beyond
+noise, or the model, judge or dataset changed (a report on stdout, for cron's mail); any other code is the
+stages' own. The stages' output goes to stderr. Details: docs/watch.md.
 """
 
 import os
@@ -61,8 +53,7 @@ class Watch:
         return benchmarks.get(self.plan.get("BENCH") or benchmarks.DEFAULT)
 
     @property
-    def folder(self) -> Path:
-        """The watched model's folder: its nights, its subset, its history."""
+    def folder(self) -> Path:  # the watched model's: its nights, its subset, its history
         name = paths.model_dir_name(self.plan.get("MODEL") or "", self.plan.get("LABEL"))
         return Path(self.plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / self.bench.name / name
 
@@ -113,9 +104,6 @@ def parse(argv: list[str]) -> Watch:
     plan.settings["OUTPUTS"] = str(outputs)
     plan.run_numbers = [nights.run_number(night)]
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
-
-
-# ---- what the night reads
 
 
 def _source(watch: Watch) -> Path:
@@ -169,9 +157,6 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     return data
 
 
-# ---- the night
-
-
 @contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
     """The stages' output goes to stderr: stdout is the verdict's alone (cron mails it)."""
@@ -184,16 +169,6 @@ def _stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def _previous(folder: Path, run: int) -> Path | None:
-    """The last complete night before this one."""
-    earlier = [
-        (int(m.group(1)), p)
-        for p in folder.glob("run-*")
-        if (m := paths.RUN_DIR.match(p.name)) and int(m.group(1)) < run and (p / nights.VERDICT).exists()
-    ]
-    return max(earlier)[1] if earlier else None
 
 
 def _viewer_link(watch: Watch, before: Path, run: int) -> str:
@@ -232,7 +207,12 @@ def night(watch: Watch) -> int:
             code = pipeline.run(watch.plan)
         if code != EXIT_OK:
             return code
-        previous = _previous(folder, run)
+        earlier = [  # the complete nights before this one
+            (int(m.group(1)), p)
+            for p in folder.glob("run-*")
+            if (m := paths.RUN_DIR.match(p.name)) and int(m.group(1)) < run and (p / nights.VERDICT).exists()
+        ]
+        previous = max(earlier)[1] if earlier else None
         about = {
             "benchmark": watch.bench.name,
             "model": folder.name,

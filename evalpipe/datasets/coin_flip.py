@@ -1,8 +1,5 @@
-"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip` (question_text; the answer
-is "yes" exactly when the number of flips is even). Names are lower-case, distinct within a question, drawn from
-our own multicultural pool (names.txt). The mix of 2, 3 and 4 people, the name-length weighting and the YES
-share are calibrated so that the test split, put into the zero-shot template, matches the recorded statistics
-of the real data (TARGETS: prompt length in characters, YES share). Same seed, same bytes.
+"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip`, calibrated so that the test
+split in the zero-shot template matches the real data's recorded statistics (TARGETS). Same seed, same bytes.
 
     python -m evalpipe.datasets.coin_flip --out data/coin_flip
 """

@@ -1,9 +1,5 @@
-"""Convert BIG-Bench Mistake into the Error Recovery eval rows of OpenAI Evals.
-
-Keeps the problems whose reasoning has a mistake (mistake_index set) and whose answer is wrong
-(answer != target), minus those whose mistake is the last step; tasks in the reference order,
-rows in file order. Each row has the reference's seven keys in its order, `mistake_index` as a
-float and the arithmetic target as an integer, as the reference's data files have them.
+"""Convert BIG-Bench Mistake into the Error Recovery eval rows of OpenAI Evals, byte-identical to its data files:
+the problems with a mistake (not in the last step) and a wrong answer, with the reference's seven keys.
 
     python -m evalpipe.datasets.error_recovery --bbm-dir <BIG-Bench-Mistake folder> --out data/error_recovery
 """

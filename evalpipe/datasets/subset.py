@@ -1,11 +1,5 @@
-"""A fixed stratified subset of a dataset: the watch's SAMPLE=N (docs/watch.md#choosing-sample).
-
-N items are chosen once, at random with a fixed seed, stratified by category, and their rows copied into a JSONL
-file of their own, so that every night evaluates, and pairs on, the same tasks. An item is what the benchmark's
-figures count (a task; an Error Recovery problem with its three variations) and is taken whole; the strata are the
-values of the first group the benchmark's figures split on (CL-bench's category, Error Recovery's task), or one
-stratum where there is none (CoinFlip). Each stratum gets its share of N, rounded by largest remainder.
-"""
+"""A fixed stratified subset of a dataset: the watch's SAMPLE=N (docs/watch.md#choosing-sample). An item (what the
+figures count) is taken whole; the strata are the values of the first group the benchmark's figures split on."""
 
 import random
 from collections.abc import Hashable
