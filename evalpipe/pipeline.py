@@ -144,8 +144,9 @@ def check_prices(plan: Plan) -> None:
             raise UsageError(f"{stage}: {exc}") from None
 
 
-def _flag(plan: Plan, var: str, flag: str) -> list[str]:
-    return [flag, plan.settings[var]] if plan.get(var) is not None else []
+def _flags(plan: Plan, **flags: str) -> list[str]:
+    """`--flag value` for each VAR=--flag whose VAR is set, in order."""
+    return [word for var, flag in flags.items() if plan.get(var) is not None for word in (flag, plan.settings[var])]
 
 
 def _cap(plan: Plan) -> list[str]:
@@ -160,41 +161,22 @@ def command(plan: Plan, stage: str) -> list[str]:
     if stage == "publish":
         bench = plan.get("BENCH") or benchmarks.DEFAULT
         publish = [sys.executable, "-m", "evalpipe.results.publish", bench, plan.get("REPO") or ""]
-        return publish + _flag(plan, "OUTPUTS", "--outputs-dir") + shlex.split(plan.get("PUBLISH_ARGS") or "")
+        return publish + _flags(plan, OUTPUTS="--outputs-dir") + shlex.split(plan.get("PUBLISH_ARGS") or "")
     script = {"error-analysis": "judge"}.get(stage, stage)
-    cmd = [
-        sys.executable,
-        str(PROJECT / f"{script}.py"),
-        *_flag(plan, "BENCH", "--bench"),
-        *_flag(plan, "OUTPUTS", "--outputs-dir"),
-    ]
+    cmd = [sys.executable, str(PROJECT / f"{script}.py"), *_flags(plan, BENCH="--bench", OUTPUTS="--outputs-dir")]
     if stage == "aggregate":
-        return cmd + _flag(plan, "RUNS", "--runs")
-    cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flag(plan, "LABEL", "--label")]
+        return cmd + _flags(plan, RUNS="--runs")
+    cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flags(plan, LABEL="--label")]
     if stage != "score":
-        cmd += [*_flag(plan, "SHARD", "--shard"), *_flag(plan, "SHARDS", "--shards")]
+        cmd += _flags(plan, SHARD="--shard", SHARDS="--shards")
     if stage == "infer":
-        return cmd + [
-            *_flag(plan, "DATA", "--input"),
-            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
-            *_flag(plan, "WORKERS", "--workers"),
-            *_cap(plan),
-            *shlex.split(plan.get("ARGS") or ""),
-        ]
+        flags = _flags(plan, DATA="--input", MAX_SAMPLES="--max-samples", WORKERS="--workers")
+        return cmd + flags + _cap(plan) + shlex.split(plan.get("ARGS") or "")
     if stage == "score":
-        return cmd + [
-            *_flag(plan, "DATA", "--data"),
-            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
-            *_flag(plan, "JUDGE_LABEL", "--judge-label"),
-        ]
-    return cmd + [
-        *(["--error-analysis"] if stage == "error-analysis" else []),
-        *_flag(plan, "JUDGE_MODEL", "--judge-model"),
-        *_flag(plan, "JUDGE_LABEL", "--judge-label"),
-        *_flag(plan, "WORKERS", "--workers"),
-        *_cap(plan),
-        *shlex.split(plan.get("JUDGE_ARGS") or ""),
-    ]
+        return cmd + _flags(plan, DATA="--data", MAX_SAMPLES="--max-samples", JUDGE_LABEL="--judge-label")
+    analysis = ["--error-analysis"] if stage == "error-analysis" else []
+    flags = _flags(plan, JUDGE_MODEL="--judge-model", JUDGE_LABEL="--judge-label", WORKERS="--workers")
+    return cmd + analysis + flags + _cap(plan) + shlex.split(plan.get("JUDGE_ARGS") or "")
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -272,14 +254,10 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
-    if plan.get("MAX_COST") is None or plan.ledger is not None:
-        return _run(plan)
-    with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
-        # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
-        return _run(replace(plan, ledger=os.path.join(folder, "spent")))
-
-
-def _run(plan: Plan) -> int:
+    if plan.get("MAX_COST") is not None and plan.ledger is None:
+        with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
+            # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
+            return run(replace(plan, ledger=os.path.join(folder, "spent")))
     worst = EXIT_OK
     runs = plan.run_numbers or list(range(1, int(plan.get("RUNS") or DEFAULT_RUNS) + 1))
     with _Signals() as signals:

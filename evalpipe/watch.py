@@ -171,18 +171,6 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _viewer_link(watch: Watch, before: Path, run: int) -> str:
-    """report.html of the watch's root (written now), opened on the two nights side by side, disagreements first."""
-    root = Path(watch.plan.get("OUTPUTS") or "")
-    page = viewer.write(root, benchmarks.sample_views())
-    model = watch.folder.name
-    fragment = (
-        f"v=compare&cb={quote(watch.bench.name)}&am={quote(model)}&ar={before.name.removeprefix('run-')}"
-        f"&bm={quote(model)}&br={run}&cf=disagree"
-    )
-    return f"{page.resolve().as_uri()}#{fragment}"
-
-
 def night(watch: Watch) -> int:
     folder = watch.folder
     with writing(folder):
@@ -224,9 +212,13 @@ def night(watch: Watch) -> int:
         verdict["compared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         code = verdict["exit_code"]
         link = None
-        if code != EXIT_OK:
+        if code != EXIT_OK:  # report.html of the watch's root, on the two nights side by side, disagreements first
             with _stdout_to_stderr():
-                link = _viewer_link(watch, previous or baseline or run_dir, run)
+                page = viewer.write(Path(watch.plan.get("OUTPUTS") or ""), benchmarks.sample_views())
+            before = (previous or baseline or run_dir).name.removeprefix("run-")
+            model = quote(folder.name)
+            fragment = f"v=compare&cb={quote(watch.bench.name)}&am={model}&ar={before}&bm={model}&br={run}&cf=disagree"
+            link = f"{page.resolve().as_uri()}#{fragment}"
         verdict["viewer"] = link
         jsonl.atomic_write(done, orjson.dumps(verdict, option=orjson.OPT_INDENT_2) + b"\n")
         nights.write_history(folder, f"{watch.bench.name} / {folder.name}")

@@ -22,9 +22,9 @@ YES_SHARE = 0.51
 TARGETS = {"mean": 500.15, "std": 28.32, "min": 453, "max": 551, "yes_share": 0.51}
 
 
-def load_names(path: Path = NAMES_FILE) -> list[str]:
+def load_names() -> list[str]:
     names = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in NAMES_FILE.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             names += line.split()
     return list(dict.fromkeys(names))

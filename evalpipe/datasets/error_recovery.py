@@ -28,13 +28,6 @@ def encode(rows: list[dict]) -> bytes:
     return "".join(line + "\n" for line in lines).encode()
 
 
-def _target(task: str, value):
-    if task == "multistep_arithmetic":
-        with contextlib.suppress(TypeError, ValueError):
-            return int(value)
-    return value
-
-
 def convert_task(path: Path, task: str) -> list[dict]:
     rows = []
     for line, src in jsonl.iter_rows(path):
@@ -48,6 +41,10 @@ def convert_task(path: Path, task: str) -> list[dict]:
             raise BadInput("'mistake_index' must index into 'steps'", path, line)
         if index == len(steps) - 1:  # the mistake is the last step: nothing left to recover
             continue
+        target = src["target"]
+        if task == "multistep_arithmetic":
+            with contextlib.suppress(TypeError, ValueError):
+                target = int(target)
         rows.append(
             {
                 "question": QUESTION_PREFIX.get(task, "") + src["input"],
@@ -55,7 +52,7 @@ def convert_task(path: Path, task: str) -> list[dict]:
                 "incorrect_step": steps[index],
                 "mistake_index": float(index),
                 "num_ground_truth_steps": len(steps),
-                "target": _target(task, src["target"]),
+                "target": target,
                 "task": task,
             }
         )

@@ -96,8 +96,7 @@ def root() -> Path:
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
-    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first
-    when needed."""
+    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first."""
     out = []
     for word in argv:
         flag, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
@@ -167,10 +166,8 @@ def fetch(ref: Ref) -> Path:
     size, sha256 = len(data), hashlib.sha256(data).hexdigest()
     for other in [k for k, v in files.items() if k != file and split and v.get("split") == split]:
         files[other]["split"] = None  # the split now lives in another file
-    fetched_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    files[file] = dict(
-        revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256, fetched_at=fetched_at
-    )
+    files[file] = dict(revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256)
+    files[file]["fetched_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     _write_lock(folder, ref.repo, lock)
     print(f"hub: {ref.repo}@{commit[:12]} {file} → {path} ({size:,} bytes, sha256 {sha256[:16]}…)", file=sys.stderr)
     return path
