@@ -55,9 +55,7 @@ def parser_for(
                 help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
                 "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
             )
-        parser.add_argument(
-            "--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)"
-        )
+        parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="output root (default outputs)")
         add_args(parser, for_bench)
         add_benchmark_flags(parser, for_bench, stage)
         return parser
@@ -350,8 +348,7 @@ def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source
     if args.api_key:
         return args.api_key
     for prefix in prefixes:
-        key = _env(f"{prefix}_API_KEY")
-        if key:
+        if key := _env(f"{prefix}_API_KEY"):
             home = _key_home(prefix)
             if _origin(url, url_source) != _origin(home, f"{prefix}_BASE_URL"):
                 raise BadInput(_foreign_key_refusal(url, url_source, prefix, home, prefixes))

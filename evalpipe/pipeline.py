@@ -49,7 +49,6 @@ SETTINGS = {
     "REPO": "publish: the Hugging Face Hub dataset repo, owner/name (token: HF_TOKEN)",
     "PUBLISH_ARGS": "more flags for publish (--with-prompts, --private)",
 }
-_WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES", "SHARDS")
 
 
 class UsageError(Exception):
@@ -85,7 +84,7 @@ def parse(argv: list[str]) -> Plan:
     if not stages:
         raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
     plan = Plan([s for s in STAGES if s in stages], settings)
-    for name in _WHOLE_NUMBERS:
+    for name in ("RUNS", "WORKERS", "MAX_SAMPLES", "SHARDS"):
         given = plan.get(name)
         # ASCII digits only: str.isdigit takes '²' (which int() refuses) and int() takes other scripts' digits
         if given is not None and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):

@@ -100,8 +100,7 @@ def parse(argv: list[str]) -> Watch:
         alpha = -1.0
     if not 0 < alpha < 1:
         raise pipeline.UsageError(f"ALPHA={own.get('ALPHA')}: expected a significance level between 0 and 1")
-    outputs = Path(plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / FOLDER
-    plan.settings["OUTPUTS"] = str(outputs)
+    plan.settings["OUTPUTS"] = str(Path(plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / FOLDER)
     plan.run_numbers = [nights.run_number(night)]
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
 

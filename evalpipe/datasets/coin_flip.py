@@ -30,13 +30,6 @@ def load_names() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def question_text(people: list[str], flips: list[bool]) -> str:
-    acts = "".join(
-        f" {name} flips the coin." if flip else f" {name} does not flip the coin." for name, flip in zip(people, flips)
-    )
-    return f"Q: A coin is heads up.{acts}  Is the coin still heads up?"
-
-
 def generate(count: int, seed: int, names: list[str]) -> list[dict]:
     rng = random.Random(seed)
     pool = [n for n in names if len(n) >= MIN_NAME_LENGTH]
@@ -56,7 +49,11 @@ def generate(count: int, seed: int, names: list[str]) -> list[dict]:
             k = rng.randrange(n)
             flips[k] = not flips[k]
         answer = "yes" if sum(flips) % 2 == 0 else "no"  # computed from the flips, never drawn
-        rows.append({"question": question_text(people, flips), "answer": answer})
+        acts = "".join(
+            f" {name} flips the coin." if flip else f" {name} does not flip the coin."
+            for name, flip in zip(people, flips)
+        )
+        rows.append({"question": f"Q: A coin is heads up.{acts}  Is the coin still heads up?", "answer": answer})
     return rows
 
 
@@ -85,7 +82,7 @@ def write_splits(out_dir: Path) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the seeded CoinFlip test and validation splits.")
-    parser.add_argument("--out", type=Path, default=Path("data/coin_flip"))
+    parser.add_argument("--out", type=Path, default=Path("data/coin_flip"), help="folder for the splits")
     args = parser.parse_args()
     report = write_splits(args.out)
     print(f"names in the pool: {len(load_names())}")

@@ -82,8 +82,8 @@ def main() -> None:
     parser.add_argument(
         "--bbm-dir", type=Path, required=True, help="folder with the five BIG-Bench Mistake JSONL files"
     )
-    parser.add_argument("--out", type=Path, default=Path("data/error_recovery"))
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--out", type=Path, default=Path("data/error_recovery"), help="folder for the rows")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), help="files to write")
     args = parser.parse_args()
     try:
         variants = convert(args.bbm_dir, tuple(args.variants))

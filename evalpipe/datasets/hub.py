@@ -132,7 +132,13 @@ def fetch(ref: Ref) -> Path:
         path, entry = folder / known, files[known]
         if entry.get("revision") == ref.revision and _COMMIT.fullmatch(ref.revision) and _matches(path, entry):
             return path  # a commit never moves: no need to ask
-    hub = _hub()
+    try:
+        import huggingface_hub as hub
+    except ImportError:
+        raise BadInput(
+            "fetching from the Hugging Face Hub needs huggingface_hub: run `make data` once, or "
+            ".venv/bin/pip install -r requirements-data.txt"
+        ) from None
     try:
         with _answers(ref):
             info = hub.HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision, timeout=30)
@@ -186,17 +192,6 @@ def _endpoint() -> str:
 
 def _quoted(revision: str) -> str:
     return urllib.parse.quote(revision, safe="")
-
-
-def _hub():
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise BadInput(
-            "fetching from the Hugging Face Hub needs huggingface_hub: run `make data` once, or "
-            ".venv/bin/pip install -r requirements-data.txt"
-        ) from None
-    return huggingface_hub
 
 
 @contextmanager
