@@ -105,15 +105,6 @@ def parse(argv: list[str]) -> Watch:
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
 
 
-def _source(watch: Watch) -> Path:
-    data = watch.plan.get("DATA")
-    if data is None:
-        if watch.bench.default_data is None:
-            raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
-        return watch.bench.default_data
-    return Path(hub.resolve_argv([data])[0])
-
-
 def _subset(watch: Watch, source: Path, sha: str) -> Path:
     """The fixed subset (SAMPLE=N): chosen once; the same tasks copied again when the dataset's sha256 changed."""
     folder, n = watch.folder, watch.sample
@@ -146,7 +137,10 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     recorded = nights.read_json(record_path).get("file")
     if recorded:
         return Path(recorded)
-    source = _source(watch)
+    given = watch.plan.get("DATA")
+    source = Path(hub.resolve_argv([given])[0]) if given else watch.bench.default_data
+    if source is None:
+        raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
     sha = manifest.sha256_file(source)  # once: a large dataset takes a while to read
     data = _subset(watch, source, sha) if watch.sample else source
     record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
