@@ -27,9 +27,8 @@ def parser_for(
     *,
     per_run: bool = True,
 ):
-    """Parse argv in two passes: --bench first, then the full flag set including the benchmark's own.
-    Without --bench, --help also lists every other benchmark's own flags (they still parse only with it).
-    A word `hf://<repo>[@<revision>]/<file or split>` stands for that Hub file, fetched into data/hf/ first."""
+    """Parse argv in two passes: --bench first, then every flag including the benchmark's own (without --bench,
+    --help also lists the other benchmarks' own). A word `hf://...` stands for that Hub file, fetched first."""
     argv = hub.resolve_argv(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--bench")
@@ -49,19 +48,14 @@ def parser_for(
         )
         if per_run:
             parser.add_argument(
-                "--run",
-                type=whole_number,
-                default=1,
-                help="run number K, for outputs/<bench>/<model>/run-K (default 1)",
+                "--run", type=whole_number, default=1, help="run number K: outputs/<bench>/<model>/run-K (default 1)"
             )
             parser.add_argument(
                 "--label",
                 help="name a variant of the model's configuration (e.g. 3shot): its runs go to "
                 "outputs/<bench>/<model>@<label>/ and form their own leaderboard row",
             )
-        parser.add_argument(
-            "--outputs-dir", type=Path, default=DEFAULT_ROOT, help="root of the output layout (default outputs)"
-        )
+        parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="output root (default outputs)")
         add_args(parser, for_bench)
         add_benchmark_flags(parser, for_bench, stage)
         return parser
@@ -117,33 +111,21 @@ def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse
 
 
 def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: int | None = None) -> None:
-    """The flags of a stage that calls an endpoint: where and how to call it, what to send, what it may cost,
-    the batch engines, and how the run goes."""
+    """The flags of a stage that calls an endpoint (reference: docs/usage.md)."""
     g = parser.add_argument_group("endpoint and generation")
     g.add_argument(
-        "--base-url",
-        help="OpenAI-compatible endpoint URL "
-        "(default: $OPENAI_BASE_URL; for judge.py $JUDGE_BASE_URL first; else OpenAI)",
+        "--base-url", help="endpoint URL (default $OPENAI_BASE_URL, for judge.py $JUDGE_BASE_URL first; else OpenAI)"
     )
     g.add_argument("--api-key", help="API key (default: from the environment; never written anywhere)")
-    g.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="seconds for each attempt as a whole: connect, send, wait, body (default 600)",
-    )
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds for each attempt as a whole (default 600)")
     g.add_argument(
         "--max-retries",
         type=whole_number,
         default=6 if upstream_max_retries is None else upstream_max_retries,
         help="retries of a transient failure (429, 5xx, timeout, connection) per call (default %(default)s)",
     )
-    g.add_argument(
-        "--max-retry-seconds", type=float, default=900.0, help="cap on the time one call spends retrying (default 900)"
-    )
-    g.add_argument(
-        "--backoff", type=float, default=1.0, help="first backoff wait in seconds, doubled per retry (default 1)"
-    )
+    g.add_argument("--max-retry-seconds", type=float, default=900.0, help="most seconds one call retries (default 900)")
+    g.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds, doubled per retry (default 1)")
     g.add_argument("--backoff-max", type=float, default=60.0, help="longest backoff wait in seconds (default 60)")
     g.add_argument(
         "--http-client",
@@ -152,7 +134,7 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         help="the SDK's HTTP transport: aiohttp (default; about twice the requests per second at hundreds in "
         "flight) or httpx (the SDK's own default)",
     )
-    # what every request sends besides the messages; one add_argument call an option, read as --help shows it
+    # what every request sends besides the messages
     g.add_argument(
         "--temperature",
         type=number_or_none,
@@ -176,26 +158,16 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         "row's `thinking` field and only its final answer is graded; as-is: content is graded as the server sent "
         "it, as CL-bench, EvalScope and OpenAI Evals do",
     )
-    g.add_argument(
-        "--extra-body",
-        help="JSON object merged into the request body for provider-specific fields, "
-        "e.g. '{\"top_k\": 20}' (or @file.json)",
-    )
+    g.add_argument("--extra-body", help="JSON object (or @file) merged into the request body, e.g. '{\"top_k\": 20}'")
     _cost_args(g)
     _batch_args(parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)"))
     _run_args(g)
 
 
 def _cost_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--dry-run", action="store_true", help="print the calls, tokens and cost it would take; send none")
     g.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print how many calls the pending tasks need and an estimate of their tokens and cost; send nothing",
-    )
-    g.add_argument(
-        "--prices",
-        type=Path,
-        help="price table JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES, else the bundled dated table)",
+        "--prices", type=Path, help="prices JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES, else bundled)"
     )
     g.add_argument(
         "--max-cost",
@@ -213,6 +185,18 @@ def _cost_args(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def _run_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--workers", type=whole_number, default=8, help="calls in flight at once (default 8)")
+    g.add_argument("--grace", type=float, default=10.0, help="seconds to finish calls on SIGINT/SIGTERM (default 10)")
+    g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines (default 30)")
+    g.add_argument(
+        "--progress",
+        choices=("auto", "bar", "log"),
+        default="auto",
+        help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)",
+    )
+
+
 def _usd(text: str) -> float:
     """argparse's type for --max-cost (spending.amount checks it, as it does the runner's MAX_COST)."""
     try:
@@ -223,10 +207,7 @@ def _usd(text: str) -> float:
 
 def _batch_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
-        "--export-batch",
-        type=Path,
-        metavar="FILE",
-        help="write the next call of every pending task as OpenAI batch request lines and exit",
+        "--export-batch", type=Path, metavar="FILE", help="write the pending tasks' next calls as batch lines and exit"
     )
     g.add_argument(
         "--import-batch",
@@ -242,43 +223,10 @@ def _batch_args(g: argparse._ArgumentGroup) -> None:
         help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
         "(exit 75 while waiting)",
     )
-    g.add_argument(
-        "--batch-wait", type=float, default=0.0, help="with --backend batch, keep polling up to S seconds (default 0)"
-    )
-    g.add_argument(
-        "--batch-poll",
-        type=float,
-        default=30.0,
-        help="first wait between polls in seconds, doubled up to 300 (default 30)",
-    )
-    g.add_argument(
-        "--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file (default 50,000)"
-    )
-    g.add_argument(
-        "--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file (default 200 MB)"
-    )
-
-
-def _run_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--workers", type=whole_number, default=8, help="calls in flight at once (default 8)")
-    g.add_argument(
-        "--grace",
-        type=float,
-        default=10.0,
-        help="seconds to let calls in flight finish after SIGINT/SIGTERM (default 10)",
-    )
-    g.add_argument(
-        "--log-every",
-        type=float,
-        default=30.0,
-        help="seconds between progress lines when not on a terminal (default 30)",
-    )
-    g.add_argument(
-        "--progress",
-        choices=("auto", "bar", "log"),
-        default="auto",
-        help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)",
-    )
+    g.add_argument("--batch-wait", type=float, default=0.0, help="seconds --backend batch keeps polling (default 0)")
+    g.add_argument("--batch-poll", type=float, default=30.0, help="first seconds between polls, doubled up to 300")
+    g.add_argument("--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file")
+    g.add_argument("--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file")
 
 
 def add_shard_args(parser: argparse.ArgumentParser) -> None:
@@ -311,7 +259,6 @@ def add_prefix_schedule_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def number_or_none(text: str) -> float | None:
-    """A number, or `none` for a parameter not to send at all."""
     return None if text.strip().lower() == "none" else float(text)
 
 
@@ -336,10 +283,7 @@ def _extra_body(text: str | None) -> dict:
 
 def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "OPENAI"):
     """An llm.Endpoint: flags first, then <PREFIX>_API_KEY / <PREFIX>_BASE_URL, then OPENAI_* (each on its own).
-
-    A key from <P>_API_KEY belongs to <P>_BASE_URL's origin (OpenAI's when unset) and is never sent
-    elsewhere: an endpoint on another origin is refused (BadInput) before any request. A key given
-    with --api-key goes where the user points it."""
+    A key from <P>_API_KEY is sent only to <P>_BASE_URL's origin (OpenAI's when unset): another is refused."""
     from .client.llm import Endpoint  # here: score and aggregate, which call no endpoint, never import llm
 
     sent = ("temperature", "top_p", "reasoning_effort")
@@ -404,8 +348,7 @@ def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source
     if args.api_key:
         return args.api_key
     for prefix in prefixes:
-        key = _env(f"{prefix}_API_KEY")
-        if key:
+        if key := _env(f"{prefix}_API_KEY"):
             home = _key_home(prefix)
             if _origin(url, url_source) != _origin(home, f"{prefix}_BASE_URL"):
                 raise BadInput(_foreign_key_refusal(url, url_source, prefix, home, prefixes))
@@ -453,9 +396,8 @@ def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, 
 
 
 def _sdk_environment_headers(url: str, url_source: str) -> dict[str, str | None]:
-    """The headers the openai SDK adds by itself from OPENAI_ORG_ID, OPENAI_PROJECT_ID and
-    OPENAI_CUSTOM_HEADERS: kept where OPENAI_API_KEY belongs, removed (None) anywhere else.
-    An Authorization header there is never sent: the key is the one chosen above."""
+    """The headers the openai SDK adds from OPENAI_ORG_ID, _PROJECT_ID and _CUSTOM_HEADERS: kept where OPENAI_API_KEY
+    belongs, removed (None) anywhere else. An Authorization header there is never sent: the key is chosen above."""
     found = {"OpenAI-Organization": _env("OPENAI_ORG_ID"), "OpenAI-Project": _env("OPENAI_PROJECT_ID")}
     for line in os.environ.get("OPENAI_CUSTOM_HEADERS", "").split("\n"):
         name, colon, value = line.partition(":")

@@ -79,8 +79,7 @@ UNWRITABLE_ERRNOS = NO_SPACE_ERRNOS | {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 class OutputUnwritable(StageError):
-    """An output cannot be written (disk full, quota, read-only, permission denied); `note` is said after the hint
-    (e.g. where the answers that could not be written were kept)."""
+    """An output cannot be written (disk full, quota, read-only, permission denied); `note` follows the hint."""
 
     exit_code = EXIT_UNWRITABLE
 
@@ -89,12 +88,8 @@ class OutputUnwritable(StageError):
         self.path, self.error, self.note = path, error, note
         self.folder = _existing(Path(path).parent)  # the one to point df or chmod at
 
-    @property
-    def no_space(self) -> bool:
-        return self.error.errno in NO_SPACE_ERRNOS
-
     def __str__(self) -> str:
-        if self.no_space:
+        if self.error.errno in NO_SPACE_ERRNOS:
             hint = (
                 f"free space on the file system holding {self.folder} (e.g. df -h {self.folder}), "
                 "then rerun the same command: rows already written are kept"
@@ -139,9 +134,6 @@ class CallFailed(Exception):
 
 class ContextTooLong(Exception):
     """The request does not fit the model's context: final, retrying cannot help."""
-
-
-# ---- how a stage's process ends
 
 
 def sigterm_as_interrupt() -> None:

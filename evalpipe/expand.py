@@ -29,10 +29,10 @@ def expand(bench: benchmarks.Benchmark, data: Path, source: Path, target: Path) 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Join the messages of slim rows back from the dataset.")
-    parser.add_argument("--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY))
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--input", type=Path, required=True)
-    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--bench", default=benchmarks.DEFAULT, choices=list(benchmarks.REGISTRY), help="benchmark")
+    parser.add_argument("--data", type=Path, required=True, help="the dataset the rows were made from")
+    parser.add_argument("--input", type=Path, required=True, help="slim rows (infer.py --slim)")
+    parser.add_argument("--output", type=Path, required=True, help="the rows with messages (a new file)")
     args = parser.parse_args(hub.resolve_argv(argv))  # --data/--input may be hf://...
     if args.output.exists():
         raise BadInput(f"{args.output} exists; choose a new file")

@@ -1,21 +1,10 @@
-"""The pipeline in one command whose exit code a cron job can act on; `make infer judge score ...` runs it.
+"""The pipeline in one command whose exit code a cron job can act on (make turns every failure into 2).
 
     .venv/bin/python -m evalpipe.pipeline infer judge score aggregate BENCH=clbench MODEL=gpt-4o-mini RUNS=3
+    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini  (docs/watch.md)
 
-It takes make's words: stage names (run in pipeline order whatever order they are given in) and
-VAR=value settings. Each per-run stage runs once per run 1..RUNS, each as its own process:
-  3  (incomplete: some tasks failed, or coverage is short) lets the other runs and the next stages
-     go on, and the pipeline ends with 3: rerun the same command later;
-  75 (--backend batch: batches submitted, still waiting) lets the other runs go on, then stops
-     before the next stage;
-  any other failure stops at once with that stage's code (see docs/operations.md).
-The pipeline's exit code is the first stage's that did not finish: after a 3, a later stage that
-cannot go on (score with no judge file yet) stops the pipeline but leaves the code 3.
-make always turns a failing recipe into its own exit status 2, which is why cron calls this instead.
-
-    .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
-
-evaluates a served model night after night and exits 8 when something changed (evalpipe/watch.py, docs/watch.md).
+Stages run in pipeline order, each per-run stage once per run 1..RUNS in its own process; exit 3 and 75 let the
+other runs go on. How the runner's exit code is chosen: docs/operations.md#make-and-the-runner.
 """
 
 import argparse
@@ -60,7 +49,6 @@ SETTINGS = {
     "REPO": "publish: the Hugging Face Hub dataset repo, owner/name (token: HF_TOKEN)",
     "PUBLISH_ARGS": "more flags for publish (--with-prompts, --private)",
 }
-_WHOLE_NUMBERS = ("RUNS", "WORKERS", "MAX_SAMPLES", "SHARDS")
 
 
 class UsageError(Exception):
@@ -96,7 +84,7 @@ def parse(argv: list[str]) -> Plan:
     if not stages:
         raise UsageError(f"name at least one stage: {', '.join(STAGES)}")
     plan = Plan([s for s in STAGES if s in stages], settings)
-    for name in _WHOLE_NUMBERS:
+    for name in ("RUNS", "WORKERS", "MAX_SAMPLES", "SHARDS"):
         given = plan.get(name)
         # ASCII digits only: str.isdigit takes '²' (which int() refuses) and int() takes other scripts' digits
         if given is not None and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):
@@ -155,9 +143,9 @@ def check_prices(plan: Plan) -> None:
             raise UsageError(f"{stage}: {exc}") from None
 
 
-def _flag(plan: Plan, var: str, flag: str) -> list[str]:
-    value = plan.get(var)
-    return [flag, value] if value is not None else []
+def _flags(plan: Plan, **flags: str) -> list[str]:
+    """`--flag value` for each VAR=--flag whose VAR is set, in order."""
+    return [word for var, flag in flags.items() if plan.get(var) is not None for word in (flag, plan.settings[var])]
 
 
 def _cap(plan: Plan) -> list[str]:
@@ -172,57 +160,34 @@ def command(plan: Plan, stage: str) -> list[str]:
     if stage == "publish":
         bench = plan.get("BENCH") or benchmarks.DEFAULT
         publish = [sys.executable, "-m", "evalpipe.results.publish", bench, plan.get("REPO") or ""]
-        return publish + _flag(plan, "OUTPUTS", "--outputs-dir") + shlex.split(plan.get("PUBLISH_ARGS") or "")
+        return publish + _flags(plan, OUTPUTS="--outputs-dir") + shlex.split(plan.get("PUBLISH_ARGS") or "")
     script = {"error-analysis": "judge"}.get(stage, stage)
-    cmd = [
-        sys.executable,
-        str(PROJECT / f"{script}.py"),
-        *_flag(plan, "BENCH", "--bench"),
-        *_flag(plan, "OUTPUTS", "--outputs-dir"),
-    ]
+    cmd = [sys.executable, str(PROJECT / f"{script}.py"), *_flags(plan, BENCH="--bench", OUTPUTS="--outputs-dir")]
     if stage == "aggregate":
-        return cmd + _flag(plan, "RUNS", "--runs")
-    cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flag(plan, "LABEL", "--label")]
+        return cmd + _flags(plan, RUNS="--runs")
+    cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flags(plan, LABEL="--label")]
     if stage != "score":
-        cmd += [*_flag(plan, "SHARD", "--shard"), *_flag(plan, "SHARDS", "--shards")]
+        cmd += _flags(plan, SHARD="--shard", SHARDS="--shards")
     if stage == "infer":
-        return cmd + [
-            *_flag(plan, "DATA", "--input"),
-            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
-            *_flag(plan, "WORKERS", "--workers"),
-            *_cap(plan),
-            *shlex.split(plan.get("ARGS") or ""),
-        ]
+        flags = _flags(plan, DATA="--input", MAX_SAMPLES="--max-samples", WORKERS="--workers")
+        return cmd + flags + _cap(plan) + shlex.split(plan.get("ARGS") or "")
     if stage == "score":
-        return cmd + [
-            *_flag(plan, "DATA", "--data"),
-            *_flag(plan, "MAX_SAMPLES", "--max-samples"),
-            *_flag(plan, "JUDGE_LABEL", "--judge-label"),
-        ]
-    return cmd + [
-        *(["--error-analysis"] if stage == "error-analysis" else []),
-        *_flag(plan, "JUDGE_MODEL", "--judge-model"),
-        *_flag(plan, "JUDGE_LABEL", "--judge-label"),
-        *_flag(plan, "WORKERS", "--workers"),
-        *_cap(plan),
-        *shlex.split(plan.get("JUDGE_ARGS") or ""),
-    ]
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+        return cmd + _flags(plan, DATA="--data", MAX_SAMPLES="--max-samples", JUDGE_LABEL="--judge-label")
+    analysis = ["--error-analysis"] if stage == "error-analysis" else []
+    flags = _flags(plan, JUDGE_MODEL="--judge-model", JUDGE_LABEL="--judge-label", WORKERS="--workers")
+    return cmd + analysis + flags + _cap(plan) + shlex.split(plan.get("JUDGE_ARGS") or "")
 
 
 def die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn for Popen: the kernel sends the child SIGKILL when this process dies, however it dies
-    (Linux's PR_SET_PDEATHSIG: a SIGKILL to our process group, a CI cancel, `timeout -s KILL`, a scheduler);
-    None where there is no prctl. Popen must be called from the main thread: the kernel watches the thread."""
+    """A preexec_fn for Popen: the kernel SIGKILLs the child when this process dies, however it dies (Linux's
+    PR_SET_PDEATHSIG); None elsewhere. Call Popen from the main thread: the kernel watches the thread."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     parent = os.getpid()
 
     def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, <linux/prctl.h>
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(128 + signal.SIGKILL)
 
@@ -230,12 +195,8 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class _Signals:
-    """Passes SIGINT/SIGTERM on to the running stage, one for one.
-
-    Each stage runs in a process group of its own, so a Ctrl-C reaches it only through here:
-    exactly once per press (the first lets calls in flight finish, a second abandons them), and a
-    `kill` of this process stops the stage as cleanly as a Ctrl-C. A SIGKILL, which cannot be passed on,
-    ends the stage by die_with_parent."""
+    """Passes SIGINT/SIGTERM on to the stage, which runs in a process group of its own: exactly once per press
+    (the first lets calls in flight finish, a second abandons them), and a `kill` of the runner acts as a Ctrl-C."""
 
     def __init__(self):
         self.child: subprocess.Popen | None = None
@@ -262,17 +223,11 @@ class _Signals:
             returncode = self.child.wait()
             if returncode < 0 and not self.received:
                 name = cmd[2] if cmd[1:2] == ["-m"] else os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]
-                _say(f"{name} was killed by {_signal_name(-returncode)}")
+                known = f" ({signal.Signals(-returncode).name})" if -returncode in set(signal.Signals) else ""
+                _say(f"{name} was killed by signal {-returncode}{known}")
             return 128 - returncode if returncode < 0 else returncode  # as a shell says killed by signal N: 128 + N
         finally:
             self.child = None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
 
 
 def _over_runs(signals: _Signals, cmd: list[str], runs: list[int]) -> int:
@@ -298,14 +253,10 @@ def run_command(cmd: list[str]) -> int:
 
 def run(plan: Plan) -> int:
     """Run the plan's stages in order and return the exit code the whole run deserves."""
-    if plan.get("MAX_COST") is None or plan.ledger is not None:
-        return _run(plan)
-    with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
-        # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
-        return _run(replace(plan, ledger=os.path.join(folder, "spent")))
-
-
-def _run(plan: Plan) -> int:
+    if plan.get("MAX_COST") is not None and plan.ledger is None:
+        with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
+            # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
+            return run(replace(plan, ledger=os.path.join(folder, "spent")))
     worst = EXIT_OK
     runs = plan.run_numbers or list(range(1, int(plan.get("RUNS") or DEFAULT_RUNS) + 1))
     with _Signals() as signals:

@@ -2,18 +2,10 @@
 
     .venv/bin/python -m evalpipe.pipeline watch BENCH=coin_flip MODEL=gpt-4o-mini [JUDGE_MODEL=...] [SAMPLE=N]
 
-Each night is one run of the model, named by its UTC date: OUTPUTS/watch/<bench>/<model>/run-<YYYYMMDD>/
-(NIGHT=YYYY-MM-DD sets the night, for backfills and tests). Repeating the line the same night resumes that
-night's run (infer, judge, score; a start that finds another one running exits 5); once the night is complete
-it is compared, task by task and paired, with the previous complete night (and with BASELINE=YYYY-MM-DD, a
-pinned night), its verdict is written beside it (watch.json) and the history page is made again
-(history.md, .csv, .json, .png beside the nights). Later starts that night only repeat the verdict's line.
-
-Exit codes: 0 nothing moved (one line on stdout; also the first night, with nothing to compare with yet);
-8 the headline moved beyond noise (two-sided ALPHA, default 0.01), or the served model, the judge or the
-dataset changed (a short report on stdout, for cron's mail); any other code is the stages' own, as the
-pipeline runner gives it (3 incomplete: run again later, 5 locked, 6 spending cap, 69 unreachable, ...).
-The stages' own output goes to stderr. docs/watch.md has the details.
+Each night is one resumable run, OUTPUTS/watch/<bench>/<model>/run-<YYYYMMDD>/, compared task by task with the
+previous complete night once complete. Exit 0: nothing moved (one line on stdout); 8: the headline moved beyond
+noise, or the model, judge or dataset changed (a report on stdout, for cron's mail); any other code is the
+stages' own. The stages' output goes to stderr. Details: docs/watch.md.
 """
 
 import os
@@ -61,8 +53,7 @@ class Watch:
         return benchmarks.get(self.plan.get("BENCH") or benchmarks.DEFAULT)
 
     @property
-    def folder(self) -> Path:
-        """The watched model's folder: its nights, its subset, its history."""
+    def folder(self) -> Path:  # the watched model's: its nights, its subset, its history
         name = paths.model_dir_name(self.plan.get("MODEL") or "", self.plan.get("LABEL"))
         return Path(self.plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / self.bench.name / name
 
@@ -109,22 +100,9 @@ def parse(argv: list[str]) -> Watch:
         alpha = -1.0
     if not 0 < alpha < 1:
         raise pipeline.UsageError(f"ALPHA={own.get('ALPHA')}: expected a significance level between 0 and 1")
-    outputs = Path(plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / FOLDER
-    plan.settings["OUTPUTS"] = str(outputs)
+    plan.settings["OUTPUTS"] = str(Path(plan.get("OUTPUTS") or paths.DEFAULT_ROOT) / FOLDER)
     plan.run_numbers = [nights.run_number(night)]
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
-
-
-# ---- what the night reads
-
-
-def _source(watch: Watch) -> Path:
-    data = watch.plan.get("DATA")
-    if data is None:
-        if watch.bench.default_data is None:
-            raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
-        return watch.bench.default_data
-    return Path(hub.resolve_argv([data])[0])
 
 
 def _subset(watch: Watch, source: Path, sha: str) -> Path:
@@ -159,7 +137,10 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     recorded = nights.read_json(record_path).get("file")
     if recorded:
         return Path(recorded)
-    source = _source(watch)
+    given = watch.plan.get("DATA")
+    source = Path(hub.resolve_argv([given])[0]) if given else watch.bench.default_data
+    if source is None:
+        raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
     sha = manifest.sha256_file(source)  # once: a large dataset takes a while to read
     data = _subset(watch, source, sha) if watch.sample else source
     record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
@@ -167,9 +148,6 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
     jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
     return data
-
-
-# ---- the night
 
 
 @contextmanager
@@ -184,28 +162,6 @@ def _stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def _previous(folder: Path, run: int) -> Path | None:
-    """The last complete night before this one."""
-    earlier = [
-        (int(m.group(1)), p)
-        for p in folder.glob("run-*")
-        if (m := paths.RUN_DIR.match(p.name)) and int(m.group(1)) < run and (p / nights.VERDICT).exists()
-    ]
-    return max(earlier)[1] if earlier else None
-
-
-def _viewer_link(watch: Watch, before: Path, run: int) -> str:
-    """report.html of the watch's root (written now), opened on the two nights side by side, disagreements first."""
-    root = Path(watch.plan.get("OUTPUTS") or "")
-    page = viewer.write(root, benchmarks.sample_views())
-    model = watch.folder.name
-    fragment = (
-        f"v=compare&cb={quote(watch.bench.name)}&am={quote(model)}&ar={before.name.removeprefix('run-')}"
-        f"&bm={quote(model)}&br={run}&cf=disagree"
-    )
-    return f"{page.resolve().as_uri()}#{fragment}"
 
 
 def night(watch: Watch) -> int:
@@ -232,7 +188,12 @@ def night(watch: Watch) -> int:
             code = pipeline.run(watch.plan)
         if code != EXIT_OK:
             return code
-        previous = _previous(folder, run)
+        earlier = [  # the complete nights before this one
+            (int(m.group(1)), p)
+            for p in folder.glob("run-*")
+            if (m := paths.RUN_DIR.match(p.name)) and int(m.group(1)) < run and (p / nights.VERDICT).exists()
+        ]
+        previous = max(earlier)[1] if earlier else None
         about = {
             "benchmark": watch.bench.name,
             "model": folder.name,
@@ -244,9 +205,13 @@ def night(watch: Watch) -> int:
         verdict["compared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         code = verdict["exit_code"]
         link = None
-        if code != EXIT_OK:
+        if code != EXIT_OK:  # report.html of the watch's root, on the two nights side by side, disagreements first
             with _stdout_to_stderr():
-                link = _viewer_link(watch, previous or baseline or run_dir, run)
+                page = viewer.write(Path(watch.plan.get("OUTPUTS") or ""), benchmarks.sample_views())
+            before = (previous or baseline or run_dir).name.removeprefix("run-")
+            model = quote(folder.name)
+            fragment = f"v=compare&cb={quote(watch.bench.name)}&am={model}&ar={before}&bm={model}&br={run}&cf=disagree"
+            link = f"{page.resolve().as_uri()}#{fragment}"
         verdict["viewer"] = link
         jsonl.atomic_write(done, orjson.dumps(verdict, option=orjson.OPT_INDENT_2) + b"\n")
         nights.write_history(folder, f"{watch.bench.name} / {folder.name}")

@@ -1,8 +1,5 @@
-"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip` (question_text; the answer
-is "yes" exactly when the number of flips is even). Names are lower-case, distinct within a question, drawn from
-our own multicultural pool (names.txt). The mix of 2, 3 and 4 people, the name-length weighting and the YES
-share are calibrated so that the test split, put into the zero-shot template, matches the recorded statistics
-of the real data (TARGETS: prompt length in characters, YES share). Same seed, same bytes.
+"""A seeded generator of CoinFlip data in the format of `extraordinarylab/coin-flip`, calibrated so that the test
+split in the zero-shot template matches the real data's recorded statistics (TARGETS). Same seed, same bytes.
 
     python -m evalpipe.datasets.coin_flip --out data/coin_flip
 """
@@ -25,19 +22,12 @@ YES_SHARE = 0.51
 TARGETS = {"mean": 500.15, "std": 28.32, "min": 453, "max": 551, "yes_share": 0.51}
 
 
-def load_names(path: Path = NAMES_FILE) -> list[str]:
+def load_names() -> list[str]:
     names = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in NAMES_FILE.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             names += line.split()
     return list(dict.fromkeys(names))
-
-
-def question_text(people: list[str], flips: list[bool]) -> str:
-    acts = "".join(
-        f" {name} flips the coin." if flip else f" {name} does not flip the coin." for name, flip in zip(people, flips)
-    )
-    return f"Q: A coin is heads up.{acts}  Is the coin still heads up?"
 
 
 def generate(count: int, seed: int, names: list[str]) -> list[dict]:
@@ -59,7 +49,11 @@ def generate(count: int, seed: int, names: list[str]) -> list[dict]:
             k = rng.randrange(n)
             flips[k] = not flips[k]
         answer = "yes" if sum(flips) % 2 == 0 else "no"  # computed from the flips, never drawn
-        rows.append({"question": question_text(people, flips), "answer": answer})
+        acts = "".join(
+            f" {name} flips the coin." if flip else f" {name} does not flip the coin."
+            for name, flip in zip(people, flips)
+        )
+        rows.append({"question": f"Q: A coin is heads up.{acts}  Is the coin still heads up?", "answer": answer})
     return rows
 
 
@@ -88,7 +82,7 @@ def write_splits(out_dir: Path) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the seeded CoinFlip test and validation splits.")
-    parser.add_argument("--out", type=Path, default=Path("data/coin_flip"))
+    parser.add_argument("--out", type=Path, default=Path("data/coin_flip"), help="folder for the splits")
     args = parser.parse_args()
     report = write_splits(args.out)
     print(f"names in the pool: {len(load_names())}")

@@ -1,9 +1,5 @@
-"""Convert BIG-Bench Mistake into the Error Recovery eval rows of OpenAI Evals.
-
-Keeps the problems whose reasoning has a mistake (mistake_index set) and whose answer is wrong
-(answer != target), minus those whose mistake is the last step; tasks in the reference order,
-rows in file order. Each row has the reference's seven keys in its order, `mistake_index` as a
-float and the arithmetic target as an integer, as the reference's data files have them.
+"""Convert BIG-Bench Mistake into the Error Recovery eval rows of OpenAI Evals, byte-identical to its data files:
+the problems with a mistake (not in the last step) and a wrong answer, with the reference's seven keys.
 
     python -m evalpipe.datasets.error_recovery --bbm-dir <BIG-Bench-Mistake folder> --out data/error_recovery
 """
@@ -32,13 +28,6 @@ def encode(rows: list[dict]) -> bytes:
     return "".join(line + "\n" for line in lines).encode()
 
 
-def _target(task: str, value):
-    if task == "multistep_arithmetic":
-        with contextlib.suppress(TypeError, ValueError):
-            return int(value)
-    return value
-
-
 def convert_task(path: Path, task: str) -> list[dict]:
     rows = []
     for line, src in jsonl.iter_rows(path):
@@ -52,6 +41,10 @@ def convert_task(path: Path, task: str) -> list[dict]:
             raise BadInput("'mistake_index' must index into 'steps'", path, line)
         if index == len(steps) - 1:  # the mistake is the last step: nothing left to recover
             continue
+        target = src["target"]
+        if task == "multistep_arithmetic":
+            with contextlib.suppress(TypeError, ValueError):
+                target = int(target)
         rows.append(
             {
                 "question": QUESTION_PREFIX.get(task, "") + src["input"],
@@ -59,7 +52,7 @@ def convert_task(path: Path, task: str) -> list[dict]:
                 "incorrect_step": steps[index],
                 "mistake_index": float(index),
                 "num_ground_truth_steps": len(steps),
-                "target": _target(task, src["target"]),
+                "target": target,
                 "task": task,
             }
         )
@@ -89,8 +82,8 @@ def main() -> None:
     parser.add_argument(
         "--bbm-dir", type=Path, required=True, help="folder with the five BIG-Bench Mistake JSONL files"
     )
-    parser.add_argument("--out", type=Path, default=Path("data/error_recovery"))
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--out", type=Path, default=Path("data/error_recovery"), help="folder for the rows")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), help="files to write")
     args = parser.parse_args()
     try:
         variants = convert(args.bbm_dir, tuple(args.variants))

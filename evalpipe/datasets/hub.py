@@ -96,8 +96,7 @@ def root() -> Path:
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
-    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first
-    when needed."""
+    """argv with every `hf://...` word (or `--flag=hf://...`) replaced by the local file it names, fetched first."""
     out = []
     for word in argv:
         flag, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
@@ -133,7 +132,13 @@ def fetch(ref: Ref) -> Path:
         path, entry = folder / known, files[known]
         if entry.get("revision") == ref.revision and _COMMIT.fullmatch(ref.revision) and _matches(path, entry):
             return path  # a commit never moves: no need to ask
-    hub = _hub()
+    try:
+        import huggingface_hub as hub
+    except ImportError:
+        raise BadInput(
+            "fetching from the Hugging Face Hub needs huggingface_hub: run `make data` once, or "
+            ".venv/bin/pip install -r requirements-data.txt"
+        ) from None
     try:
         with _answers(ref):
             info = hub.HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision, timeout=30)
@@ -167,10 +172,8 @@ def fetch(ref: Ref) -> Path:
     size, sha256 = len(data), hashlib.sha256(data).hexdigest()
     for other in [k for k, v in files.items() if k != file and split and v.get("split") == split]:
         files[other]["split"] = None  # the split now lives in another file
-    fetched_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    files[file] = dict(
-        revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256, fetched_at=fetched_at
-    )
+    files[file] = dict(revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256)
+    files[file]["fetched_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     _write_lock(folder, ref.repo, lock)
     print(f"hub: {ref.repo}@{commit[:12]} {file} → {path} ({size:,} bytes, sha256 {sha256[:16]}…)", file=sys.stderr)
     return path
@@ -189,17 +192,6 @@ def _endpoint() -> str:
 
 def _quoted(revision: str) -> str:
     return urllib.parse.quote(revision, safe="")
-
-
-def _hub():
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise BadInput(
-            "fetching from the Hugging Face Hub needs huggingface_hub: run `make data` once, or "
-            ".venv/bin/pip install -r requirements-data.txt"
-        ) from None
-    return huggingface_hub
 
 
 @contextmanager

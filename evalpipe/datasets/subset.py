@@ -1,11 +1,5 @@
-"""A fixed stratified subset of a dataset: the watch's SAMPLE=N (docs/watch.md#choosing-sample).
-
-N items are chosen once, at random with a fixed seed, stratified by category, and their rows copied into a JSONL
-file of their own, so that every night evaluates, and pairs on, the same tasks. An item is what the benchmark's
-figures count (a task; an Error Recovery problem with its three variations) and is taken whole; the strata are the
-values of the first group the benchmark's figures split on (CL-bench's category, Error Recovery's task), or one
-stratum where there is none (CoinFlip). Each stratum gets its share of N, rounded by largest remainder.
-"""
+"""A fixed stratified subset of a dataset: the watch's SAMPLE=N (docs/watch.md#choosing-sample). An item (what the
+figures count) is taken whole; the strata are the values of the first group the benchmark's figures split on."""
 
 import random
 from collections.abc import Hashable
@@ -16,20 +10,6 @@ from ..errors import BadInput
 from ..store import jsonl
 
 BOM = b"\xef\xbb\xbf"
-
-
-def _units(bench: Benchmark, source: Path) -> tuple[str | None, dict[Hashable, dict]]:
-    """The dataset's items, in file order: each with its stratum, its tasks' ids and the lines they were read from."""
-    by = next((f.by for f in bench.figures if f.by), None)
-    units: dict[Hashable, dict] = {}
-    for task in bench.load(source):
-        columns = bench.item_columns([task], {})  # one task's item key and group labels, no grades
-        key = columns["keys"][0]
-        stratum = columns["groups"][by][0] if by and by in columns["groups"] else None
-        unit = units.setdefault(key, {"stratum": stratum, "ids": [], "lines": []})
-        unit["ids"].append(task.id)
-        unit["lines"].append(task.line)
-    return by, units
 
 
 def _quotas(sizes: dict[Hashable, int], n: int) -> dict[Hashable, int]:
@@ -48,7 +28,14 @@ def choose(bench: Benchmark, source: Path, n: int, seed: str) -> dict:
     share and size, the chosen tasks' ids and their lines in the file)."""
     if source.suffix.lower() in (".json", ".parquet"):
         raise BadInput("SAMPLE needs a JSONL dataset (one row a line); convert it first", source)
-    by, units = _units(bench, source)
+    by = next((f.by for f in bench.figures if f.by), None)
+    units: dict[Hashable, dict] = {}  # the items in file order: each with its stratum, its tasks' ids and lines
+    for task in bench.load(source):
+        columns = bench.item_columns([task], {})  # one task's item key and group labels, no grades
+        stratum = columns["groups"][by][0] if by and by in columns["groups"] else None
+        unit = units.setdefault(columns["keys"][0], {"stratum": stratum, "ids": [], "lines": []})
+        unit["ids"].append(task.id)
+        unit["lines"].append(task.line)
     strata: dict[Hashable, list[Hashable]] = {}
     for key, unit in units.items():
         strata.setdefault(unit["stratum"], []).append(key)
