@@ -9,7 +9,7 @@ from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import BadInput
 from ..store import paths, shards
-from . import engine, graded
+from . import graded
 
 
 def main(bench: Benchmark, args) -> int:
@@ -19,22 +19,15 @@ def main(bench: Benchmark, args) -> int:
     output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
     if not shards.exists(in_path):
         raise BadInput("no such judge file (run judge first)", in_path)
-    graded.refuse_bedrock(args.judge_model)
-    shard = shards.chosen(args.shard, args.shards)
-    failed = graded.InputRows(in_path, keep=graded.shard_filter(bench, shard, bench.needs_error_analysis))
-    endpoint = graded.judge_endpoint(args)
-    job = graded.rows_job(
+    return graded.run(
         bench,
         args,
         in_path,
         output,
-        failed,
-        endpoint,
         label="error analysis",
         stage="error_analysis",
         prompts=bench.error_analysis_prompts(),
         is_done=bench.is_analyzed,
         work=bench.analyze_error,
-        shard=shard,
+        keep=bench.needs_error_analysis,
     )
-    return engine.run(job, args)
