@@ -1,8 +1,4 @@
-"""judge: grade every inference row that has no final judge row yet.
-
-With --error-analysis (CL-bench), the error-analysis stage runs instead (stages/error_analysis.py):
-it reads the judge rows and shares this stage's judge model and flags (what both do: graded.py).
-"""
+"""judge: grade every inference row that has no final judge row yet (--error-analysis: error_analysis.py)."""
 
 import argparse
 import sys
@@ -101,8 +97,7 @@ def check_judge_label(args) -> None:
 
 
 def _default_output(in_path: Path, label: str | None) -> Path:
-    """judge.jsonl (judge-<label>.jsonl) beside an infer.jsonl not fetched from the Hub, else
-    outputs/<input-name>_graded.jsonl as upstream (<input-name>_graded-<label>.jsonl)."""
+    """judge[-<label>].jsonl beside a local infer.jsonl, else outputs/<input-name>_graded[-<label>].jsonl."""
     if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
         return in_path.with_name(paths.judge_file_name(label))
     return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"
