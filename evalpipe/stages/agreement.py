@@ -21,13 +21,6 @@ from ..results.agreement import Rows, format_report, report
 from ..store import jsonl, manifest, paths, shards
 
 
-def _binary(value: Any) -> int:
-    """1 for a score of 1 (as a number or text), else 0 (the conservative rule of every fallback)."""
-    if isinstance(value, str):
-        value = value.strip()
-    return int(value in (1, "1"))
-
-
 def _statuses(row: dict) -> list[int] | None:
     """The rubric verdicts as 0/1 when there is one yes/no per rubric; else None."""
     statuses = row.get("requirement_status")
@@ -52,8 +45,9 @@ def load(bench: Benchmark, path: Path, prefix: Any = None) -> tuple[Rows, int]:
     def keep(row: dict) -> dict | None:
         if stand_in(row):
             return None
+        score = row.get("score")  # 1 as a number or text, else 0 (the conservative rule of every fallback)
         return {
-            "score": _binary(row.get("score")),
+            "score": int((score.strip() if isinstance(score, str) else score) in (1, "1")),
             "statuses": _statuses(row),
             "category": str((row.get("metadata") or {}).get("context_category", "(none)")),
             "format": row.get("judge_format"),

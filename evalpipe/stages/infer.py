@@ -178,12 +178,13 @@ class _Rows:
             steps.close()
 
     def _add(self, row: dict) -> None:
-        calls = cost.api_calls(row)
-        for call in calls:
+        used = 0  # the most completion tokens of the row's calls
+        for call in cost.api_calls(row):
             usage = call.usage or {}
             self.prompt_tokens += usage.get("prompt_tokens", 0)
             self.cached += usage.get("cached_tokens", 0)
-        used = max((_completion_tokens(call.usage) for call in calls), default=0)
+            if type(usage.get("completion_tokens")) is int:
+                used = max(used, usage["completion_tokens"])
         if row.get("status") == THINKING_TRUNCATED:
             self.truncated += 1
             self.stopped_at = max(self.stopped_at, used)
@@ -216,8 +217,3 @@ class _Rows:
                 file=sys.stderr,
             )
         return code
-
-
-def _completion_tokens(usage: dict | None) -> int:
-    value = (usage or {}).get("completion_tokens")
-    return value if type(value) is int else 0

@@ -70,8 +70,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             if max_samples is None:
                 max_samples = recorded.get("max_samples")
         _refuse_other_dataset(data, record_path, recorded)
-    if data is not None:
-        jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
@@ -79,6 +77,7 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             file=sys.stderr,
         )
         return None, None, "judged rows only"
+    jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
 
 
