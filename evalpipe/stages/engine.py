@@ -94,7 +94,10 @@ def run(job: Job, args) -> int:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
-        _seed_token_field(job)
+        if job.endpoint is not None:  # send --max-tokens in the field an earlier run learned this endpoint takes
+            field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
+            if field in TOKEN_FIELDS:
+                job.endpoint.use_token_field(field)
         written = job.written()
         in_batches = batch_backend.open_batches(job.output)
         _refuse(job, args, written, in_batches)
@@ -135,15 +138,6 @@ def run(job: Job, args) -> int:
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
     return job.rows.settle(runner.finish(job.label, summary, job.output))
-
-
-def _seed_token_field(job: Job) -> None:
-    """Send --max-tokens in the field an earlier run learned this endpoint takes (manifest's learned.token_field)."""
-    if job.endpoint is None:
-        return
-    field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
-    if field in TOKEN_FIELDS:
-        job.endpoint.use_token_field(field)
 
 
 def _learned_token_field(job: Job, args) -> dict:
