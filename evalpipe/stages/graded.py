@@ -57,15 +57,6 @@ def shard_filter(
     return kept
 
 
-def refuse_bedrock(judge_model: str) -> None:
-    """Refuse a model name that only AWS Bedrock serves: this pipeline speaks the OpenAI-compatible protocol."""
-    if "." in judge_model and (":" in judge_model or judge_model.startswith(_BEDROCK_PREFIXES)):
-        raise BadInput(
-            f"{judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
-            "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
-        )
-
-
 class InputRows:
     """A stage's input file (over its parts: shards.py) as its latest row per id that `keep` accepts, in the
     order the ids first occur: counted in one pass, then read again lazily for the pending ones. Holds the
@@ -171,12 +162,16 @@ def run(
 ) -> int:
     """Run a stage that writes a row per input row `keep` accepts (of --shard's tasks): pending until the output's
     latest row for its id `is_done`; `work(row, client)` makes it, by the judge model when `by_model`."""
-    if by_model:
-        refuse_bedrock(args.judge_model)
+    model = args.judge_model
+    if by_model and "." in model and (":" in model or model.startswith(_BEDROCK_PREFIXES)):
+        raise BadInput(
+            f"{model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
+            "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
+        )
     shard = shards.chosen(args.shard, args.shards)
     rows = InputRows(in_path, keep=shard_filter(bench, shard, keep))
     # the judge's endpoint: flags, then JUDGE_* variables, then OPENAI_* ones
-    endpoint = cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE") if by_model else None
+    endpoint = cli.endpoint_from_args(args, model, env_prefix="JUDGE") if by_model else None
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
     if shard is not None:
         shards.refuse_other_count(output, shard)
