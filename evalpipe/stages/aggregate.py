@@ -95,9 +95,7 @@ def served(runs: list[dict]) -> tuple[dict, bool]:
 
 
 def thinking(runs: list[dict], served_models: dict) -> dict | None:
-    """What a model's thinking cost over its runs (score.json's infer cost and coverage): reasoning tokens per
-    task, their share of the bill (of the completion tokens where there is no price), answers that ran out of
-    tokens while thinking, and the reasoning efforts the endpoint said it applied (None: no reasoning at all)."""
+    """What a model's thinking cost over its runs, from score.json's infer cost and coverage (None: no reasoning)."""
     reasoning = tasks = truncated = 0
     completion, reasoning_cost, bill = 0, 0.0, 0.0
     priced = True
@@ -138,10 +136,8 @@ def collect(
     notes: list[str] = []
     found = []
     base = paths.bench_dir(root, bench.name)
-    model_dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-    for model_dir in model_dirs:
-        if models and model_dir.name not in models:
-            continue
+    wanted = (p for p in base.iterdir() if p.is_dir() and (not models or p.name in models)) if base.is_dir() else ()
+    for model_dir in sorted(wanted):
         entry = _read_model(model_dir, runs)
         if entry is None:
             continue
@@ -153,8 +149,8 @@ def collect(
                 f"{entry['model']}: run(s) {without} have no items.json (scored by an older version): their tasks are "
                 "left out of the item-level figures; run score again"
             )
-    judges = {orjson.dumps(_judge_config(e)).decode() for e in found if _judge_config(e)}
-    if len(judges) > 1:
+    configs = [next((fp["judge"] for fp in e["fingerprints"].values() if "judge" in fp), None) for e in found]
+    if len({orjson.dumps(config) for config in configs if config}) > 1:
         warnings.append(
             "models were judged under different judge configurations (judge model, parameters or prompt): "
             "their figures are not comparable"
@@ -209,26 +205,17 @@ def _run_warnings(entry: dict, runs: int | None) -> list[str]:
     expected = {k: m.get("coverage", {}).get("expected") for k, m in per_run.items()}
     if len(set(expected.values())) > 1:
         warnings.append(f"{name}: runs cover different task sets (expected tasks per run: {expected})")
-    return warnings + _fingerprint_warnings(name, entry["fingerprints"])
-
-
-def _fingerprint_warnings(model: str, fingerprints: dict[int, dict]) -> list[str]:
-    out = []
     for stage in ("infer", "judge"):
-        seen = {k: fp[stage] for k, fp in sorted(fingerprints.items()) if stage in fp}
+        seen = {k: fp[stage] for k, fp in sorted(entry["fingerprints"].items()) if stage in fp}
         if len(seen) < 2:
             continue
         (first_run, first), *rest = seen.items()
         for k, fp in rest:
             if changes := manifest.differences(first, fp):
-                out.append(
-                    f"{model}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})"
+                warnings.append(
+                    f"{name}: run-{k} {stage} configuration differs from run-{first_run} ({'; '.join(changes)})"
                 )
-    return out
-
-
-def _judge_config(entry: dict) -> dict | None:
-    return next((fp["judge"] for fp in entry["fingerprints"].values() if "judge" in fp), None)
+    return warnings
 
 
 def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
@@ -249,14 +236,6 @@ def _figures(per_run_values: list[dict[str, float | None]]) -> dict:
             "values": series,
         }
     return figures
-
-
-def _item_estimates(bench: Benchmark, model: dict, model_items: items.ModelItems, boot: items.Bootstrap | None) -> None:
-    """Attach each item-level figure's `items` object to the model's figure of that name."""
-    for figure in bench.figures:
-        target = model["figures"] if not figure.table else model["extra_tables"].setdefault(figure.table, {})
-        for name, label in model_items.subsets(figure):
-            target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
 
 
 def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None = None) -> list[dict]:
@@ -288,8 +267,11 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             "mixed_served_models": mixed,
             "thinking": thinking(runs, served_models),
         }
-        if entry["items"] is not None:
-            _item_estimates(bench, model, entry["items"], boot)
+        model_items = entry["items"]
+        for figure in bench.figures if model_items is not None else ():  # each figure's item-level estimate
+            target = model["figures"] if not figure.table else model["extra_tables"].setdefault(figure.table, {})
+            for name, label in model_items.subsets(figure):
+                target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
         models.append(model)
     # the first headline figure is the overall one: sort by it, best first
     models.sort(key=lambda m: -(_sort_value(next(iter(m["figures"].values()), {})) or 0.0))
@@ -300,13 +282,6 @@ def _sort_value(figure: dict) -> float | None:
     if figure.get("mean") is not None:
         return figure["mean"]
     return (figure.get("items") or {}).get("mean")
-
-
-def _attach_agreement(bench: Benchmark, models: list[dict], base: Path) -> None:
-    """Each model's judge agreement with its second opinions (judge-<label>.jsonl), pooled over the runs used."""
-    for model in models:
-        if section := agreement.pooled(bench, [base / model["model"] / f"run-{k}" for k in model["runs"]]):
-            model["agreement"] = section
 
 
 def compare_models(
@@ -338,7 +313,9 @@ def main(argv: list[str]) -> int:
         raise BadInput(f"no score.json under {out_dir}/*/run-*/ (run score first)")
     boot = items.Bootstrap(args.bootstrap, args.seed) if args.bootstrap > 0 else None
     models = summarize(bench, found, boot)
-    _attach_agreement(bench, models, out_dir)
+    for model in models:  # judge agreement with the second opinions (judge-<label>.jsonl), pooled over the runs
+        if section := agreement.pooled(bench, [out_dir / model["model"] / f"run-{k}" for k in model["runs"]]):
+            model["agreement"] = section
     comparisons = compare_models(bench, models, found, boot)
     flag_note = next(filter(None, (bench.flagged(list(entry["runs"].values())) for entry in found)), "")
     out = render.render(bench, models, comparisons, args.std, args.runs_ci, flag_note)
@@ -360,9 +337,8 @@ def main(argv: list[str]) -> int:
         "comparisons": comparisons,
     }
     jsonl.atomic_write(out_dir / "aggregate.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
-    jsonl.atomic_write(out_dir / "aggregate.md", out.markdown.encode())
-    jsonl.atomic_write(out_dir / "aggregate.csv", out.csv.encode())
-    jsonl.atomic_write(out_dir / "aggregate.tex", out.latex.encode())
+    for name, text in (("aggregate.md", out.markdown), ("aggregate.csv", out.csv), ("aggregate.tex", out.latex)):
+        jsonl.atomic_write(out_dir / name, text.encode())
     jsonl.atomic_write(out_dir / "aggregate_comparisons.csv", out.comparisons_csv.encode())
     print(out.markdown)
     for w in warnings:

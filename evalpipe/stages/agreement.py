@@ -1,19 +1,8 @@
-"""How far two judges agree: judge files of the same answers, compared task by task (the figures and
-their text: results/agreement.py).
+"""How far two judges agree: judge files of the same answers, compared task by task.
 
     python -m evalpipe.stages.agreement FILE_A FILE_B [FILE ...] [--bench clbench] [--json]
 
-Rows are keyed by task id (the last row per id counts) and only final judgments are compared: a
-provisional row (the judge API failed; the next judge run does it again) is left out, on either
-side. For the first file against each other one: raw agreement on the overall 0/1 score, Cohen's
-κ, the 2×2 table, both judges' pass rates, the same per category (CL-bench's
-metadata.context_category), agreement per rubric item where both requirement_status lists have
-the rubric count, and the response_format mode (judge_format) of each side: a pair whose modes
-differ is a format A/B. Files judged by one judge model (as their manifests record) are repeated
-judgments: their flip rate (tasks not graded alike by all of them) and Fleiss' κ.
-
-score.py calls `for_run` (judge.jsonl and the judge-<label>.jsonl beside it), aggregate
-`pooled` (the same, pooled over a model's runs).
+What is compared and how: docs/results.md#judge-agreement (the figures: results/agreement.py).
 """
 
 import argparse
@@ -30,13 +19,6 @@ from ..benchmarks.clbench import rubric_lines
 from ..errors import EXIT_OK, BadInput, run_stage
 from ..results.agreement import Rows, format_report, report
 from ..store import jsonl, manifest, paths, shards
-
-
-def _binary(value: Any) -> int:
-    """1 for a score of 1 (as a number or text), else 0 (the conservative rule of every fallback)."""
-    if isinstance(value, str):
-        value = value.strip()
-    return int(value in (1, "1"))
 
 
 def _statuses(row: dict) -> list[int] | None:
@@ -63,8 +45,9 @@ def load(bench: Benchmark, path: Path, prefix: Any = None) -> tuple[Rows, int]:
     def keep(row: dict) -> dict | None:
         if stand_in(row):
             return None
+        score = row.get("score")  # 1 as a number or text, else 0 (the conservative rule of every fallback)
         return {
-            "score": _binary(row.get("score")),
+            "score": int((score.strip() if isinstance(score, str) else score) in (1, "1")),
             "statuses": _statuses(row),
             "category": str((row.get("metadata") or {}).get("context_category", "(none)")),
             "format": row.get("judge_format"),
@@ -81,8 +64,7 @@ def judge_model(path: Path) -> str | None:
 
 
 def _beside(bench: Benchmark, judge_path: Path, prefix: Any = None) -> dict[str, tuple[Rows, int, str | None]]:
-    """`judge_path` and each judge-<label>.jsonl beside it, by file name: their rows, provisional rows and judge
-    model (none when there is no judge-<label>.jsonl)."""
+    """`judge_path` and each judge-<label>.jsonl beside it by file name: rows, provisional rows, judge model."""
     labelled = paths.labelled_judge_files(judge_path.parent)
     if not labelled:
         return {}
@@ -96,8 +78,7 @@ def for_run(bench: Benchmark, judge_path: Path) -> dict | None:
 
 
 def pooled(bench: Benchmark, run_dirs: list[Path]) -> dict | None:
-    """for_run over several runs of one model, pooled: a task of each run is an item of its own (keyed
-    by run and id); a file name counts in the runs that have it. None when no run has a second opinion."""
+    """for_run pooled over a model's runs: a task of each run is an item of its own (keyed by run and id)."""
     merged: dict[str, tuple[Rows, int, set]] = {}
     used = []
     for run_dir in run_dirs:

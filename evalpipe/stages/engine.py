@@ -1,16 +1,4 @@
-"""The one sequence every API-calling stage runs (infer, judge, error analysis).
-
-A stage describes its job — what it writes, which tasks are still pending given what is written,
-the work on one task — and `run` does the rest, in this order:
-
-  --dry-run      reads only: count the calls and estimate their cost (no folder, lock or manifest)
-  lock           one writer per output; rows an earlier run could not write are added first
-  refuse         rows made under another configuration (the fingerprint), and any engine but the
-                 Batch API while Batch API batches are open
-  announce       how many tasks are done and how many pending
-  one engine     --export-batch (writes request files, no manifest), else between the manifest's
-                 start and finish: nothing to do, --backend batch, --import-batch, or online
-"""
+"""The one sequence every API-calling stage runs (infer, judge, error analysis): docs/design.md#the-engine."""
 
 import asyncio
 import functools
@@ -49,17 +37,12 @@ class Pending:
 class Rows(Protocol):
     """How a stage makes its rows, and what it counts and says of those a run made."""
 
-    def session(self, paying: bool) -> AbstractContextManager[Work]:
-        """The work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's."""
-        ...
+    # the work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's
+    def session(self, paying: bool) -> AbstractContextManager[Work]: ...
 
-    def counts(self, summary: runner.RunSummary) -> dict:
-        """What the manifest adds of a run."""
-        ...
+    def counts(self, summary: runner.RunSummary) -> dict: ...  # what the manifest adds of a run
 
-    def settle(self, code: int) -> int:
-        """The last word on an online or import run's exit code."""
-        ...
+    def settle(self, code: int) -> int: ...  # the last word on an online or import run's exit code
 
 
 @dataclass
@@ -111,7 +94,10 @@ def run(job: Job, args) -> int:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
-        _seed_token_field(job)
+        if job.endpoint is not None:  # send --max-tokens in the field an earlier run learned this endpoint takes
+            field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
+            if field in TOKEN_FIELDS:
+                job.endpoint.use_token_field(field)
         written = job.written()
         in_batches = batch_backend.State(job.output).open_batches()
         _refuse(job, args, written, in_batches)
@@ -154,18 +140,8 @@ def run(job: Job, args) -> int:
     return job.rows.settle(runner.finish(job.label, summary, job.output))
 
 
-def _seed_token_field(job: Job) -> None:
-    """Send --max-tokens in the field an earlier run learned this endpoint takes (manifest's learned.token_field)."""
-    if job.endpoint is None:
-        return
-    field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
-    if field in TOKEN_FIELDS:
-        job.endpoint.use_token_field(field)
-
-
 def _learned_token_field(job: Job, args) -> dict:
-    """What the manifest learns of the field the endpoint took --max-tokens in: kept when it is not
-    --max-tokens-param's, or when an earlier run had learned otherwise."""
+    """The field the endpoint took --max-tokens in, when not --max-tokens-param's or an earlier run learned another."""
     if job.endpoint is None or job.endpoint.token_field is None:
         return {}
     learned, key = manifest.learned(job.output, "token_field"), job.endpoint.learned_key
@@ -175,9 +151,8 @@ def _learned_token_field(job: Job, args) -> dict:
 
 
 def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
-    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches.
-    A rule's rows (no endpoint) cost nothing: the benchmark's `is_judged` decides which to grade again. A step
-    cache with steps in it (infer's chained calls) is paid for too, though no row has them yet."""
+    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches. A
+    rule's rows cost nothing (`is_judged` decides); a step cache with steps in it (infer's chains) is paid for."""
     steps = StepCache.path_for(job.output)
     paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
     if job.fingerprint is not None and paid_for and not args.allow_config_change:

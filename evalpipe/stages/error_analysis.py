@@ -1,40 +1,28 @@
-"""error analysis (`judge.py --error-analysis`, CL-bench): classify why each failed solution failed.
-
-The judge rows are the input and `<error_analysis_name>.jsonl` beside them the output; the judge
-model does the classifying, with judge.py's flags and endpoint. Resumable like every stage: a
-failed solution is pending until it has an analysis row its benchmark leaves as it is.
-"""
+"""error analysis (`judge.py --error-analysis`, CL-bench): classify why each failed solution failed, by the judge
+model with judge.py's flags, into `<error_analysis_name>.jsonl` beside the judge rows (resumable like judge)."""
 
 from ..benchmarks import Benchmark
 from ..benchmarks.base import ErrorAnalysis
 from ..errors import BadInput
 from ..store import paths, shards
-from . import engine, graded
+from . import graded
 
 
 def main(bench: Benchmark, args) -> int:
-    """Entered from judge.main with the parsed flags: let the engine classify every failed solution not yet analyzed."""
     assert isinstance(bench, ErrorAnalysis)  # judge.py offers --error-analysis only then
     in_path = graded.input_path(bench, args, paths.judge_file_name(args.judge_label))
     output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
     if not shards.exists(in_path):
         raise BadInput("no such judge file (run judge first)", in_path)
-    graded.refuse_bedrock(args.judge_model)
-    shard = shards.chosen(args.shard, args.shards)
-    failed = graded.InputRows(in_path, keep=graded.shard_filter(bench, shard, bench.needs_error_analysis))
-    endpoint = graded.judge_endpoint(args)
-    job = graded.rows_job(
+    return graded.run(
         bench,
         args,
         in_path,
         output,
-        failed,
-        endpoint,
         label="error analysis",
         stage="error_analysis",
         prompts=bench.error_analysis_prompts(),
         is_done=bench.is_analyzed,
         work=bench.analyze_error,
-        shard=shard,
+        keep=bench.needs_error_analysis,
     )
-    return engine.run(job, args)

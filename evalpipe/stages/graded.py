@@ -57,15 +57,6 @@ def shard_filter(
     return kept
 
 
-def refuse_bedrock(judge_model: str) -> None:
-    """Refuse a model name that only AWS Bedrock serves: this pipeline speaks the OpenAI-compatible protocol."""
-    if "." in judge_model and (":" in judge_model or judge_model.startswith(_BEDROCK_PREFIXES)):
-        raise BadInput(
-            f"{judge_model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
-            "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
-        )
-
-
 class InputRows:
     """A stage's input file (over its parts: shards.py) as its latest row per id that `keep` accepts, in the
     order the ids first occur: counted in one pass, then read again lazily for the pending ones. Holds the
@@ -94,8 +85,7 @@ class InputRows:
                     self.left_out.add(key)
         gc.freeze()  # what is read lives to the end: keep the collector from rescanning it
 
-    def __len__(self) -> int:
-        """How many ids the stage covers."""
+    def __len__(self) -> int:  # the ids the stage covers
         return self.count - len(self.left_out)
 
     def pending(self, done: set) -> engine.Pending:
@@ -153,32 +143,35 @@ class _Done(set):
         self.elsewhere: set = set()  # to redo, by their shard
 
     def __bool__(self) -> bool:
-        """Whether the output has rows."""
         return self.any_rows
 
 
-def judge_endpoint(args) -> Endpoint:
-    """The judge model's endpoint: flags, then JUDGE_* variables, then OPENAI_* ones."""
-    return cli.endpoint_from_args(args, args.judge_model, env_prefix="JUDGE")
-
-
-def rows_job(
+def run(
     bench: Benchmark,
     args,
     in_path: Path,
     output: Path,
-    rows: InputRows,
-    endpoint: Endpoint | None,
     *,
     label: str,
     stage: str,
     prompts: list[str],
     is_done: Callable[[dict], bool],
     work: Callable[..., Awaitable[dict]],
-    shard: shards.Shard | None = None,
-) -> engine.Job:
-    """The job of a stage that writes a row per input row: pending until the output's latest row for its id
-    `is_done`; `work(row, client)` makes it. A shard's job writes the shard's file of `output`."""
+    by_model: bool = True,
+    keep: Callable[[dict], bool] | None = None,
+) -> int:
+    """Run a stage that writes a row per input row `keep` accepts (of --shard's tasks): pending until the output's
+    latest row for its id `is_done`; `work(row, client)` makes it, by the judge model when `by_model`."""
+    model = args.judge_model
+    if by_model and "." in model and (":" in model or model.startswith(_BEDROCK_PREFIXES)):
+        raise BadInput(
+            f"{model!r} looks like an AWS Bedrock model; this pipeline speaks the OpenAI-compatible "
+            "protocol only: put the judge behind an OpenAI-compatible gateway and pass --base-url"
+        )
+    shard = shards.chosen(args.shard, args.shards)
+    rows = InputRows(in_path, keep=shard_filter(bench, shard, keep))
+    # the judge's endpoint: flags, then JUDGE_* variables, then OPENAI_* ones
+    endpoint = cli.endpoint_from_args(args, model, env_prefix="JUDGE") if by_model else None
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
     if shard is not None:
         shards.refuse_other_count(output, shard)
@@ -191,7 +184,6 @@ def rows_job(
         return done
 
     def announce(pending: engine.Pending) -> None:
-        """Say how many of the input rows are done and how many this run does."""
         cut = f" · shard {shard}" if shard is not None else ""
         print(
             f"{label}: {bench.name}{cut} · {len(rows)} rows to cover, {len(rows) - len(pending)} already done, "
@@ -199,12 +191,20 @@ def rows_job(
             file=sys.stderr,
         )
 
-    return engine.Job(
+    job = engine.Job(
         label=label,
         output=output,
         endpoint=endpoint,
         fingerprint=fingerprint,
-        manifest=_record(bench, args, stage, in_path, endpoint, fingerprint),
+        manifest={
+            "stage": stage,
+            "benchmark": bench.name,
+            "input": str(in_path.resolve()),
+            "judge_model": args.judge_model if endpoint else None,
+            "endpoint": endpoint.host if endpoint else None,
+            "params": {**endpoint.params, **endpoint.extra_body} if endpoint else {},
+            "fingerprint": fingerprint,
+        },
         total=("rows", len(rows)),
         written=written,
         pending_given=rows.pending,
@@ -213,11 +213,11 @@ def rows_job(
         first_call_only=True,
         rows_pending=True,
     )
+    return engine.run(job, args)
 
 
 def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
-    """What an LLM judge asking for JSON learns of the endpoint's response_format (judge_format.Formats), seeded
-    with what earlier runs learned; None for other judges."""
+    """An LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs; else None."""
     formats = getattr(bench, "judge_formats", None)
     if formats is not None and endpoint is not None:
         formats.seed(manifest.learned(output, "judge_format"))
@@ -227,8 +227,7 @@ def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
 
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
     """What makes the rows what they are: the prompts and the flags that shape a judge request; for a rule, the
-    benchmark's own judge options (e.g. CoinFlip's --parse). Never in infer's fingerprint: grading again
-    another way leaves the answers as they are."""
+    benchmark's own options of the stage (e.g. CoinFlip's --parse). Never in infer's: answers stay as they are."""
     if endpoint is None:
         own = [f.name for f in fields(bench.Options) if f.metadata.get("stage") == stage]
         return {"grader": "rule", **{name: getattr(bench.options, name) for name in own}}
@@ -236,26 +235,10 @@ def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: lis
     return manifest.fingerprint(args, inputs, _NOT_IN_FINGERPRINT)
 
 
-def _record(
-    bench: Benchmark, args, stage: str, in_path: Path, endpoint: Endpoint | None, fingerprint: dict | None
-) -> dict:
-    """What the manifest records: the stage, the benchmark, the input, the judge model and its parameters."""
-    return {
-        "stage": stage,
-        "benchmark": bench.name,
-        "input": str(in_path.resolve()),
-        "judge_model": args.judge_model if endpoint else None,
-        "endpoint": endpoint.host if endpoint else None,
-        "params": {**endpoint.params, **endpoint.extra_body} if endpoint else {},
-        "fingerprint": fingerprint,
-    }
-
-
 class _StandIns:
     """The rows a run writes as stand-ins (the judge API failed): the next run does them again."""
 
     def __init__(self, label: str, work: Callable[..., Awaitable[dict]], formats):
-        """Watch `work` for `label` (`stand_in` says which rows are stand-ins)."""
         self.label, self.work, self.formats = label, work, formats
         self.ids: set = set()  # of this run (every earlier one was pending again)
         self.elsewhere: set = set()  # rows to redo that an uncut run leaves to their shards (_done_ids)
@@ -265,7 +248,6 @@ class _StandIns:
         """Yield the work on one task (an input row); a paying run notes each stand-in it writes."""
 
         async def grade(task: Task, client) -> dict:
-            """The output row for the task's input row."""
             row = await self.work(task.row, client)
             if paying and stand_in(row):
                 self.ids.add(task.id)

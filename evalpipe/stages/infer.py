@@ -24,7 +24,6 @@ from .selected import SelectedTasks
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
-    """infer's own flags and the endpoint's (cli.parser_for adds the benchmark's)."""
     parser.add_argument("--model", required=True, help="model name sent to the endpoint")
     default = bench.default_data.relative_to(paths.PROJECT) if bench.default_data else None
     parser.add_argument(
@@ -59,7 +58,6 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """infer.py: load and select the tasks, then let the engine run those without a row."""
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
     data = args.input or bench.default_data
     shard = shards.chosen(args.shard, args.shards)
@@ -85,7 +83,6 @@ class Selected(SelectedTasks):
         self.count = sum(1 for _ in self)
 
     def __len__(self) -> int:
-        """How many tasks are selected."""
         return self.count
 
     def pending(self, done: set) -> engine.Pending:
@@ -100,7 +97,6 @@ class Selected(SelectedTasks):
 def _job(
     bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, output: Path, endpoint: Endpoint
 ) -> engine.Job:
-    """infer's job: one row per selected task, by id."""
     fingerprint = manifest.fingerprint(
         args,
         {
@@ -113,7 +109,6 @@ def _job(
     rows = _Rows(bench, args.slim, output, args.max_tokens)
 
     def announce(pending: engine.Pending) -> None:
-        """Say how many of the selected tasks are done and how many this run does."""
         cut = f" · shard {tasks.shard}" if tasks.shard is not None else ""
         print(
             f"infer: {bench.name} · {args.model}{cut} · {len(tasks)} selected, "
@@ -126,7 +121,20 @@ def _job(
         output=output,
         endpoint=endpoint,
         fingerprint=fingerprint,
-        manifest=_record(bench, args, tasks, data, data_sha, endpoint, fingerprint),
+        manifest={
+            "stage": "infer",
+            "benchmark": bench.name,
+            "dataset": str(data.resolve()),
+            "dataset_sha256": data_sha,
+            "dataset_source": hub.source_of(data),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
+            "max_samples": args.max_samples,
+            "model": args.model,
+            "endpoint": endpoint.host,
+            "params": {**endpoint.params, **endpoint.extra_body},
+            "slim": args.slim,
+            "shard": None if tasks.shard is None else str(tasks.shard),
+            "fingerprint": fingerprint,
+        },
         total=("selected", len(tasks)),
         written=lambda: jsonl.ids_in(output, row_id),
         pending_given=tasks.pending,
@@ -139,29 +147,9 @@ def _job(
     )
 
 
-def _record(
-    bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, endpoint: Endpoint, fingerprint: dict
-) -> dict:
-    """What infer's manifest records: the benchmark, the dataset, the model and its parameters."""
-    return {
-        "stage": "infer",
-        "benchmark": bench.name,
-        "dataset": str(data.resolve()),
-        "dataset_sha256": data_sha,
-        "dataset_source": hub.source_of(data),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
-        "max_samples": args.max_samples,
-        "model": args.model,
-        "endpoint": endpoint.host,
-        "params": {**endpoint.params, **endpoint.extra_body},
-        "slim": args.slim,
-        "shard": None if tasks.shard is None else str(tasks.shard),
-        "fingerprint": fingerprint,
-    }
-
-
 class _Rows:
-    """The rows this run makes: their prompt tokens (and how many the endpoint read from its prompt cache), and
-    the answers that ran out of tokens while thinking (and the completion tokens the others used)."""
+    """The rows this run makes, and what it counts of them: prompt tokens (cached ones too), answers that ran out
+    of tokens while thinking (and the completion tokens the others used)."""
 
     def __init__(self, bench: Benchmark, slim: bool, output: Path, budget: int | None) -> None:
         self.bench, self.slim, self.output = bench, slim, output
@@ -176,7 +164,6 @@ class _Rows:
         steps = StepCache(self.output, record=paying)
 
         async def solve(task: Task, client) -> dict:
-            """The task's inference row (with --slim, without `messages`, and its `thinking` null: left out)."""
             row = await self.bench.solve(task, client, steps)
             self._add(row)
             if self.slim:
@@ -191,12 +178,13 @@ class _Rows:
             steps.close()
 
     def _add(self, row: dict) -> None:
-        calls = cost.api_calls(row)
-        for call in calls:
+        used = 0  # the most completion tokens of the row's calls
+        for call in cost.api_calls(row):
             usage = call.usage or {}
             self.prompt_tokens += usage.get("prompt_tokens", 0)
             self.cached += usage.get("cached_tokens", 0)
-        used = max((_completion_tokens(call.usage) for call in calls), default=0)
+            if type(usage.get("completion_tokens")) is int:
+                used = max(used, usage["completion_tokens"])
         if row.get("status") == THINKING_TRUNCATED:
             self.truncated += 1
             self.stopped_at = max(self.stopped_at, used)
@@ -212,8 +200,7 @@ class _Rows:
         }
 
     def settle(self, code: int) -> int:
-        """After the run's counts: the cached share of its prompt tokens; when answers ran out of tokens while
-        thinking, what to raise --max-tokens to (the exit code is left as it is)."""
+        """Say the cached share of the prompt tokens, and what to raise --max-tokens to if answers ran out thinking."""
         if self.prompt_tokens:
             print(
                 f"infer: {self.cached:,} of {self.prompt_tokens:,} prompt tokens cached "
@@ -230,8 +217,3 @@ class _Rows:
                 file=sys.stderr,
             )
         return code
-
-
-def _completion_tokens(usage: dict | None) -> int:
-    value = (usage or {}).get("completion_tokens")
-    return value if type(value) is int else 0

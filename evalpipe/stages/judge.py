@@ -1,8 +1,4 @@
-"""judge: grade every inference row that has no final judge row yet.
-
-With --error-analysis (CL-bench), the error-analysis stage runs instead (stages/error_analysis.py):
-it reads the judge rows and shares this stage's judge model and flags (what both do: graded.py).
-"""
+"""judge: grade every inference row that has no final judge row yet (--error-analysis: error_analysis.py)."""
 
 import argparse
 import sys
@@ -14,12 +10,11 @@ from ..benchmarks.base import ErrorAnalysis, uses_judge_model
 from ..datasets import hub
 from ..errors import BadInput
 from ..store import paths, shards
-from . import engine, error_analysis
-from .graded import InputRows, input_path, judge_endpoint, refuse_bedrock, rows_job, shard_filter
+from . import error_analysis, graded
+from .graded import input_path
 
 
 def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
-    """judge's own flags, --error-analysis where the benchmark offers it, and the endpoint's."""
     parser.add_argument("--model", help="the model whose answers are judged (for the default paths)")
     parser.add_argument(
         "--input",
@@ -62,7 +57,6 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """judge.py: read the inference rows, then let the engine grade those without a final judge row."""
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
     check_judge_label(args)
     if getattr(args, "error_analysis", False):
@@ -71,32 +65,24 @@ def main(argv: list[str]) -> int:
     output = args.output or _default_output(in_path, args.judge_label)
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
-    shard = shards.chosen(args.shard, args.shards)
     if not uses_judge_model(bench) and args.backend == "batch":
         print(
             f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
             file=sys.stderr,
         )
         args.backend = "online"
-    if uses_judge_model(bench):
-        refuse_bedrock(args.judge_model)
-    rows = InputRows(in_path, keep=shard_filter(bench, shard))
-    endpoint = judge_endpoint(args) if uses_judge_model(bench) else None
-    job = rows_job(
+    return graded.run(
         bench,
         args,
         in_path,
         output,
-        rows,
-        endpoint,
-        shard=shard,
         label="judge",
         stage="judge",
         prompts=bench.prompts().get("judge", []),
         is_done=bench.is_judged,
         work=bench.grade,
+        by_model=uses_judge_model(bench),
     )
-    return engine.run(job, args)
 
 
 def check_judge_label(args) -> None:
@@ -111,8 +97,7 @@ def check_judge_label(args) -> None:
 
 
 def _default_output(in_path: Path, label: str | None) -> Path:
-    """judge.jsonl (judge-<label>.jsonl) beside an infer.jsonl not fetched from the Hub, else
-    outputs/<input-name>_graded.jsonl as upstream (<input-name>_graded-<label>.jsonl)."""
+    """judge[-<label>].jsonl beside a local infer.jsonl, else outputs/<input-name>_graded[-<label>].jsonl."""
     if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
         return in_path.with_name(paths.judge_file_name(label))
     return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"

@@ -70,8 +70,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             if max_samples is None:
                 max_samples = recorded.get("max_samples")
         _refuse_other_dataset(data, record_path, recorded)
-    if data is not None:
-        jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
@@ -79,6 +77,7 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             file=sys.stderr,
         )
         return None, None, "judged rows only"
+    jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
 
 
@@ -115,8 +114,7 @@ def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None
 def _coverage(
     bench: Benchmark, ids: list, missing: list, judged: Mapping, counted: list[tuple[dict, int]]
 ) -> tuple[Coverage, dict]:
-    """How much of the selected tasks (their ids; `missing`: those without a judge row) the judge rows cover, and
-    the judge statuses among the selected tasks' rows (`counted`)."""
+    """How much of the selected tasks (`ids`) the judge rows cover, and the judge statuses among their rows."""
     statuses: Counter = Counter()
     to_rejudge = truncated = 0
     for row, count in counted:
@@ -137,15 +135,13 @@ def _coverage(
 
 
 def _counted(selected: dict) -> list[tuple[dict, int]]:
-    """Each distinct judge row and how many tasks have it (`read_judged` shares one dict between rows of the same
-    values: a million rows are a handful)."""
+    """Each distinct judge row and how many tasks have it (`read_judged` shares a dict between rows alike)."""
     objects = {id(row): row for row in selected.values()}
     return [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
 
 
 def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
-    """One run's metrics: the benchmark's details and figures (from `columns`, the run's item columns, made here
-    when not given), then coverage and judge statuses."""
+    """One run's metrics: the benchmark's details and figures (from the item `columns`), coverage, judge statuses."""
     if columns is None:
         columns = bench.item_columns(tasks, judged)
     ids = tasks.ids if isinstance(tasks, _Selected) and tasks.ids is not None else [task.id for task in tasks]
@@ -182,8 +178,7 @@ SERVED = {
 
 
 def _field_counts(counted: list[tuple], key: str) -> dict[str, int]:
-    """How many judge rows (`_counted` rows and their counts) have each value of `key` (rows without it are not
-    counted)."""
+    """How many of the `_counted` judge rows have each value of `key`."""
     counts: dict[str, int] = {}
     for row, count in counted:
         value = row.get(key)
@@ -193,11 +188,13 @@ def _field_counts(counted: list[tuple], key: str) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    """score.py: read the judge rows, count them against the selected tasks, write score.json."""
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
     judge_path = _judge_path(bench, args)
     parts = shards.parts(judge_path)  # the judge file as the files that hold it: its own, then its shards'
-    _require(judge_path, parts)
+    if not parts:
+        answered = shards.exists(judge_path.with_name("infer.jsonl"))
+        needed = "run judge first" if answered else "no answers either: run infer, then judge"
+        raise BadInput(f"no such judge file ({needed})", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
     data, max_samples, described = selection(bench, args, judge_path)
@@ -267,8 +264,7 @@ class _Selected(SelectedTasks):
 
 def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.Ledger, int]:
     """The judge file's last row per id on `fields`, the calls of all its rows, and how many rows it has. Rows of
-    the same values share one dict (told apart by their JSON: 1, 1.0 and true are equal keys): a million rows
-    hold a handful."""
+    the same values share one dict (told apart by their JSON: 1, 1.0 and true are equal keys)."""
     latest: dict = {}
     shared: dict[bytes, dict] = {}
     ledger = cost.Ledger()
@@ -298,17 +294,8 @@ def _recounted(parts: list[Path], selected: set) -> cost.Ledger:
     return ledger
 
 
-def _require(judge_path: Path, parts: list[Path]) -> None:
-    """Stop with a clear line when there is no judge file, saying which stage to run."""
-    if not parts:
-        answered = shards.exists(judge_path.with_name("infer.jsonl"))
-        needed = "run judge first" if answered else "no answers either: run infer, then judge"
-        raise BadInput(f"no such judge file ({needed})", judge_path)
-
-
 def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
-    """For a run cut into shards (its judge file's count, else its inference file's): which shards have tasks
-    without a final judge row, and which wrote no file (None: the run is not cut)."""
+    """Of a run cut into shards: which have tasks without a final judge row, which wrote no file (None: not cut)."""
     infer_path = judge_path.with_name("infer.jsonl")
     n = shards.count(judge_path) or shards.count(infer_path)
     if n is None:
