@@ -93,9 +93,8 @@ def read(output: Path) -> dict | None:
 class Record:
     """The manifest of one stage invocation: `Record(output, info)` at the start, `.finish(counts)` at the end.
 
-    A fingerprint that differs from the recorded one (a change let through by --allow-config-change)
-    is recorded only once the invocation has added rows under it: a run that added none changed
-    nothing, and the next run with the old configuration must not be refused for it.
+    A changed fingerprint (let through by --allow-config-change) is recorded only once rows were added under it:
+    a run that added none changed nothing, and the next run with the old configuration must not be refused.
     """
 
     def __init__(self, output: Path, info: dict):
@@ -137,49 +136,20 @@ class Record:
         jsonl.atomic_write(path_for(self.output), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-# Flags that change how a run goes, not what its rows are: left out of the fingerprint.
-OPERATIONAL = {
-    "api_key",
-    "base_url",
-    "workers",
-    "timeout",
-    "max_retries",
-    "max_retry_seconds",
-    "backoff",
-    "backoff_max",
-    "http_client",
-    "grace",
-    "log_every",
-    "progress",
-    "output",
-    "outputs_dir",
-    "input",
-    "run",
-    "label",
-    "max_samples",
-    "allow_config_change",
-    "dry_run",
-    "prices",
-    "max_cost",
-    "spending_ledger",
-    "export_batch",
-    "import_batch",
-    "backend",
-    "batch_wait",
-    "batch_poll",
-    "batch_max_requests",
-    "batch_max_bytes",
-    "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text
-    "fewshot_data",  # the demos picked from it are in prompt_sha256
-    "shard",  # which part of the run this process writes, not what its rows are
-    "shards",
-}
+# Flags that change how a run goes, not what its rows are: left out of the fingerprint. extra_body is
+# fingerprinted as request_extra_body (the parsed object sent, not the flag's text), fewshot_data by the demos
+# picked from it (in prompt_sha256); shard(s) say which part of the run a process writes.
+OPERATIONAL = set(
+    "api_key base_url workers timeout max_retries max_retry_seconds backoff backoff_max http_client "
+    "grace log_every progress output outputs_dir input run label max_samples allow_config_change dry_run "
+    "prices max_cost spending_ledger export_batch import_batch backend batch_wait batch_poll "
+    "batch_max_requests batch_max_bytes extra_body fewshot_data shard shards".split()
+)
 
 
 def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
-    """What makes the rows what they are: `inputs` (content hashes of the dataset and the prompt templates) and
-    every flag but the OPERATIONAL and `ignore`d ones (the --max-samples prefix among them: resuming a longer
-    prefix is the same run)."""
+    """What makes the rows what they are: `inputs` (content hashes of dataset and prompts) and every flag but the
+    OPERATIONAL and `ignore`d ones."""
     skip = OPERATIONAL | set(ignore)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in skip}
     if flags.get("max_tokens") is None:

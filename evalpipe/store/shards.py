@@ -1,13 +1,7 @@
-"""A run cut into shards, and a run's files however it was cut.
+"""A run cut into shards (`--shard K/N`), and a run's files however it was cut (docs/scale.md).
 
-`--shard K/N` (K from 0 to N-1, as Slurm's `--array=0-(N-1)` and Kubernetes' completion indexes count) takes
-the tasks whose key (the task id, or its prefix group) hashes to K, and writes `<stem>.shard-K-of-N<suffix>`
-beside the run's file, with its own lock, manifest and side files: N machines write to one shared folder.
-
-Every reader of a run's file reads it through `parts`: the file itself where it exists, then its shard files
-in shard order. A task has its rows in one part, so the last row per id over the parts is the task's row as
-in one file; where a task has rows in two (a stand-in judged again), the shard's comes last and counts, which
-is why an uncut run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
+Every reader of a run's file reads it through `parts`: the file, then its shard files in shard order, so the
+shard's row of a task in two parts (a stand-in judged again) comes last and counts (judge's `_done_ids`).
 """
 
 import hashlib

@@ -1,9 +1,7 @@
-"""The single HTML file: the template's CSS and script inline, the data in inert blocks, a strict CSP.
+"""The single HTML file: CSS and script inline, the data in inert blocks, a strict CSP (docs/viewer.md).
 
-Data never becomes markup: the small summary is JSON escaped so that nothing in it can end its block; the bulk
-(the sample index, the details CHUNK samples a block, the shared texts) is gzip + base64 (no `<` in that
-alphabet), decoded by the page only when needed. The CSP allows the page's one script and one style by their
-sha256 and no network request; in Chromium, Trusted Types also make any use of innerHTML throw.
+Data never becomes markup: the summary is JSON escaped so nothing in it can end its block; the bulk is gzip +
+base64 (no `<` in that alphabet).
 """
 
 import base64
