@@ -67,7 +67,6 @@ def read_run(output: Path) -> dict | None:
 
 
 def find_run(output: Path) -> tuple[Path, dict] | None:
-    """`read_run`, with the manifest file it was read from."""
     for part in [output, *shards.shard_files(output).values()]:
         recorded = read(part)
         if recorded is not None:
@@ -118,8 +117,8 @@ class Record:
         self._write()
 
     def finish(self, **counts) -> None:
-        """Record the end; a `learned` count ({what: {endpoint: value}}, e.g. the judge's response_format) is kept
-        at the top level instead, merged per endpoint into what earlier runs learned, for the next run to start from."""
+        """Record the end; a `learned` count ({what: {endpoint: value}}) is merged per endpoint into the top level's,
+        for the next run to start from."""
         for what, value in (counts.pop("learned", None) or {}).items():
             earlier = self.info.setdefault("learned", {}).get(what)
             self.info["learned"][what] = {**(earlier if isinstance(earlier, dict) else {}), **value}
@@ -158,14 +157,12 @@ def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    """What two fingerprints set differently. A key only one of them has comes from another
-    evalpipe version's fingerprint format (every flag is always recorded), not from a change."""
+    """What two fingerprints set differently; a key only one has comes from another version's format, not a change."""
     return [f"{k}: {old[k]!r} → {new[k]!r}" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
 
 
 def refuse_if_changed(output: Path, new: dict) -> None:
-    """Refuse to add rows made under another configuration to an output that has rows, or to a run whose other
-    parts (the whole file, its shard files) were made under another."""
+    """Refuse rows of another configuration than the output's, or than its run's other parts (shards.py)."""
     for part in dict.fromkeys([output, shards.whole(output), *shards.shard_files(output).values()]):
         old = (read(part) or {}).get("fingerprint")
         if old is None or not differences(old, new):

@@ -225,8 +225,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _writer_alive(lock: Path) -> int | None:
-    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage (the pid is only read:
-    taking the lock, even briefly, could make a starting run exit as locked)."""
+    """The pid in `<file>.lock` if it is still an evalpipe stage (only read: taking the lock could make a run exit)."""
     try:
         pid = int(lock.read_text().strip() or "0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid > 0 else b""
