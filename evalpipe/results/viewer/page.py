@@ -16,7 +16,6 @@ import orjson
 
 CHUNK = 500  # samples per detail block
 TEXT_CHUNK_CHARS = 256_000  # shared texts per block (a longer text gets a block of its own)
-GZIP_LEVEL = 6
 
 _SCRIPT_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}  # orjson escapes none of them
 
@@ -36,24 +35,11 @@ def script_json(obj: Any) -> str:
 
 def packed(obj: Any) -> str:
     """gzip + base64 of the JSON (deterministic: no timestamp in the gzip header)."""
-    return base64.b64encode(gzip.compress(dumps(obj), compresslevel=GZIP_LEVEL, mtime=0)).decode("ascii")
+    return base64.b64encode(gzip.compress(dumps(obj), compresslevel=6, mtime=0)).decode("ascii")
 
 
 def csp_hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
-
-
-def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
-def csp(script: str, style: str) -> str:
-    return (
-        f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:; "
-        "connect-src 'none'; worker-src blob:; "  # the regular-expression search's worker, made from the page's script
-        "base-uri 'none'; form-action 'none'; require-trusted-types-for 'script'; "
-        "trusted-types viewer-worker"  # the one policy: it passes the worker's blob URL and nothing else
-    )
 
 
 _MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
@@ -61,11 +47,20 @@ _MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
 
 def render(meta: dict, blocks: list[tuple[str, str]]) -> str:
     """The page: the template with its CSS, script, CSP, the escaped summary and the packed blocks."""
-    template, style, script = _asset("viewer.html"), _asset("viewer.css"), _asset("viewer.js")
+    assets = resources.files(__package__)
+    template, style, script = (
+        assets.joinpath(f"viewer.{ext}").read_text(encoding="utf-8") for ext in ("html", "css", "js")
+    )
     for name, text, end in (("viewer.css", style, "</style"), ("viewer.js", script, "</script")):
         assert end not in text.lower() and "<!--" not in text, f"{name} must not contain {end} or <!--"
     body = "\n".join(f'<script type="application/octet-stream" id="{name}">{data}</script>' for name, data in blocks)
-    values = {"CSP": csp(script, style), "STYLE": style, "META": script_json(meta), "BLOCKS": body, "SCRIPT": script}
+    csp = (
+        f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:; "
+        "connect-src 'none'; worker-src blob:; "  # the regular-expression search's worker, made from the page's script
+        "base-uri 'none'; form-action 'none'; require-trusted-types-for 'script'; "
+        "trusted-types viewer-worker"  # the one policy: it passes the worker's blob URL and nothing else
+    )
+    values = {"CSP": csp, "STYLE": style, "META": script_json(meta), "BLOCKS": body, "SCRIPT": script}
     found = _MARKER.findall(template)
     assert sorted(found) == sorted(values), f"template markers {found}"
     return _MARKER.sub(lambda m: values[m.group(1)], template)
