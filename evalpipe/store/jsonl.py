@@ -1,10 +1,7 @@
 """JSONL files: tolerant reading of our own outputs, strict reading of inputs, safe writing.
 
-Rows are appended with one unbuffered write() each, so a process killed at any instant leaves at most one
-torn last line, which readers of our own outputs ignore and writers cut off before appending. A write that
-fails part-way (a full disk) is cut back at once; one that fails for want of space or permission raises
-OutputUnwritable. `run_rows`, `latest_rows`, `ids_in` and `iter_ids` read a run's file over its parts
-(shards.py); `iter_rows` and `iter_row_chunks` read one file.
+Rows are appended with one unbuffered write() each, so a kill leaves at most one torn last line, which readers
+ignore and writers cut off before appending; a write that fails part-way is cut back at once.
 """
 
 import hashlib
@@ -40,9 +37,8 @@ def _describe_json_error(exc: Exception, raw: bytes) -> str:
 
 
 def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
-    """Open a file to read it, refusing (BadInput naming it) what is no regular file: a pipe blocks until a writer
-    comes and a device such as /dev/zero never ends, where every reader here reads its file to the end, some
-    twice. (Opened without blocking, so that a pipe without a writer is refused, not waited for.)"""
+    """Open a file to read, refusing (BadInput) what is no regular file: a pipe or /dev/zero would never end.
+    Opened without blocking, so that a pipe without a writer is refused, not waited for."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -111,16 +107,14 @@ def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> I
 
 
 def run_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """`iter_rows` of one of our output files (torn last lines skipped) over all its parts: the file and its
-    shard files (no part: no rows)."""
+    """`iter_rows` of one of our output files (torn last lines skipped) over all its parts (shards.py)."""
     return chain.from_iterable(iter_rows(part, torn_tail_ok=True) for part in shards.parts(Path(path)))
 
 
 def latest_rows(
     path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
 ) -> dict[Any, Any]:
-    """The last row per id in one of our output files, over its parts (missing file: no rows); `keep` maps each
-    row to what is kept of it."""
+    """The last row per id over a run file's parts (missing: none); `keep` maps each row to what is kept."""
     rows: dict[Any, Any] = {}
     for _, row in run_rows(path):
         rows[key(row)] = row if keep is None else keep(row)
@@ -131,10 +125,7 @@ _FAST_ID = b'{"idx":"'
 
 
 def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
-    """The ids that have a complete row in one of our output files, over its parts (missing file: none).
-
-    Our rows start with {"idx":"<id>", so the id is sliced from the line without parsing it; other lines
-    are parsed, and a torn last line does not count."""
+    """The ids with a complete row over a run file's parts (missing: none); a torn last line does not count."""
     return set(iter_ids(path, key))
 
 
@@ -163,9 +154,8 @@ def _ids(path: Path, key: Callable[[dict], Any]) -> Iterator[Any]:
 
 
 def repair_tail(path: str | os.PathLike) -> str | None:
-    """Make the file end with a newline before we append to it: a last line that is a complete JSON object
-    (killed between the row and its newline) gets its newline, any other unterminated tail is cut off.
-    Returns what was done, or None."""
+    """End the file with a newline before appending: a complete last row (killed before its newline) gets one,
+    any other unterminated tail is cut off. Returns what was done, or None."""
     if not os.path.exists(path):
         return None
     refuse_unsafe_output(path)
@@ -177,16 +167,14 @@ def repair_tail(path: str | os.PathLike) -> str | None:
         if f.read(1) == b"\n":
             return None
         start = size
-        chunk = 1 << 16
         while start > 0:
-            step = min(chunk, start)
+            step = min(1 << 16, start)
             f.seek(start - step)
-            block = f.read(step)
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                start = start - step + cut + 1
-                break
+            cut = f.read(step).rfind(b"\n")
             start -= step
+            if cut >= 0:
+                start += cut + 1
+                break
         f.seek(start)
         tail = f.read()
         try:
@@ -203,7 +191,7 @@ def repair_tail(path: str | os.PathLike) -> str | None:
 
 class Appender:
     """Appends rows to one JSONL file (its one writer: see lock.py), one unbuffered write per row. A failed
-    append leaves the file as it was and raises OutputUnwritable (no space or no permission) or the OSError."""
+    append leaves the file as it was and raises OutputUnwritable or the OSError."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -257,38 +245,31 @@ class Appender:
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> None:
-    """Write a whole file so that readers see the old or the new content, never a mix; `data` may come in
-    pieces (a large file need not be held whole)."""
+    """Write a whole file so that readers see the old or the new content, never a mix; `data` may be pieces."""
     path = Path(path)
     if os.path.isdir(path) and not os.path.islink(path):  # a link is replaced, never followed
         raise BadInput("a folder where an output file goes: move it away, or choose another output", path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_via_temp_file(path, [data] if isinstance(data, bytes) else data)
-
-
-def _write_via_temp_file(path: Path, pieces: Iterable[bytes]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for piece in pieces:
-                f.write(piece)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; give the file the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines([data] if isinstance(data, bytes) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            # mkstemp creates 0600; give the file the permissions a plain open() would.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 def rescue_path(output: str | os.PathLike) -> Path:
-    """Where a run keeps the rows it could not append to `output`: outside the output's folder
-    (often on the full disk), one file per output."""
+    """Where a run keeps the rows it could not append to `output`: outside its folder (often on the full disk)."""
     key = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / "evalpipe-rescue" / f"{key}.jsonl"
 
@@ -304,8 +285,7 @@ def open_rescue(output: str | os.PathLike) -> Appender:
 
 
 def recover_rescued(output: str | os.PathLike) -> int:
-    """Append the rows an earlier run kept in the rescue file to `output`, then delete that file; how many.
-    Call it holding the output's lock, before reading the output."""
+    """Append the rows an earlier run rescued to `output` (hold its lock), delete the rescue file; how many."""
     rescue = rescue_path(output)
     if not rescue.exists():
         return 0

@@ -14,12 +14,10 @@ from . import jsonl, paths, shards
 
 @contextmanager
 def exclusive(output: str | os.PathLike):
-    """Hold `<output>.lock` for the duration (raise Locked at once if another run holds it), then add to the output
-    the rows an earlier run could not write (jsonl.rescue_path), so that what follows sees them as done.
+    """Hold `<output>.lock` (Locked at once if another run holds it), then add the rows an earlier run rescued.
 
-    A shard's output (shards.py) also holds its run file's lock shared: shards of a run write side by side,
-    but never beside an uncut run on the same run file, which would do their tasks too. The lock file is left
-    in place on exit: removing it would let two runs lock two different files of the same name.
+    A shard's output also holds its run file's lock shared: shards write side by side, never beside an uncut run.
+    The lock file stays on exit: removing it would let two runs lock two different files of the same name.
     """
     lock_path = Path(f"{output}.lock")
     whole = shards.whole(Path(output))

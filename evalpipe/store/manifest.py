@@ -67,7 +67,6 @@ def read_run(output: Path) -> dict | None:
 
 
 def find_run(output: Path) -> tuple[Path, dict] | None:
-    """`read_run`, with the manifest file it was read from."""
     for part in [output, *shards.shard_files(output).values()]:
         recorded = read(part)
         if recorded is not None:
@@ -93,9 +92,8 @@ def read(output: Path) -> dict | None:
 class Record:
     """The manifest of one stage invocation: `Record(output, info)` at the start, `.finish(counts)` at the end.
 
-    A fingerprint that differs from the recorded one (a change let through by --allow-config-change)
-    is recorded only once the invocation has added rows under it: a run that added none changed
-    nothing, and the next run with the old configuration must not be refused for it.
+    A changed fingerprint (let through by --allow-config-change) is recorded only once rows were added under it:
+    a run that added none changed nothing, and the next run with the old configuration must not be refused.
     """
 
     def __init__(self, output: Path, info: dict):
@@ -119,8 +117,8 @@ class Record:
         self._write()
 
     def finish(self, **counts) -> None:
-        """Record the end; a `learned` count ({what: {endpoint: value}}, e.g. the judge's response_format) is kept
-        at the top level instead, merged per endpoint into what earlier runs learned, for the next run to start from."""
+        """Record the end; a `learned` count ({what: {endpoint: value}}) is merged per endpoint into the top level's,
+        for the next run to start from."""
         for what, value in (counts.pop("learned", None) or {}).items():
             earlier = self.info.setdefault("learned", {}).get(what)
             self.info["learned"][what] = {**(earlier if isinstance(earlier, dict) else {}), **value}
@@ -137,49 +135,20 @@ class Record:
         jsonl.atomic_write(path_for(self.output), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-# Flags that change how a run goes, not what its rows are: left out of the fingerprint.
-OPERATIONAL = {
-    "api_key",
-    "base_url",
-    "workers",
-    "timeout",
-    "max_retries",
-    "max_retry_seconds",
-    "backoff",
-    "backoff_max",
-    "http_client",
-    "grace",
-    "log_every",
-    "progress",
-    "output",
-    "outputs_dir",
-    "input",
-    "run",
-    "label",
-    "max_samples",
-    "allow_config_change",
-    "dry_run",
-    "prices",
-    "max_cost",
-    "spending_ledger",
-    "export_batch",
-    "import_batch",
-    "backend",
-    "batch_wait",
-    "batch_poll",
-    "batch_max_requests",
-    "batch_max_bytes",
-    "extra_body",  # fingerprinted as request_extra_body, the parsed object the stage sends, not the flag's text
-    "fewshot_data",  # the demos picked from it are in prompt_sha256
-    "shard",  # which part of the run this process writes, not what its rows are
-    "shards",
-}
+# Flags that change how a run goes, not what its rows are: left out of the fingerprint. extra_body is
+# fingerprinted as request_extra_body (the parsed object sent, not the flag's text), fewshot_data by the demos
+# picked from it (in prompt_sha256); shard(s) say which part of the run a process writes.
+OPERATIONAL = set(
+    "api_key base_url workers timeout max_retries max_retry_seconds backoff backoff_max http_client "
+    "grace log_every progress output outputs_dir input run label max_samples allow_config_change dry_run "
+    "prices max_cost spending_ledger export_batch import_batch backend batch_wait batch_poll "
+    "batch_max_requests batch_max_bytes extra_body fewshot_data shard shards".split()
+)
 
 
 def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
-    """What makes the rows what they are: `inputs` (content hashes of the dataset and the prompt templates) and
-    every flag but the OPERATIONAL and `ignore`d ones (the --max-samples prefix among them: resuming a longer
-    prefix is the same run)."""
+    """What makes the rows what they are: `inputs` (content hashes of dataset and prompts) and every flag but the
+    OPERATIONAL and `ignore`d ones."""
     skip = OPERATIONAL | set(ignore)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items()) if k not in skip}
     if flags.get("max_tokens") is None:
@@ -188,14 +157,12 @@ def fingerprint(args, inputs: dict, ignore: Iterable[str] = ()) -> dict:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    """What two fingerprints set differently. A key only one of them has comes from another
-    evalpipe version's fingerprint format (every flag is always recorded), not from a change."""
+    """What two fingerprints set differently; a key only one has comes from another version's format, not a change."""
     return [f"{k}: {old[k]!r} → {new[k]!r}" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
 
 
 def refuse_if_changed(output: Path, new: dict) -> None:
-    """Refuse to add rows made under another configuration to an output that has rows, or to a run whose other
-    parts (the whole file, its shard files) were made under another."""
+    """Refuse rows of another configuration than the output's, or than its run's other parts (shards.py)."""
     for part in dict.fromkeys([output, shards.whole(output), *shards.shard_files(output).values()]):
         old = (read(part) or {}).get("fingerprint")
         if old is None or not differences(old, new):

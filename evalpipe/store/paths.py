@@ -71,8 +71,7 @@ def judge_file_name(label: str | None = None) -> str:
 
 
 def labelled_judge_files(folder: Path) -> dict[str, Path]:
-    """The labelled judge files in a run folder, by label (also where only their shard files are; not their
-    analyses)."""
+    """A run folder's labelled judge files by label (also where only their shard files are; not their analyses)."""
     wholes = sorted({shards.whole(path) for path in folder.glob("judge-*.jsonl")})
     return {m.group(1): path for path in wholes if (m := _LABELLED_JUDGE.fullmatch(path.name))}
 
@@ -87,13 +86,12 @@ _KINDS = {
 
 
 def not_a_file(mode: int) -> str | None:
-    """What a file of this mode is when it is no regular file (None: a regular file)."""
     return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def refuse_unsafe_output(path: str | os.PathLike) -> None:
-    """BadInput naming `path` when a symbolic link (on a shared folder it may point at anyone's file: we never write
-    through one), a folder, a pipe or a device is where an output file goes; nothing there is fine."""
+    """BadInput when a link (on a shared folder it may point at anyone's file), a folder, a pipe or a device is
+    where an output file goes; nothing there is fine."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:

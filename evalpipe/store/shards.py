@@ -1,13 +1,7 @@
-"""A run cut into shards, and a run's files however it was cut.
+"""A run cut into shards (`--shard K/N`), and a run's files however it was cut (docs/scale.md).
 
-`--shard K/N` (K from 0 to N-1, as Slurm's `--array=0-(N-1)` and Kubernetes' completion indexes count) takes
-the tasks whose key (the task id, or its prefix group) hashes to K, and writes `<stem>.shard-K-of-N<suffix>`
-beside the run's file, with its own lock, manifest and side files: N machines write to one shared folder.
-
-Every reader of a run's file reads it through `parts`: the file itself where it exists, then its shard files
-in shard order. A task has its rows in one part, so the last row per id over the parts is the task's row as
-in one file; where a task has rows in two (a stand-in judged again), the shard's comes last and counts, which
-is why an uncut run leaves a task whose row is in a shard file to that shard (judge's `_done_ids`).
+Every reader of a run's file reads it through `parts`: the file, then its shard files in shard order, so the
+shard's row of a task in two parts (a stand-in judged again) comes last and counts (judge's `_done_ids`).
 """
 
 import hashlib
@@ -28,9 +22,7 @@ MAX_SHARDS = 10_000
 
 @dataclass(frozen=True)
 class Shard:
-    """Shard `k` of `n` (0 <= k < n)."""
-
-    k: int
+    k: int  # 0 <= k < n
     n: int
 
     def __str__(self) -> str:
@@ -53,7 +45,6 @@ def index(key: object, n: int) -> int:
 
 
 def parse(spec: str) -> Shard:
-    """`K/N` → Shard (BadInput naming the rule when it is not one)."""
     match = _SPEC.fullmatch(spec.strip())
     if not match or not int(match.group(1)) < int(match.group(2)):
         raise BadInput(f"--shard {spec!r}: expected K/N with 0 <= K < N (shards are counted from 0), or all")
@@ -61,16 +52,14 @@ def parse(spec: str) -> Shard:
 
 
 def _count(n: int, source: str) -> int:
-    """`n`, a number of shards (BadInput naming `source` above MAX_SHARDS)."""
     if n > MAX_SHARDS:
         raise BadInput(f"{source}: {n:,} shards; at most {MAX_SHARDS:,}")
     return n
 
 
 def chosen(flag: str | None, count: int | None, env: Mapping[str, str] = os.environ) -> Shard | None:
-    """The shard of this invocation: --shard K/N; else a Slurm array task (SLURM_ARRAY_TASK_ID of a contiguous
-    array, K counted from its first index); else a Kubernetes Indexed Job's JOB_COMPLETION_INDEX with --shards
-    N. None: the whole run (also `--shard all`, for a job array over something else)."""
+    """This invocation's shard: --shard K/N, else a Slurm array task (K counted from its first index), else a
+    Kubernetes JOB_COMPLETION_INDEX with --shards N. None (also `--shard all`): the whole run."""
     if flag == "all":
         return None
     if flag is not None:
@@ -170,8 +159,7 @@ def count(path: Path) -> int | None:
 
 
 def parts(path: Path) -> list[Path]:
-    """The files that hold the run file `path`, in the order they are read: itself where it exists, then its
-    shard files."""
+    """The files that hold the run file `path`, in reading order: itself where it exists, then its shard files."""
     path = whole(path)
     return ([path] if path.exists() else []) + list(shard_files(path).values())
 
@@ -194,11 +182,9 @@ def refuse_other_count(output: Path, shard: Shard | None) -> None:
 
 
 def missing(path: Path, expected: int) -> list[int]:
-    """The shards of `expected` that have no file of the run file `path`."""
     present = {shard.k for shard in shard_files(path)}
     return [k for k in range(expected) if k not in present]
 
 
 def of_keys(keys: Iterable[object], n: int) -> list[int]:
-    """The shards these task keys fall to, sorted, each once."""
     return sorted({index(key, n) for key in keys})

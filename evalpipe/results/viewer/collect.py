@@ -1,8 +1,7 @@
-"""What the viewer shows, read from the stage files alone: every sample of every run, and each benchmark's summary.
+"""What the viewer shows, from the stage files alone: every sample of every run, each benchmark's summary.
 
-Rows are streamed and each made at once into a compact sample, its long texts (a CL-bench context) kept once
-in a shared table; the last row per task id counts, as in the stages. A damaged or unfinished folder is read
-as far as it goes and each problem is noted for the report instead of stopping it.
+Rows are streamed into compact samples, long texts kept once in a shared table; the last row per id counts. A
+damaged or unfinished folder is read as far as it goes, each problem noted for the report.
 """
 
 import base64
@@ -38,8 +37,7 @@ def _fast_id(raw: bytes) -> str | None:
 def scan(
     path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
-    """The rows of a run's file over its parts (shards.py), streamed; each part's damaged lines are said in `damage`.
-    Whole lines whose id is in `skip` are passed over unparsed, their ids put into `skipped`."""
+    """A run file's rows over its parts, damage noted; whole lines whose id is in `skip` go unparsed into `skipped`."""
     for part in shards.parts(path):
         bad: list[int] = []  # line numbers that are not JSON objects
         torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
@@ -105,14 +103,13 @@ class Texts:
     def cut_summary(self) -> dict:
         cap = self.cap
         omitted = [n - cap for n in self.full_chars if cap is not None and n > cap]
-        total = sum(self.full_chars)
-        return {
-            "cap": cap,
-            "texts": len(self.items),
-            "texts_cut": len(omitted),
-            "chars_total": total,
-            "chars_omitted": sum(omitted),
-        }
+        return dict(
+            cap=cap,
+            texts=len(self.items),
+            texts_cut=len(omitted),
+            chars_total=sum(self.full_chars),
+            chars_omitted=sum(omitted),
+        )
 
 
 # the row's keys shown as they are: the answer's call, the grade, the judge's call
@@ -228,8 +225,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _writer_alive(lock: Path) -> int | None:
-    """The pid a stage wrote into `<file>.lock`, if that process is still an evalpipe stage (the pid is only read:
-    taking the lock, even briefly, could make a starting run exit as locked)."""
+    """The pid in `<file>.lock` if it is still an evalpipe stage (only read: taking the lock could make a run exit)."""
     try:
         pid = int(lock.read_text().strip() or "0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid > 0 else b""

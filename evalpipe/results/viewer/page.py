@@ -1,9 +1,7 @@
-"""The single HTML file: the template's CSS and script inline, the data in inert blocks, a strict CSP.
+"""The single HTML file: CSS and script inline, the data in inert blocks, a strict CSP (docs/viewer.md).
 
-Data never becomes markup: the small summary is JSON escaped so that nothing in it can end its block; the bulk
-(the sample index, the details CHUNK samples a block, the shared texts) is gzip + base64 (no `<` in that
-alphabet), decoded by the page only when needed. The CSP allows the page's one script and one style by their
-sha256 and no network request; in Chromium, Trusted Types also make any use of innerHTML throw.
+Data never becomes markup: the summary is JSON escaped so nothing in it can end its block; the bulk is gzip +
+base64 (no `<` in that alphabet).
 """
 
 import base64
@@ -18,7 +16,6 @@ import orjson
 
 CHUNK = 500  # samples per detail block
 TEXT_CHUNK_CHARS = 256_000  # shared texts per block (a longer text gets a block of its own)
-GZIP_LEVEL = 6
 
 _SCRIPT_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}  # orjson escapes none of them
 
@@ -38,24 +35,11 @@ def script_json(obj: Any) -> str:
 
 def packed(obj: Any) -> str:
     """gzip + base64 of the JSON (deterministic: no timestamp in the gzip header)."""
-    return base64.b64encode(gzip.compress(dumps(obj), compresslevel=GZIP_LEVEL, mtime=0)).decode("ascii")
+    return base64.b64encode(gzip.compress(dumps(obj), compresslevel=6, mtime=0)).decode("ascii")
 
 
 def csp_hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
-
-
-def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
-def csp(script: str, style: str) -> str:
-    return (
-        f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:; "
-        "connect-src 'none'; worker-src blob:; "  # the regular-expression search's worker, made from the page's script
-        "base-uri 'none'; form-action 'none'; require-trusted-types-for 'script'; "
-        "trusted-types viewer-worker"  # the one policy: it passes the worker's blob URL and nothing else
-    )
 
 
 _MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
@@ -63,11 +47,20 @@ _MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
 
 def render(meta: dict, blocks: list[tuple[str, str]]) -> str:
     """The page: the template with its CSS, script, CSP, the escaped summary and the packed blocks."""
-    template, style, script = _asset("viewer.html"), _asset("viewer.css"), _asset("viewer.js")
+    assets = resources.files(__package__)
+    template, style, script = (
+        assets.joinpath(f"viewer.{ext}").read_text(encoding="utf-8") for ext in ("html", "css", "js")
+    )
     for name, text, end in (("viewer.css", style, "</style"), ("viewer.js", script, "</script")):
         assert end not in text.lower() and "<!--" not in text, f"{name} must not contain {end} or <!--"
     body = "\n".join(f'<script type="application/octet-stream" id="{name}">{data}</script>' for name, data in blocks)
-    values = {"CSP": csp(script, style), "STYLE": style, "META": script_json(meta), "BLOCKS": body, "SCRIPT": script}
+    csp = (
+        f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:; "
+        "connect-src 'none'; worker-src blob:; "  # the regular-expression search's worker, made from the page's script
+        "base-uri 'none'; form-action 'none'; require-trusted-types-for 'script'; "
+        "trusted-types viewer-worker"  # the one policy: it passes the worker's blob URL and nothing else
+    )
+    values = {"CSP": csp, "STYLE": style, "META": script_json(meta), "BLOCKS": body, "SCRIPT": script}
     found = _MARKER.findall(template)
     assert sorted(found) == sorted(values), f"template markers {found}"
     return _MARKER.sub(lambda m: values[m.group(1)], template)
