@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
     output = args.output or _default_output(in_path, args.judge_label)
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
+    shards.chosen(args.shard, args.shards)  # a bad --shard is said before any notice or other refusal
     if not uses_judge_model(bench) and args.backend == "batch":
         print(
             f"judge: {bench.name} is graded by a rule (no API calls): --backend batch has nothing to do",
