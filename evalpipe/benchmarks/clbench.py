@@ -435,8 +435,10 @@ class CLBench(ErrorAnalysis, Benchmark):
         out |= {"metadata": row.get("metadata", {}), "model": model.endpoint.model}
         # --prompt-cache-key auto: only to OpenAI's API, whose field it is; online only, as a batch's request lines
         # (and their custom ids) stay as earlier runs wrote them
-        choice, host = self.options.prompt_cache_key, urllib.parse.urlsplit(model.endpoint.url).hostname
-        sends = choice == "on" or (choice == "auto" and host == "api.openai.com")
+        choice = self.options.prompt_cache_key
+        sends = choice == "on" or (
+            choice == "auto" and urllib.parse.urlsplit(model.endpoint.url).hostname == "api.openai.com"
+        )
         key = group_of(self, task.row) if sends and not model.batched else None
         return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
 
