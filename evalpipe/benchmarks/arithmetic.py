@@ -1,8 +1,5 @@
-"""Arithmetic: two-number sums, differences and products, graded by exact match (no judge model).
-
-Not a published benchmark: a smoke test, run by the contract tests beside the real ones and by a user against an
-endpoint (`make infer judge score BENCH=arithmetic RUNS=1`).
-"""
+"""Arithmetic: two-number sums, differences and products, graded by exact match (no judge model); not a published
+benchmark, a smoke test of an endpoint and of the contract tests (docs/benchmarks.md#arithmetic)."""
 
 import re
 from collections.abc import Iterable, Mapping

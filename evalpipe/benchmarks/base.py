@@ -5,7 +5,7 @@ must; docs/adding-a-benchmark.md walks through it. Coverage, call accounting and
 """
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -38,23 +38,16 @@ def flag(default: Any, help: str, *, stage: str = "infer", choices: tuple[str, .
     return field(default=default, metadata={"help": help, "stage": stage, "choices": choices})
 
 
-@dataclass(frozen=True)
-class NoOptions:
-    """A benchmark without flags of its own."""
-
-
 async def one_call(
     task: "Task", model: "ChatClient", prompt: str, target: Any = None, metadata: dict | None = None
 ) -> dict:
     """The inference row of a task asked in one user message: upstream's keys, `target`, `metadata`, the answer."""
-    messages = [{"role": "user", "content": prompt}]
-    out = {"idx": task.id, "messages": messages, "model_output": "", "target": target}
-    out.update(metadata=metadata or {}, model=model.endpoint.model)
-    return await answer_into(out, model, messages)
+    return await chat_row(task, model, [{"role": "user", "content": prompt}], target=target, metadata=metadata or {})
 
 
-async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fields: dict | None = None) -> dict:
-    """Fill an inference row from one chat call (`fields`: its extra body fields), or a final context-length row."""
+async def chat_row(task: Task, model: "ChatClient", messages: list[dict], fields: dict | None = None, **keys) -> dict:
+    """One chat call's inference row: upstream's keys, then `keys`, then the answer (or a final context-length row)."""
+    out = {"idx": task.id, "messages": messages, "model_output": "", **keys, "model": model.endpoint.model}
     try:
         done = await model.complete(messages, fields)
     except ContextTooLong as exc:
@@ -74,7 +67,7 @@ class Benchmark:
 
     name: ClassVar[str] = ""  # the --bench value and the outputs/<name>/ folder
     default_data: ClassVar[Path | None] = None  # the bundled dataset infer reads without --input
-    Options: ClassVar[type] = NoOptions  # a frozen dataclass of `flag` fields
+    Options: ClassVar[type] = make_dataclass("NoOptions", [], frozen=True)  # a frozen dataclass of `flag` fields
     score_fields: ClassVar[tuple[str, ...]] = ("score",)  # the judge row keys details() and item_columns() read
     # the `metadata` key naming tasks that share their leading messages: infer sends a group's first task alone (for
     # prefix caching), a group stays in one shard and is one cluster in the error bars. None: no groups
@@ -102,7 +95,7 @@ class Benchmark:
         """How a task is solved: make its inference row (docs/outputs.md#rows), calling `model`.
 
         Called by infer, concurrently. llm.CallFailed leaves the task pending; a context-length failure is a
-        final row (`answer_into`). A task of several calls keeps each finished one in `steps`.
+        final row (`chat_row`). A task of several calls keeps each finished one in `steps`.
         """
         raise NotImplementedError
 
@@ -166,18 +159,15 @@ def stand_in(row: dict) -> bool:
     return row.get("judge_status") == API_ERROR or row.get("analysis_status") == API_ERROR
 
 
-def select(bench: Benchmark, tasks: Iterable[Task], max_samples: int | None) -> Iterable[Task]:
+def select(bench: Benchmark, tasks: Iterable[Task], max_samples: int | None) -> Iterator[Task]:
     """`--max-samples N`: the tasks of the first N items (`item_columns`' keys); the rest is still read, to check."""
-    return tasks if max_samples is None else _first_items(bench, tasks, max_samples)
-
-
-def _first_items(bench: Benchmark, tasks: Iterable[Task], max_samples: int) -> Iterator[Task]:
     tasks, items = iter(tasks), set[Any]()
     for task in tasks:
-        [item] = bench.item_columns([task], {})["keys"]
-        if item not in items and len(items) == max_samples:
-            break
-        items.add(item)
+        if max_samples is not None:
+            [item] = bench.item_columns([task], {})["keys"]
+            if item not in items and len(items) == max_samples:
+                break
+            items.add(item)
         yield task
     for _ in tasks:
         pass

@@ -1,12 +1,10 @@
-"""CL-bench: context learning, graded by an LLM judge against rubrics, all-or-nothing.
-
-Rows keep upstream's (Tencent-Hunyuan/CL-bench) keys first, in its order, and ours after them (docs/upstream.md).
-"""
+"""CL-bench: context learning, graded by an LLM judge against rubrics, all-or-nothing. Rows keep upstream's
+(Tencent-Hunyuan/CL-bench) keys first, in its order, and ours after them (docs/upstream.md)."""
 
 import json
 import re
 import urllib.parse
-from collections import Counter
+from collections import Counter, namedtuple
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ from ..results.items import ItemColumns, ItemFigure
 from ..store import jsonl
 from ..store.paths import PROJECT
 from ..store.rows import THINKING_TRUNCATED, row_id
-from .base import API_ERROR, VALID_ROLES, Benchmark, ErrorAnalysis, Task, answer_into, flag, group_of, stand_in
+from .base import API_ERROR, VALID_ROLES, Benchmark, ErrorAnalysis, Task, chat_row, flag, group_of, stand_in
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
     from ..client.llm import ChatClient, Served
@@ -85,11 +83,7 @@ def rubrics_text(rubrics: Any) -> str:
 
 
 # ---- judge reply parsing
-class Verdict:
-    def __init__(self, score: int, rationale: str, statuses: list, how: str, notes: list[str]):
-        self.score, self.rationale, self.statuses, self.how, self.notes = score, rationale, statuses, how, notes
-
-
+Verdict = namedtuple("Verdict", "score rationale statuses how notes")  # how: the route the reply was read by
 _FENCE = re.compile(r"```[a-zA-Z]*\s*\n?(.*?)```", re.DOTALL)
 _SCORE = re.compile(r'"Overall Score"\s*:([^,}]*)')  # the stated value: up to where a JSON value ends
 _RATIONALE = re.compile(r'"Grading Rationale"\s*:\s*"((?:[^"\\]|\\.)*)')
@@ -206,7 +200,6 @@ class Asked:
     served: "Served | None" = None  # the model the last reply says answered
 
     def route(self, how: str) -> str:
-        """How the reply was read: the parser's route, prefixed `reasoning:` when read from the reasoning field."""
         return how if self.field == "content" else f"{self.field}:{how}"
 
     def accounts(self, prefix: str, model: str) -> dict:
@@ -430,9 +423,6 @@ class CLBench(ErrorAnalysis, Benchmark):
 
     # ---- how a task is solved
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
-        row = task.row
-        out = {"idx": task.id, "messages": row["messages"], "model_output": "", "rubrics": row.get("rubrics", [])}
-        out |= {"metadata": row.get("metadata", {}), "model": model.endpoint.model}
         # --prompt-cache-key auto: only to OpenAI's API, whose field it is; online only, as a batch's request lines
         # (and their custom ids) stay as earlier runs wrote them
         choice = self.options.prompt_cache_key
@@ -440,7 +430,9 @@ class CLBench(ErrorAnalysis, Benchmark):
             choice == "auto" and urllib.parse.urlsplit(model.endpoint.url).hostname == "api.openai.com"
         )
         key = group_of(self, task.row) if sends and not model.batched else None
-        return await answer_into(out, model, row["messages"], {"prompt_cache_key": key} if key else None)
+        fields = {"prompt_cache_key": key} if key else None
+        upstream = {"rubrics": task.row.get("rubrics", []), "metadata": task.row.get("metadata", {})}
+        return await chat_row(task, model, task.row["messages"], fields, **upstream)
 
     # ---- how a solution is graded
     def is_judged(self, row: dict) -> bool:
@@ -451,11 +443,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         options = self.options
         redo = {API_ERROR: True, PARSE_ERROR: options.rejudge_parse_errors, JUDGE_TRUNCATED: options.rejudge_truncated}
         return not redo.get(status, False)
-
-    def judge_prompt(self, rubrics: Any, response: str) -> str:
-        if self.judge_template is JUDGE_PROMPT:
-            return JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=response)
-        return self.judge_template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", response)
 
     async def _ask(self, judge: "ChatClient", prompt: str, contract: Contract) -> Asked:
         """Ask until `parse` takes a reply, at most --parse-attempts times. A reply that breaks its structured mode
@@ -512,19 +499,25 @@ class CLBench(ErrorAnalysis, Benchmark):
                 why = "the token budget ran out while the model was thinking: no final answer, score 0 (no judge call)"
             return _graded(row, EMPTY_OUTPUT, why)
         assert judge is not None  # judge prompts: the judge stage always passes the judge model
-        rubrics = row.get("rubrics", [])
+        rubrics, template = row.get("rubrics", []), self.judge_template
         n_rubrics = len(rubric_lines(rubrics))
+        if template is JUDGE_PROMPT:  # the others are used verbatim, their braces too
+            prompt = JUDGE_PROMPT.format(rubrics=rubrics_text(rubrics), response=output)
+        else:
+            prompt = template.replace("{rubrics}", rubrics_text(rubrics)).replace("{response}", output)
         contract = Contract("clbench_judge", JUDGE_SCHEMA, lambda text: parse_judge_reply(text, n_rubrics), n_rubrics)
-        asked = await self._ask(judge, self.judge_prompt(rubrics, output), contract)
+        asked = await self._ask(judge, prompt, contract)
         accounts = asked.accounts("judge_", judge.endpoint.model)
         verdict = asked.value
         if verdict is not None:
             salvage = None if verdict.how == "json" else verdict.how
-            notes, route = verdict.notes or None, asked.route(verdict.how)
-            extra = {"judge_salvage": salvage, "judge_notes": notes, "judge_parse": route, **accounts}
-            return _graded(
-                row, SALVAGED if salvage else OK, verdict.rationale, verdict.statuses, verdict.score, **extra
-            )
+            extra = {
+                "judge_salvage": salvage,
+                "judge_notes": verdict.notes or None,
+                "judge_parse": asked.route(verdict.how),
+            }
+            status = SALVAGED if salvage else OK
+            return _graded(row, status, verdict.rationale, verdict.statuses, verdict.score, **extra, **accounts)
         why = {
             JUDGE_CONTEXT_LENGTH: "the judge prompt exceeded the judge's context: score 0",
             API_ERROR: "judge API call failed after retries: score 0 (judged again on the next run)",
@@ -576,23 +569,21 @@ class CLBench(ErrorAnalysis, Benchmark):
         self, tasks: Iterable[Task], judged: Mapping[Any, dict], analyses: dict[Any, dict]
     ) -> dict:
         counts = Counter(dict.fromkeys(ERROR_TYPES, 0))
-        statuses: Counter[str] = Counter()
-        failed = analyzed = 0
+        statuses: Counter[str] = Counter()  # of the failed solutions' analyses
         for task in tasks:
             row = judged.get(task.id)
             if row is None or not self.needs_error_analysis(row):
                 continue
-            failed += 1
             analysis = analyses.get(task.id)
             status = str(analysis.get("analysis_status")) if analysis else "not_analyzed"
             statuses[status] += 1
             if analysis and status in (OK, SALVAGED):
-                analyzed += 1
                 counts.update(analysis.get("error_types", []))
+        analyzed = statuses[OK] + statuses[SALVAGED]
         return {
             "denominator": "failed solutions (judged 0 by a parsed verdict) that have a parsed analysis; "
             "multi-label, so the shares may sum to more than 100%",
-            "failed": failed,
+            "failed": statuses.total(),
             "analyzed": analyzed,
             "status": dict(sorted(statuses.items())),
             "counts": dict(counts),

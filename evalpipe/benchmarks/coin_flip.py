@@ -1,12 +1,11 @@
-"""CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO (docs/benchmarks.md).
-
-EvalScope's prompts, its answer rule (`parse_answer`, no judge model) and `temperature: 0`; F1 is the headline.
-"""
+"""CoinFlip (as in EvalScope's `coin_flip`): track a coin through flips, answer YES or NO. EvalScope's prompts, its
+answer rule (`parse_answer`, no judge model) and `temperature: 0`; F1 is the headline (docs/benchmarks.md#coinflip)."""
 
 import json
 import random
 import re
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
@@ -43,7 +42,6 @@ _MARKER = re.compile(r"ANSWER\s*:\s*\**\s*", re.IGNORECASE)
 _EXACT = re.compile(r"(yes|no)[.!]?")
 _YES_WORD = re.compile(r"\b(?:Yes|YES)\b")
 _NO_WORD = re.compile(r"\b(?:No|NO)\b")
-PARSE_MODES = ("evalscope", "strict", "lenient")  # lenient: an alias of evalscope, kept for old command lines
 _PERSON = re.compile(r" ([^ .]+) (flips|does not flip) the coin\.")
 
 
@@ -64,9 +62,7 @@ def worked_example(question: str, answer: str) -> str:
 
 
 def parse_answer(text: str, mode: str = "evalscope") -> str | None:
-    """YES, NO, or None when unparsed. evalscope (`lenient` is the same), EvalScope 1.14.1's rule: the answer
-    (evalscope_extract) an exact lower-case `yes`/`no` (one `.` or `!` allowed), else exactly one of the whole
-    words Yes/YES and No/NO. strict: after the last case-sensitive `ANSWER:` its line is YES or NO (any case)."""
+    """YES, NO, or None when unparsed, by the --parse rule of `mode` (docs/benchmarks.md#coinflip)."""
     if mode == "strict":
         found = _STRICT.findall(text or "")
         verdict = found[-1].strip().upper() if found else None
@@ -80,8 +76,7 @@ def parse_answer(text: str, mode: str = "evalscope") -> str | None:
 
 
 def evalscope_extract(text: str) -> str:
-    """The answer as EvalScope 1.14.1 extracts it: the rest of the line after the last `ANSWER:` (any case, `*`
-    allowed after the colon), stripped of whitespace, `*`, whitespace; without a marker, the whole reply."""
+    """The answer as EvalScope 1.14.1 extracts it (step 1 of the rule in docs/benchmarks.md#coinflip)."""
     markers = list(_MARKER.finditer(text))
     if not markers:
         return text
@@ -91,6 +86,9 @@ def evalscope_extract(text: str) -> str:
 
 _GOLD = {"yes": "YES", "no": "NO", "YES": "YES", "NO": "NO", "Yes": "YES", "No": "NO"}  # the usual spellings
 _QUESTION, _ANSWER = itemgetter("question"), itemgetter("answer")
+# an item's values: TP, predicted YES, parsed gold YES (TP + FN), correct, parsed, and F1's numerator and denominator
+_COLUMNS = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
+_UNGRADED = (None,) * len(_COLUMNS)
 
 
 def _gold(value: Any) -> str | None:
@@ -126,13 +124,13 @@ def load_rows(path: Path) -> list:
 
 @cache  # a handful of outcomes: a million tasks share their tuples
 def _item_values(gold: str | None, pred: str | None) -> tuple[int, ...]:
-    """One graded item's tp, yes, positive, correct, parsed, f1_num and f1_den."""
     gold_yes = gold == "YES"
     tp, yes, positive = int(pred == "YES" and gold_yes), int(pred == "YES"), int(pred is not None and gold_yes)
     return tp, yes, positive, int(pred is not None and pred == gold), int(pred is not None), 2 * tp, yes + positive
 
 
-def _f1(precision: float, recall: float) -> float:
+def _f1(metrics: dict) -> float:
+    precision, recall = metrics["precision"], metrics["recall"]
     return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
@@ -154,7 +152,7 @@ class CoinFlipOptions:
         "answer parsing: evalscope (default: EvalScope 1.14.1's rule exactly), strict (a case-sensitive "
         "ANSWER: line that is exactly YES or NO, for format-following studies), or lenient (the same as evalscope)",
         stage="judge",
-        choices=PARSE_MODES,
+        choices=("evalscope", "strict", "lenient"),  # lenient: an alias of evalscope, kept for old command lines
     )
 
 
@@ -212,7 +210,6 @@ class CoinFlip(Benchmark):
 
     @staticmethod
     def _checked(rows: list, path: Path, first: int) -> tuple[list, list]:
-        """The rows' questions and gold answers, a row at a time: a row without them is an error."""
         questions: list[str] = []
         golds: list[str] = []
         for line, row in enumerate(rows, first):
@@ -248,9 +245,7 @@ class CoinFlip(Benchmark):
     # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
     figures = (
         # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
-        ItemFigure(
-            "F1", "f1_num", "f1_den", proportion=False, key="f1", run=lambda m: _f1(m["precision"], m["recall"])
-        ),
+        ItemFigure("F1", "f1_num", "f1_den", proportion=False, key="f1", run=_f1),
         ItemFigure("Answered", "parsed", run=answered_share),  # not in score.json: from the confusion
         ItemFigure("Accuracy", "correct", key="accuracy"),
         ItemFigure("Precision", "tp", "yes", key="precision"),
@@ -259,21 +254,14 @@ class CoinFlip(Benchmark):
     )
 
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
-        confusion = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
-        unparsed = 0
-        for row in judged.values():  # the selected tasks' rows: their gold answer is the dataset's
-            pred, gold = row.get("prediction"), row.get("target")
-            if pred is None:
-                unparsed += 1
-            elif pred == "YES":
-                confusion["tp" if gold == "YES" else "fp"] += 1
-            else:
-                confusion["fn" if gold == "YES" else "tn"] += 1
+        # the selected tasks' rows (their gold answer is the dataset's), by prediction and gold: YES or not
+        seen = Counter((row.get("prediction"), row.get("target") == "YES") for row in judged.values())
+        confusion = {"tp": seen["YES", True], "fp": seen["YES", False], "fn": seen["NO", True], "tn": seen["NO", False]}
         return {
             "denominator": "accuracy and yes_ratio over all selected tasks (unparsed and missing count as wrong); "
             "precision, recall and F1 over parsed predictions, positive class YES",
             "confusion": confusion,
-            "unparsed": unparsed,
+            "unparsed": seen[None, True] + seen[None, False],
         }
 
     def flagged(self, runs: list[dict]) -> str:
@@ -298,14 +286,10 @@ class CoinFlip(Benchmark):
         return "\n".join(lines)
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
-        """Per task: TP, predicted YES, parsed gold YES (TP + FN), correct and parsed, as 0/1."""
-        names = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
         keys, values = [], []
         for task in tasks:
             row = judged.get(task.id)
             keys.append(task.id)
-            values.append(
-                (None,) * len(names) if row is None else _item_values(task.row.get("target"), row.get("prediction"))
-            )
-        columns = dict(zip(names, map(list, zip(*values)))) if values else {name: [] for name in names}
+            values.append(_UNGRADED if row is None else _item_values(task.row.get("target"), row.get("prediction")))
+        columns = dict(zip(_COLUMNS, map(list, zip(*values)))) if values else {name: [] for name in _COLUMNS}
         return {"keys": keys, "clusters": None, "groups": {}, "columns": columns}

@@ -1,8 +1,5 @@
-"""Error Recovery (as in OpenAI Evals `error-recovery`), built on BIG-Bench Mistake (docs/benchmarks.md).
-
-Each problem is asked with no, the correct or the incorrect given reasoning (NR, CR, IR), each its own task; the
-model continues it, then a second call extracts the answer. Each finished call is kept, so a rerun never pays twice.
-"""
+"""Error Recovery (as in OpenAI Evals `error-recovery`), built on BIG-Bench Mistake (docs/benchmarks.md): each
+problem's NR, CR and IR variations are tasks of their own, each finished call is kept, so a rerun never pays twice."""
 
 import re
 from collections import Counter
@@ -43,17 +40,6 @@ FORMAT_HINTS = {
 VARIATIONS = ("NR", "CR", "IR")
 LOSS = "Performance loss (1 − IR/CR)"
 ROW_KEYS = ("question", "correct_steps", "incorrect_step", "mistake_index", "num_ground_truth_steps", "target", "task")
-
-
-def conversation(problem: dict, variation: str, reasoning_role: str = "assistant") -> list[dict]:
-    """The messages a variation starts from, as the reference builds them."""
-    messages = [{"role": "system", "content": TASK_DESCRIPTION}, {"role": "user", "content": problem["question"]}]
-    if variation != "NR":
-        steps = "\n".join(problem["correct_steps"])
-        if variation == "IR":
-            steps = f"{steps}\n{problem['incorrect_step']}"
-        messages.append({"role": reasoning_role, "content": steps})
-    return messages
 
 
 def compat(messages: list[dict], mode: str) -> list[dict]:
@@ -117,7 +103,6 @@ class ErrorRecoveryOptions:
 
 
 def _loss(metrics: dict) -> float | None:
-    """Performance loss 1 − IR/CR from a run's rates (None when CR is 0)."""
     cr, ir = metrics["CR_correct_rate"], metrics["IR_correct_rate"]
     return 1 - ir / cr if cr else None
 
@@ -181,21 +166,19 @@ class ErrorRecovery(Benchmark):
         notice = a.mistake_notice  # the reference's rules; NR has no given reasoning to put a notice right after
         if (a.mistake_notice_ir_only and variation != "IR") or (variation == "NR" and notice == "immediate"):
             notice = "none"
-        messages = conversation(p, variation, a.reasoning_role)
+        # the messages a variation starts from, as the reference builds them
+        messages = [{"role": "system", "content": TASK_DESCRIPTION}, {"role": "user", "content": p["question"]}]
+        if variation != "NR":
+            given = p["correct_steps"] + ([p["incorrect_step"]] if variation == "IR" else [])
+            messages.append({"role": a.reasoning_role, "content": "\n".join(given)})
         calls: dict[str, dict] = {}
         mistake, total = int(p["mistake_index"]), p["num_ground_truth_steps"]
         metadata = {"task": p["task"], "variation": variation, "problem": p["problem"], "mistake_index": mistake}
         metadata |= {"num_ground_truth_steps": total, "steps_after_mistake": total - mistake}
         metadata |= {"reasoning_role": a.reasoning_role, "final_answer_role": a.final_answer_role}
         metadata |= {"mistake_notice": notice, "chat_compat": a.chat_compat}
-        out: dict[str, Any] = {
-            "idx": task.id,
-            "messages": [],
-            "model_output": "",
-            "answer": "",
-            "target": str(p["target"]),
-        }
-        out |= {"metadata": metadata, "model": model.endpoint.model}
+        out: dict[str, Any] = {"idx": task.id, "messages": [], "model_output": "", "answer": ""}
+        out |= {"target": str(p["target"]), "metadata": metadata, "model": model.endpoint.model}
 
         async def call(step: str) -> str:  # the reply to the messages so far, once: a rerun finds it in `steps`
             done = steps.get(task.id, step)
@@ -244,14 +227,8 @@ class ErrorRecovery(Benchmark):
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = self.graded_text(row, "answer"), str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
-        normalized = normalize(task, answer) == normalize(task, target)
-        return {
-            **row,
-            "correct": correct,
-            "score": int(correct),
-            "normalized_correct": normalized,
-            "judge_status": "ok",
-        }
+        out = {**row, "correct": correct, "score": int(correct)}
+        return out | {"normalized_correct": normalize(task, answer) == normalize(task, target), "judge_status": "ok"}
 
     # ---- which metrics a run has
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
@@ -285,25 +262,16 @@ class ErrorRecovery(Benchmark):
 
     def item_columns(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> ItemColumns:
         """One item per problem: its NR, CR and IR correctness (None: not graded in this run), and CR − IR."""
-        position: dict[str, int] = {}
-        keys: list[str] = []
-        groups: list[str] = []
-        columns: dict[str, list] = {var: [] for var in VARIATIONS}
+        problems: dict[str, dict[str, Any]] = {}  # by problem: its task and each graded variation's 0/1
         for t in tasks:
-            problem = str(t.id).rsplit(":", 1)[0]
-            if problem not in position:
-                position[problem] = len(keys)
-                keys.append(problem)
-                groups.append(t.row["task"])
-                for var in VARIATIONS:
-                    columns[var].append(None)
+            cells = problems.setdefault(str(t.id).rsplit(":", 1)[0], {"task": t.row["task"]})
             row = judged.get(t.id)
             if row is not None:
-                columns[t.row["variation"]][position[problem]] = int(bool(row.get("correct")))
-        columns["cr_minus_ir"] = [
-            None if c is None or i is None else c - i for c, i in zip(columns["CR"], columns["IR"])
-        ]
-        return {"keys": keys, "clusters": None, "groups": {"task": groups}, "columns": columns}
+                cells[t.row["variation"]] = int(bool(row.get("correct")))
+        columns: dict[str, list] = {var: [cells.get(var) for cells in problems.values()] for var in VARIATIONS}
+        columns["cr_minus_ir"] = [None if None in (c, i) else c - i for c, i in zip(columns["CR"], columns["IR"])]
+        groups = {"task": [cells["task"] for cells in problems.values()]}
+        return {"keys": list(problems), "clusters": None, "groups": groups, "columns": columns}
 
     def format_metrics(self, metrics: dict) -> str:
         def line(name: str, cells: Iterable[str]) -> str:
