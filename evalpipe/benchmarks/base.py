@@ -1,8 +1,6 @@
-"""What every benchmark answers: which tasks, how one is solved, how it is graded, which figures.
-
-A benchmark subclasses `Benchmark`, implements `load`, `solve` and `grade`, and overrides defaults only where it
-must; docs/adding-a-benchmark.md walks through it. Coverage, call accounting and cost are the stages', never its own.
-"""
+"""What every benchmark answers: which tasks, how one is solved, how it is graded, which figures. A benchmark
+subclasses `Benchmark`, implements `load`, `solve` and `grade`, and overrides defaults only where it must
+(docs/adding-a-benchmark.md). Coverage, call accounting and cost are the stages', never its own."""
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass

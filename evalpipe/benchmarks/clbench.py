@@ -191,7 +191,7 @@ class Asked:
     value: Any  # what `parse` made of the reply, or None when no reply could be used
     status: str  # OK, or why there is no value: API_ERROR, PARSE_ERROR, JUDGE_CONTEXT_LENGTH, JUDGE_TRUNCATED
     usage: dict
-    latency_s: float | None = None  # None when a reply came from a batch (no latency to measure)
+    latencies: list  # of the replies; None for one from a batch (nothing to measure)
     attempts: int = 0
     error: str | None = None
     mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
@@ -204,7 +204,7 @@ class Asked:
 
     def accounts(self, prefix: str, model: str) -> dict:
         """The row's record of the calls, each key under `prefix`; `format_enforced` only when False."""
-        latency = None if self.latency_s is None else round(self.latency_s, 3)
+        latency = None if not self.latencies or None in self.latencies else round(sum(self.latencies), 3)
         out = {"model": model, "usage": self.usage or None, "latency_s": latency, "attempts": self.attempts}
         out |= {"format": self.mode} | ({"format_enforced": False} if self.enforced is False else {})
         return {prefix + k: v for k, v in out.items()} | (self.served.fields(prefix) if self.served is not None else {})
@@ -221,12 +221,9 @@ class Contract:
     rubrics: int | None = None
 
     def problems(self, obj: Any) -> list[str]:
-        """Why a reply breaks the schema or the rubric count exactly (empty: it keeps both)."""
-        if not _keeps(obj, self.schema):
-            return [f"breaks the {self.name} schema"]
-        if self.rubrics is not None and len(obj[JUDGE_KEYS[1]]) != self.rubrics:
-            return [f"{len(obj[JUDGE_KEYS[1]])} statuses for {self.rubrics} rubrics"]
-        return []
+        """Why a reply breaks the schema or the rubric count exactly (empty: it keeps both; only that counts)."""
+        kept = _keeps(obj, self.schema) and (self.rubrics is None or len(obj[JUDGE_KEYS[1]]) == self.rubrics)
+        return [] if kept else [f"breaks the {self.name} schema or its rubric count"]
 
 
 def _keeps(obj: Any, schema: dict) -> bool:
@@ -387,7 +384,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         # what this run learns of the judge endpoints' response_format (judge.py saves it in the manifest)
         self.judge_formats = judge_format.Formats(self.options.judge_format, self.options.judge_max_tokens or None)
 
-    # ---- which tasks
     def load(self, path: Path) -> list[Task]:
         tasks: list[Task] = []
         seen: dict[str | int, int] = {}
@@ -421,7 +417,6 @@ class CLBench(ErrorAnalysis, Benchmark):
             raise BadInput("no tasks in the file", path)
         return tasks
 
-    # ---- how a task is solved
     async def solve(self, task: Task, model: "ChatClient", steps=None) -> dict:
         # --prompt-cache-key auto: only to OpenAI's API, whose field it is; online only, as a batch's request lines
         # (and their custom ids) stay as earlier runs wrote them
@@ -434,7 +429,6 @@ class CLBench(ErrorAnalysis, Benchmark):
         upstream = {"rubrics": task.row.get("rubrics", []), "metadata": task.row.get("metadata", {})}
         return await chat_row(task, model, task.row["messages"], fields, **upstream)
 
-    # ---- how a solution is graded
     def is_judged(self, row: dict) -> bool:
         return self._is_final(row.get("judge_status")) and not stand_in(row)
 
@@ -447,17 +441,14 @@ class CLBench(ErrorAnalysis, Benchmark):
     async def _ask(self, judge: "ChatClient", prompt: str, contract: Contract) -> Asked:
         """Ask until `parse` takes a reply, at most --parse-attempts times. A reply that breaks its structured mode
         marks the mode not enforced; empty content is read from the reasoning field; a cut, incomplete one is final."""
-        asked = Asked(None, PARSE_ERROR, {})
-        latencies: list = []  # of the replies; the latency is unknown when there was none or one came from a batch
+        asked = Asked(None, PARSE_ERROR, {}, [])
 
         def done(value, status, n, error=None) -> Asked:
             asked.value, asked.status, asked.attempts, asked.error = value, status, n, error
-            asked.latency_s = None if not latencies or None in latencies else sum(latencies)
             return asked
 
         attempts = 1 if judge.batched else max(1, self.options.parse_attempts)  # a batch answers one call per task
         messages = [{"role": "user", "content": prompt}]
-        failure = None
         for n in range(1, attempts + 1):
             try:
                 answer = await judge_format.ask(
@@ -469,7 +460,7 @@ class CLBench(ErrorAnalysis, Benchmark):
                 return done(None, API_ERROR, n, str(exc))
             reply, asked.mode = answer.completion, answer.mode
             cost.add_counts(asked.usage, reply.usage)
-            latencies.append(reply.latency_s)
+            asked.latencies.append(reply.latency_s)
             asked.served = reply.served
             text, asked.field = reply.text, "content"
             if not text.strip() and reply.reasoning.strip():
@@ -486,8 +477,8 @@ class CLBench(ErrorAnalysis, Benchmark):
             parsed = contract.parse(text)
             if not isinstance(parsed, str):
                 return done(parsed, OK, n)
-            failure = f"{parsed}; reply began {text[:200]!r}"
-        return done(None, PARSE_ERROR, attempts, failure)
+            asked.error = f"{parsed}; reply began {text[:200]!r}"
+        return done(None, PARSE_ERROR, attempts, asked.error)
 
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         output = self.graded_text(row)
@@ -602,7 +593,6 @@ class CLBench(ErrorAnalysis, Benchmark):
     def error_analysis_prompts(self) -> list[str]:
         return [ERROR_ANALYSIS_PROMPT]
 
-    # ---- which metrics a run has
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         overall: Counter[str] = Counter()
         by_cat: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}

@@ -101,14 +101,11 @@ def _gold(value: Any) -> str | None:
 
 def load_rows(path: Path) -> list:
     """The rows of a JSON array / {"rows": [...]} file, or of a Parquet file (JSONL is read a chunk at a time)."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    if path.suffix.lower() == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise BadInput(
-                "reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path
-            ) from None
+            raise BadInput("reading Parquet needs pyarrow (pip install pyarrow), or export it to JSONL", path) from None
         return pq.read_table(path).to_pylist()
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -242,7 +239,6 @@ class CoinFlip(Benchmark):
         prediction = parse_answer(self.graded_text(row), self.options.parse)
         return exact_match({**row, "prediction": prediction}, prediction) | {"parse_mode": self.options.parse}
 
-    # F1 is the headline; precision, recall and F1 are over parsed answers, the rest over all selected tasks
     figures = (
         # 2·TP / (2·TP + FP + FN); the run's value is 2PR / (P + R), as score.json has always had it (to the last digit)
         ItemFigure("F1", "f1_num", "f1_den", proportion=False, key="f1", run=_f1),

@@ -5,6 +5,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,14 +49,8 @@ def compat(messages: list[dict], mode: str) -> list[dict]:
     (merge: a system message after the first becomes a user one, then turns of one role are joined by a blank line)."""
     if mode == "strict":
         return messages
-    out: list[dict] = []
-    for i, msg in enumerate(messages):
-        role = "user" if msg["role"] == "system" and i > 0 else msg["role"]
-        if out and out[-1]["role"] == role:
-            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n\n{msg['content']}"}
-        else:
-            out.append({"role": role, "content": msg["content"]})
-    return out
+    turns = [("user" if m["role"] == "system" and i else m["role"], m["content"]) for i, m in enumerate(messages)]
+    return [{"role": role, "content": "\n\n".join(c for _, c in run)} for role, run in groupby(turns, itemgetter(0))]
 
 
 def normalize(task: str, answer: str) -> str:
@@ -134,7 +130,6 @@ class ErrorRecovery(Benchmark):
     )
     options: ErrorRecoveryOptions
 
-    # ---- which tasks
     def load(self, path: Path) -> list[Task]:
         tasks: list[Task] = []
         per_task: dict[str, int] = {}
@@ -159,7 +154,6 @@ class ErrorRecovery(Benchmark):
     def prompts(self) -> dict[str, list[str]]:
         return {"infer": [TASK_DESCRIPTION, MISTAKE_NOTICE, FINAL_ANSWER_PROMPT, *FORMAT_HINTS.values()]}
 
-    # ---- how a task is solved
     async def solve(self, task: Task, model: "ChatClient", steps: StepCache) -> dict:
         p, a = task.row, self.options
         variation = p["variation"]
@@ -223,14 +217,12 @@ class ErrorRecovery(Benchmark):
         out["thinking"] = "\n\n".join(f"[{name}]\n{c['thinking']}" for name, c in calls.items() if c.get("thinking"))
         return out
 
-    # ---- how a solution is graded
     async def grade(self, row: dict, judge: "ChatClient | None") -> dict:
         answer, target, task = self.graded_text(row, "answer"), str(row.get("target")), row["metadata"]["task"]
         correct = answer == target  # exact, as the reference
         out = {**row, "correct": correct, "score": int(correct)}
         return out | {"normalized_correct": normalize(task, answer) == normalize(task, target), "judge_status": "ok"}
 
-    # ---- which metrics a run has
     def details(self, tasks: Iterable[Task], judged: Mapping[Any, dict]) -> dict:
         tally: Counter[tuple] = Counter()  # (scope: "all" or the steps after the mistake, variation, what) -> count
         for t in tasks:
