@@ -26,7 +26,6 @@ class Arithmetic(Benchmark):
     name = "arithmetic"
     default_data = PROJECT / "data" / "arithmetic" / "sample.jsonl"
     Options = ArithmeticOptions
-    score_fields = ("score",)
     options: ArithmeticOptions
 
     def load(self, path: Path) -> list[Task]:

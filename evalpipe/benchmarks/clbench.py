@@ -502,13 +502,10 @@ class CLBench(ErrorAnalysis, Benchmark):
         verdict = asked.value
         if verdict is not None:
             salvage = None if verdict.how == "json" else verdict.how
-            extra = {
-                "judge_salvage": salvage,
-                "judge_notes": verdict.notes or None,
-                "judge_parse": asked.route(verdict.how),
-            }
+            notes, route = verdict.notes or None, asked.route(verdict.how)
+            extra = {"judge_salvage": salvage, "judge_notes": notes, "judge_parse": route, **accounts}
             status = SALVAGED if salvage else OK
-            return _graded(row, status, verdict.rationale, verdict.statuses, verdict.score, **extra, **accounts)
+            return _graded(row, status, verdict.rationale, verdict.statuses, verdict.score, **extra)
         why = {
             JUDGE_CONTEXT_LENGTH: "the judge prompt exceeded the judge's context: score 0",
             API_ERROR: "judge API call failed after retries: score 0 (judged again on the next run)",

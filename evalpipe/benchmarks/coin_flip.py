@@ -91,12 +91,19 @@ _COLUMNS = ("tp", "yes", "positive", "correct", "parsed", "f1_num", "f1_den")
 _UNGRADED = (None,) * len(_COLUMNS)
 
 
-def _gold(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "YES" if value else "NO"
-    if isinstance(value, str) and value.strip().upper() in ("YES", "NO"):
-        return value.strip().upper()
-    return None
+def _checked_gold(row: Any, path: Path, line: int) -> str:
+    """A row's gold answer (a bool, or yes/no in any case and spacing), else a BadInput saying what the row lacks."""
+    if not isinstance(row, dict):
+        raise BadInput("expected an object with 'question' and 'answer'", path, line)
+    question, answer = row.get("question"), row.get("answer")
+    gold = _GOLD.get(answer.strip().upper()) if isinstance(answer, str) else None
+    if isinstance(answer, bool):
+        gold = "YES" if answer else "NO"
+    if gold is None or type(question) is not str or not question:
+        if not isinstance(question, str) or not question.strip():
+            raise BadInput("no 'question' string", path, line)
+        raise BadInput(f"'answer' must be yes or no, got {answer!r}", path, line)
+    return gold
 
 
 def load_rows(path: Path) -> list:
@@ -183,8 +190,7 @@ class CoinFlip(Benchmark):
     def load(self, path: Path) -> Iterator[Task]:
         """The tasks, a chunk of consecutive lines at a time (a JSON array or Parquet file is one chunk)."""
         if path.suffix.lower() in (".json", ".parquet"):
-            rows = load_rows(path)
-            chunks = iter([(1, rows)] if rows else [])
+            chunks = iter([(1, load_rows(path))])
         else:
             chunks = jsonl.iter_row_chunks(path)
         position = 0
@@ -195,7 +201,8 @@ class CoinFlip(Benchmark):
             except (KeyError, TypeError):  # a row that is no object or lacks a key, or an answer that is a list
                 valid = False
             if not valid:  # answers in other spellings, or a row to reject
-                questions, golds = self._checked(rows, path, first)
+                golds = [_checked_gold(row, path, line) for line, row in enumerate(rows, first)]
+                questions = [row["question"] for row in rows]
             # position + content: stable under --max-samples, and a different file cannot match old rows
             crcs = map(zlib.crc32, map(str.encode, questions))
             ids = map("%05d-%08x".__mod__, zip(count(position), crcs))
@@ -204,22 +211,6 @@ class CoinFlip(Benchmark):
             position += len(rows)
         if not position:
             raise BadInput("no rows in the file", path)
-
-    @staticmethod
-    def _checked(rows: list, path: Path, first: int) -> tuple[list, list]:
-        questions: list[str] = []
-        golds: list[str] = []
-        for line, row in enumerate(rows, first):
-            if not isinstance(row, dict):
-                raise BadInput("expected an object with 'question' and 'answer'", path, line)
-            question, gold = row.get("question"), _gold(row.get("answer"))
-            if gold is None or type(question) is not str or not question:
-                if not isinstance(question, str) or not question.strip():
-                    raise BadInput("no 'question' string", path, line)
-                raise BadInput(f"'answer' must be yes or no, got {row.get('answer')!r}", path, line)
-            questions.append(question)
-            golds.append(gold)
-        return questions, golds
 
     def prompts(self) -> dict[str, list[str]]:
         return {"infer": [self.prompt("{question}")]}

@@ -201,14 +201,9 @@ class ErrorRecovery(Benchmark):
         for done in calls.values():
             cost.add_counts(usage, done.get("usage"))
         truncated = any(done.get("thinking_truncated") for done in calls.values())
-        out.update(
-            messages=compat(messages, a.chat_compat),
-            model_output=calls.get("reasoning_after_notice", calls["reasoning"])["text"],
-            answer=calls["extraction"]["text"],
-            status=THINKING_TRUNCATED if truncated else "ok",
-            usage=usage,
-            calls=_records(calls),
-        )
+        reasoning = calls.get("reasoning_after_notice", calls["reasoning"])["text"]
+        out.update(messages=compat(messages, a.chat_compat), model_output=reasoning, answer=calls["extraction"]["text"])
+        out.update(status=THINKING_TRUNCATED if truncated else "ok", usage=usage, calls=_records(calls))
         for key in ("response_model", "system_fingerprint", "reasoning_effort_applied"):  # joined where they differ
             values = sorted({str(c[key]) for c in calls.values() if c.get(key)})
             if values:
@@ -227,11 +222,10 @@ class ErrorRecovery(Benchmark):
         tally: Counter[tuple] = Counter()  # (scope: "all" or the steps after the mistake, variation, what) -> count
         for t in tasks:
             var, row = t.row["variation"], judged.get(t.id)
+            seen = {"total": True, "missing": row is None}
+            seen |= {what: row is not None and bool(row.get(what)) for what in ("correct", "normalized_correct")}
             for scope in ("all", t.row["num_ground_truth_steps"] - int(t.row["mistake_index"])):
-                tally[scope, var, "total"] += 1
-                tally[scope, var, "missing"] += row is None
-                tally[scope, var, "correct"] += row is not None and bool(row.get("correct"))
-                tally[scope, var, "normalized_correct"] += row is not None and bool(row.get("normalized_correct"))
+                tally.update({(scope, var, what): int(n) for what, n in seen.items()})
 
         def rate(scope: Any, var: str, what: str = "correct") -> float:
             total = tally[scope, var, "total"]

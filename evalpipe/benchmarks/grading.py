@@ -23,9 +23,8 @@ _BARE_LETTER = re.compile(r"\(?([A-J])[).]?")
 
 
 def read_tasks(path: Path, **fields: type) -> list[Task]:
-    """The tasks of a file (read_rows) whose rows hold `fields` of the given types, else a BadInput naming the line.
-
-    A task's id is the row's `id` (seen once), else its position and a hash of its content (another file's differ)."""
+    """The tasks of a file (read_rows) whose rows hold `fields` of the given types, else a BadInput naming the line;
+    a task's id is the row's `id` (seen once), else its position and a hash of its content (another file's differ)."""
     tasks: list[Task] = []
     seen: set = set()
     for line, row in read_rows(path):
