@@ -5,13 +5,14 @@ policy. Also reads a judge's JSON reply within bounds.
 
 import asyncio
 import decimal
+import functools
 import json
 import math
 import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import EndpointRefused
 
@@ -74,17 +75,13 @@ def default_token_field(base_url: str, model: str) -> str:
     return "max_tokens"
 
 
-def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
-    """Which errors end a judge call at once: the ladder handles them (a budget error only when the budget is ours)."""
+def _final(own_budget: bool, exc: BaseException) -> bool:
+    """Whether an error ends a judge call at once: the ladder handles it (a budget error only when it is ours)."""
     from .llm import error_text, status_of, token_field_refused
 
-    def final(exc: BaseException) -> bool:
-        status, text = status_of(exc), error_text(exc)
-        if own_budget and budget_too_large(status, text):
-            return True
-        return unsupported(status, text) or token_field_refused(status, text, "max_tokens")
-
-    return final
+    status, text = status_of(exc), error_text(exc)
+    too_large = own_budget and budget_too_large(status, text)
+    return too_large or unsupported(status, text) or token_field_refused(status, text, "max_tokens")
 
 
 @dataclass
@@ -132,15 +129,14 @@ class Ladder:
             self.not_enforced.add(mode)
 
 
+@dataclass
 class Formats:
-    """The ladders of one run (per endpoint and model) for a `--judge-format` choice and a token budget."""
+    """The ladders of one run (per endpoint and model) for a `--judge-format` choice (CHOICES) and a token budget."""
 
-    def __init__(self, choice: str = "auto", budget: int | None = None):
-        if choice not in _LADDERS:
-            raise ValueError(f"judge format {choice!r} is not one of {CHOICES}")
-        self.choice, self.budget = choice, budget
-        self.ladders: dict[str, Ladder] = {}
-        self.saved: dict[str, dict] = {}
+    choice: str = "auto"
+    budget: int | None = None
+    ladders: dict[str, Ladder] = field(default_factory=dict)
+    saved: dict[str, dict] = field(default_factory=dict)
 
     def ladder(self, client: "ChatClient") -> Ladder:
         key = client.endpoint.learned_key
@@ -160,8 +156,7 @@ class Formats:
         return {**self.saved, **{k: ladder.state() for k, ladder in self.ladders.items()}}
 
 
-@dataclass
-class Answer:
+class Answer(NamedTuple):
     completion: "Completion"
     mode: str
 
@@ -189,7 +184,7 @@ async def _send(
         fields = _fields(formats, ladder, client, name, schema)
         own_budget = not _given_budget(client) and any(k in fields for k in ("max_tokens", "max_completion_tokens"))
         try:
-            reply = await client.complete(messages, fields, final=_final_for(own_budget))
+            reply = await client.complete(messages, fields, final=functools.partial(_final, own_budget))
         except Rejected as exc:
             if (
                 token_field_refused(exc.status, exc.text, "max_tokens")

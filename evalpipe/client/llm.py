@@ -20,7 +20,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
@@ -32,7 +32,9 @@ from .limiter import AdaptiveLimit, Attempt, PacedPastLimit, wall_clock
 
 
 def _on_first_use(name: str) -> ModuleType:
-    """The module `name`, imported when one of its attributes is first read (importlib's LazyLoader)."""
+    """The module `name`, imported when one of its attributes is first read (importlib's LazyLoader): the SDK and its
+    transports take most of a second to import, and a stage that makes no call (a rule judge, a run with nothing left
+    to do, --help, a bad flag) never loads them."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec(name)
@@ -43,13 +45,10 @@ def _on_first_use(name: str) -> ModuleType:
     return module
 
 
-# The SDK and its transports take most of a second to import: a stage that makes no call (a rule judge, a run
-# with nothing left to do, --help, a bad flag) never loads them.
 if TYPE_CHECKING:
     import aiohttp
     import httpx2
     import openai
-    from openai.types.chat import ChatCompletionMessageParam
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
@@ -64,7 +63,6 @@ MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and dec
 MAX_FIELD_CHARS = 256  # the reply's model, system_fingerprint and finish_reason are cut to this many characters
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
-HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
 MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
 MODELS_PROBE_S = 10.0  # after a first call waited its whole --timeout unanswered, GET /models gets this long (at most)
@@ -161,7 +159,7 @@ class Endpoint:
     base_url_source: str = "--base-url"  # where base_url came from (a flag or an environment variable), for messages
     # HTTP headers by name, None: never sent (the SDK would otherwise add OPENAI_ORG_ID etc. by itself)
     headers: dict[str, str | None] = field(default_factory=dict, repr=False)
-    http_client: str = "aiohttp"  # HTTP_CLIENTS: how requests travel, never what they are (not fingerprinted)
+    http_client: str = "aiohttp"  # or "httpx": how requests travel, never what they are (not fingerprinted)
     thinking: str = "separate"  # thinking.MODES: how a reply's thinking is told from its final answer
 
     OPENAI_URL = "https://api.openai.com/v1"  # not a field: where calls go without a base URL
@@ -172,18 +170,14 @@ class Endpoint:
         return self.base_url or self.OPENAI_URL
 
     def sdk_options(self) -> dict[str, Any]:
-        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment."""
-        key = self.key()
-        headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
-        return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
-
-    def key(self) -> str:
-        """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
+        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment; the key is
+        registered for redaction (local servers, vLLM and llama.cpp, take any key)."""
         if not self.api_key and self.base_url is None:
             raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
         key = self.api_key or "no-key"
         redact.register(key)
-        return key
+        headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
+        return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
 
     def request_body(self, messages: list[dict], fields: dict | None = None) -> dict:
         """The chat request body a call sends (ChatClient hands the same fields to the SDK)."""
@@ -252,7 +246,6 @@ class Served:
         return cls(model, fingerprint, effort) if model or fingerprint or effort else None
 
     def fields(self, prefix: str = "") -> dict[str, str]:
-        """The row's keys, each only when given."""
         named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
         named["reasoning_effort_applied"] = self.effort
         return {prefix + name: value for name, value in named.items() if value}
@@ -360,24 +353,10 @@ def _bare_404(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """A one-line, key-free description of a failed call, its control characters escaped (redact.printable)."""
     status = status_of(exc)
-    prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
-    text = str(exc)
+    said = f"HTTP {status}: {exc}" if status else f"{type(exc).__name__}: {exc}"
     if _mapped_as_timeout(exc):
-        prefix, text = "APIConnectionError: ", "Connection error."  # what the httpx transport says
-    return redact.printable(redact.redact(prefix + text))[:500]
-
-
-def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
-    """The SDK's HTTP client over `kind`, all `connections` kept open (past 100, calls would queue or reconnect)."""
-    if kind not in HTTP_CLIENTS:
-        raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
-    make = openai.DefaultAioHttpClient if kind == "aiohttp" else openai.DefaultAsyncHttpxClient
-    return make(
-        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
-        # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
-        event_hooks={"response": [on_response, _bound_body]},
-        headers={"Accept-Encoding": "gzip, deflate"},
-    )
+        said = "APIConnectionError: Connection error."  # what the httpx transport says
+    return redact.printable(redact.redact(said))[:500]
 
 
 class ChatClient:
@@ -388,12 +367,17 @@ class ChatClient:
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint, self.limit, self.cap = endpoint, limit, cap
+        connections = max(MIN_CONNECTIONS, limit.ceiling if limit else 0)  # all kept open: past 100, calls would queue
+        transport = openai.DefaultAioHttpClient if endpoint.http_client == "aiohttp" else openai.DefaultAsyncHttpxClient
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
             max_retries=0,
-            http_client=http_client(
-                endpoint.http_client, max(MIN_CONNECTIONS, limit.ceiling if limit else 0), self._heard_from
+            http_client=transport(
+                limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+                # _heard_from first: it hears of every reply, even one whose body _bound_body refuses
+                event_hooks={"response": [self._heard_from, _bound_body]},
+                headers={"Accept-Encoding": "gzip, deflate"},
             ),
         )
         self._fallback_wait = wait_exponential_jitter(
@@ -490,7 +474,7 @@ class ChatClient:
                     # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
                     # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
                     # in extra_body, which replaces the body's empty `messages` as it is.
-                    messages=cast("list[ChatCompletionMessageParam]", []),
+                    messages=[],
                     extra_body={"messages": messages, **extra},
                     **params,
                 )
@@ -572,7 +556,7 @@ class ChatClient:
             ):
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
-            # --max-retry-seconds as a whole, the run stops: _stop_error)
+            # --max-retry-seconds as a whole, the run stops: _failure)
             spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
@@ -594,28 +578,14 @@ class ChatClient:
         except EndpointRefused:
             raise
         except Exception as exc:
-            status = status_of(exc)
             if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
-                raise Rejected(describe(exc), status, error_text(exc)) from None
+                raise Rejected(describe(exc), status_of(exc), error_text(exc)) from None
             if self._other_token_field(exc, sent_field, fields):
                 return await self.complete(messages, fields, final)
-            if context_length_error(status, error_text(exc)):
-                raise ContextTooLong(describe(exc)) from None
-            stop = self._stop_error(exc)
-            if stop is not None:
-                raise stop from None
-            if (
-                status in (401, 403)
-                or (status == 404 and not self._stray_404(exc))
-                or (status == 429 and _error_code(exc) == "insufficient_quota")
-            ):
-                raise EndpointRefused(
-                    f"{self.endpoint.host} refused model {self.endpoint.model!r}: {describe(exc)}"
-                ) from None
-            if isinstance(exc, (openai.OpenAIError, MalformedReply, CallTimedOut, ValueError)):
-                tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
-                raise CallFailed(f"{describe(exc)} ({tries})") from None
-            raise
+            failure = self._failure(exc, attempts)
+            if failure is None:
+                raise
+            raise failure from None
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
@@ -636,12 +606,15 @@ class ChatClient:
         """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
         return self.answered and _bare_404(exc)
 
-    def _stop_error(self, exc: BaseException) -> RetryLater | EndpointUnreachable | None:
-        """What stops the run: a wait asked for past --max-retry-seconds, an endpoint never reached, no API there."""
+    def _failure(self, exc: BaseException, attempts: int) -> Exception | None:
+        """What a call that failed for good raises (docs/operations.md, "Errors and retries"); None: not an error of
+        the call's (a bug), raised as it is."""
+        status, url, source = status_of(exc), self.endpoint.host, self.endpoint.base_url_source
+        if context_length_error(status, error_text(exc)):
+            return ContextTooLong(describe(exc))
         seconds = retry_after_seconds(exc) if is_retryable(exc) else None
         if seconds is not None and seconds > self.endpoint.max_retry_seconds:
             return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
-        url, source = self.endpoint.host, self.endpoint.base_url_source
         if self._unreachable_so_far(exc):
             return EndpointUnreachable(
                 f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
@@ -654,6 +627,14 @@ class ChatClient:
             return EndpointUnreachable(
                 f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}"
             )
+        if (
+            status in (401, 403)
+            or (status == 404 and not self._stray_404(exc))
+            or (status == 429 and _error_code(exc) == "insufficient_quota")
+        ):
+            return EndpointRefused(f"{url} refused model {self.endpoint.model!r}: {describe(exc)}")
+        if isinstance(exc, (openai.OpenAIError, MalformedReply, CallTimedOut, ValueError)):
+            return CallFailed(f"{describe(exc)} (after {attempts} attempt{'s' if attempts != 1 else ''})")
         return None
 
     async def aclose(self) -> None:
