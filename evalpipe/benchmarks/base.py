@@ -63,8 +63,7 @@ async def answer_into(out: dict, model: "ChatClient", messages: list[dict], fiel
     out["model_output"] = done.text
     status = THINKING_TRUNCATED if done.thinking_truncated else "ok"
     out.update(status=status, finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
-    if done.served is not None:
-        out.update(done.served.fields())
+    out.update(done.served)
     out["thinking"] = done.thinking
     return out
 

@@ -62,9 +62,7 @@ def estimate(
     calls = client.calls
     usage = {"prompt_tokens": client.prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
     price = prices.cost(endpoint.model, usage) if endpoint is not None else 0.0
-    assumed = (
-        f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
-    )
+    assumed = f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {completion_tokens:,} (set --max-tokens)"
     if endpoint is None:
         priced = "no API calls (a rule-based judge)"
     elif price is None:

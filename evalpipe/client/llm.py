@@ -1,9 +1,6 @@
-"""OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
-
-The SDK's own retries are off: this module decides what is retried, what fails a call and what stops the run, and
-bounds each attempt in time and each reply in size. docs/operations.md holds the policy ("Errors and retries"),
-the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69).
-"""
+"""OpenAI-compatible chat calls: what is retried (the SDK's own retries are off), what fails a call and what stops
+the run, each attempt bounded in time and each reply in size, and usage accounting. docs/operations.md holds the
+policy ("Errors and retries"), the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69)."""
 
 import asyncio
 import contextlib
@@ -52,8 +49,7 @@ if TYPE_CHECKING:
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
-# how an error says the prompt does not fit the model's context, lower case
-_CONTEXT_LENGTH = re.compile(
+_CONTEXT_LENGTH = re.compile(  # how an error says the prompt does not fit the model's context, lower case
     "context_length_exceeded|context length|context window|maximum context|context size|too many tokens"
     "|prompt is too long|input is too long"
 )
@@ -220,35 +216,26 @@ class Completion:
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
     reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
-    served: "Served | None" = None  # which model the endpoint says answered
+    served: dict[str, str] = field(default_factory=dict)  # which model the endpoint says answered (llm.served)
     thinking: str = ""  # the reasoning field and any thinking written inline in content
     thinking_truncated: bool = False  # no final answer: the token limit was reached while thinking
 
 
-@dataclass(frozen=True)
-class Served:
-    """What a reply says answered (a provider may re-point a name): a row records it, so a changed snapshot shows."""
-
-    model: str | None
-    fingerprint: str | None = None
-    effort: str | None = None
-
-    @classmethod
-    def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each field cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
-        said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
-        model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
-        extra = getattr(response, "model_extra", None) or {}
-        effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
-        if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
-            effort = reasoning.get("effort")
-        effort = redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
-        return cls(model, fingerprint, effort) if model or fingerprint or effort else None
-
-    def fields(self, prefix: str = "") -> dict[str, str]:
-        named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
-        named["reasoning_effort_applied"] = self.effort
-        return {prefix + name: value for name, value in named.items() if value}
+def served(response: Any) -> dict[str, str]:
+    """A row's fields for what a reply says answered (a provider may re-point a name: a changed snapshot shows), each
+    only when given, cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
+    out = {}
+    for name, key in (("response_model", "model"), ("system_fingerprint", "system_fingerprint")):
+        value = getattr(response, key, None)
+        if isinstance(value, str) and value:
+            out[name] = short_field(redact.secrets(value))
+    extra = getattr(response, "model_extra", None) or {}
+    effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
+    if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
+        effort = reasoning.get("effort")
+    if isinstance(effort, str) and effort:
+        out["reasoning_effort_applied"] = redact.secrets(valid_text(effort[:40]))
+    return out
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -301,7 +288,6 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 
 
 def _retry_after_said(exc: BaseException) -> str:
-    """The status and the header a retry-after came in, as the server sent it (for messages)."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     name = "retry-after-ms" if "retry-after-ms" in headers else "Retry-After"
     return f"HTTP {status_of(exc)}, {name}: {redact.printable(str(headers.get(name)))[:60]}"
@@ -438,7 +424,6 @@ class ChatClient:
         return response
 
     async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
-        """One HTTP attempt, within its slot and pacing when there is a limiter, which hears how it went."""
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         max_wait_s = self.endpoint.max_retry_seconds
@@ -551,13 +536,12 @@ class ChatClient:
             exc = state.outcome.exception()
             if not isinstance(exc, openai.RateLimitError):
                 failures += 1
-            if self._unreachable_so_far(exc) and (
-                attempts >= UNREACHABLE_TRIES or time.monotonic() - started >= CONNECT_TIMEOUT
-            ):
+            spent = time.monotonic() - started
+            if self._unreachable_so_far(exc) and (attempts >= UNREACHABLE_TRIES or spent >= CONNECT_TIMEOUT):
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
             # --max-retry-seconds as a whole, the run stops: _failure)
-            spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
+            spent += retry_after_seconds(exc) or 0.0
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
@@ -607,8 +591,7 @@ class ChatClient:
         return self.answered and _bare_404(exc)
 
     def _failure(self, exc: BaseException, attempts: int) -> Exception | None:
-        """What a call that failed for good raises (docs/operations.md, "Errors and retries"); None: not an error of
-        the call's (a bug), raised as it is."""
+        """What a call that failed for good raises (docs/operations.md, "Errors and retries"); None: exc as it is."""
         status, url, source = status_of(exc), self.endpoint.host, self.endpoint.base_url_source
         if context_length_error(status, error_text(exc)):
             return ContextTooLong(describe(exc))
@@ -698,24 +681,21 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
     choice = response.choices[0]
     message, finish_reason = choice.message, choice.finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""
-    reasoning = ""  # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
     extra = getattr(message, "model_extra", None) or {}
-    for name in ("reasoning_content", "reasoning"):
-        value = extra.get(name, getattr(message, name, None))
-        if isinstance(value, str) and value.strip():
-            reasoning = redact.secrets(valid_text(value))
-            break
-    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
+    # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
+    said = (extra.get(name, getattr(message, name, None)) for name in ("reasoning_content", "reasoning"))
+    reasoning = next((redact.secrets(valid_text(v)) for v in said if isinstance(v, str) and v.strip()), "")
+    answer, thought, truncated = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
     return Completion(
-        text=reply.answer,
+        text=answer,
         finish_reason=None if finish_reason is None else short_field(redact.secrets(str(finish_reason))),
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
         reasoning=reasoning,
-        served=Served.of(response),
-        thinking=reply.thinking,
-        thinking_truncated=reply.truncated,
+        served=served(response),
+        thinking=thought,
+        thinking_truncated=truncated,
     )
 
 
