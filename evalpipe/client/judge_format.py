@@ -1,7 +1,6 @@
 """Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run (a Ladder per
 endpoint and model, most to least constrained: MODES); docs/usage.md ("How --judge-format auto learns") has the
-policy. Also reads a judge's JSON reply within bounds.
-"""
+policy. Also reads a judge's JSON reply within bounds."""
 
 import asyncio
 import decimal
@@ -68,9 +67,8 @@ def budget_too_large(status: int | None, text: str) -> bool:
 def default_token_field(base_url: str, model: str) -> str:
     """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
     host = urllib.parse.urlsplit(base_url).hostname or ""
-    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
-        return "max_completion_tokens"
-    return "max_tokens"
+    reasoning = host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES)
+    return "max_completion_tokens" if reasoning else "max_tokens"
 
 
 @dataclass
@@ -78,6 +76,7 @@ class Ladder:
     """What one endpoint and model take, learned during the run."""
 
     modes: tuple[str, ...]
+    budget: int | None = None  # the token budget a judge call sends unless the user gave --max-tokens
     index: int = 0
     settled: bool = False  # a request in the current mode was answered
     token_field: str | None = None  # learned: the body field that carries the token budget
@@ -130,7 +129,7 @@ class Formats:
     def ladder(self, client: "ChatClient") -> Ladder:
         key = client.endpoint.learned_key
         if key not in self.ladders:
-            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice])
+            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice], None if self.choice == "none" else self.budget)
             saved = self.saved.get(key, {})
             if saved.get("choice", "auto") == self.choice:  # a forced choice teaches auto nothing
                 ladder.seed(saved)
@@ -154,17 +153,15 @@ async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, n
     """One reply to `messages` in the best mode the endpoint takes."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
-        return Answer(await client.complete(messages, _fields(formats, ladder, client, name, schema)[0]), ladder.mode)
+        return Answer(await client.complete(messages, _fields(ladder, client, name, schema)[0]), ladder.mode)
     if not ladder.settled:
         async with ladder._lock:
             if not ladder.settled:
-                return await _send(formats, ladder, client, messages, name, schema)
-    return await _send(formats, ladder, client, messages, name, schema)
+                return await _send(ladder, client, messages, name, schema)
+    return await _send(ladder, client, messages, name, schema)
 
 
-async def _send(
-    formats: Formats, ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict
-) -> Answer:
+async def _send(ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict) -> Answer:
     from .llm import Rejected, error_text, status_of, token_field_refused
 
     def final(own_budget: bool, exc: BaseException) -> bool:  # the ladder handles it (a budget error if ours): no retry
@@ -174,7 +171,7 @@ async def _send(
 
     while True:
         mode = ladder.mode
-        fields, own_budget = _fields(formats, ladder, client, name, schema)
+        fields, own_budget = _fields(ladder, client, name, schema)
         try:
             reply = await client.complete(messages, fields, final=functools.partial(final, own_budget))
         except Rejected as exc:
@@ -204,7 +201,7 @@ async def _send(
         return Answer(reply, mode)
 
 
-def _fields(formats: Formats, ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> tuple[dict, bool]:
+def _fields(ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> tuple[dict, bool]:
     """A judge call's body fields in the ladder's mode: response_format, and the budget in the endpoint's field; and
     whether that budget is ours (not the user's own --max-tokens)."""
     response_formats = {
@@ -215,7 +212,7 @@ def _fields(formats: Formats, ladder: Ladder, client: "ChatClient", name: str, s
     fields: dict[str, Any] = {"response_format": response_formats[ladder.mode]} if ladder.mode != "none" else {}
     endpoint = client.endpoint
     given = None if endpoint.token_field is None else endpoint.params[endpoint.token_field]  # the user's --max-tokens
-    budget = given if given is not None else None if formats.choice == "none" else formats.budget
+    budget = given if given is not None else ladder.budget
     if given is None and budget and ladder.budget_cap is not None:
         budget = min(budget, ladder.budget_cap)
     if budget:

@@ -59,7 +59,6 @@ MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and dec
 MAX_FIELD_CHARS = 256  # the reply's model, system_fingerprint and finish_reason are cut to this many characters
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
-MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
 MODELS_PROBE_S = 10.0  # after a first call waited its whole --timeout unanswered, GET /models gets this long (at most)
 STILL_WAITING_S = 30.0  # a first reply this late is said to be awaited (a line on stderr, once)
@@ -244,11 +243,8 @@ def status_of(exc: BaseException) -> int | None:
 
 def _error_code(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("code") or err.get("type") or "")
-    return ""
+    err = body.get("error", body) if isinstance(body, dict) else None
+    return str(err.get("code") or err.get("type") or "") if isinstance(err, dict) else ""
 
 
 def error_text(exc: BaseException) -> str:
@@ -298,10 +294,13 @@ def connect_failure(exc: BaseException) -> str | None:
     reason = None
     seen: BaseException | None = exc
     while seen is not None:
-        # aiohttp's errors first: its TLS errors are also ssl.SSLErrors, whose cause says more
-        if isinstance(seen, aiohttp.ConnectionTimeoutError):
+        # The SDK's httpx errors by name, whatever its module is called; over aiohttp they are a coarse mapping (any
+        # aiohttp connection error is a ConnectTimeout): then the aiohttp error below decides. aiohttp's errors before
+        # the ssl.SSLError they also are: their cause says more.
+        httpx_name = "" if isinstance(seen.__cause__, aiohttp.ClientError) else type(seen).__name__
+        if isinstance(seen, aiohttp.ConnectionTimeoutError) or httpx_name == "ConnectTimeout":
             return f"no connection within {CONNECT_TIMEOUT:g}s"
-        if isinstance(seen, aiohttp.ClientConnectorError):
+        if isinstance(seen, aiohttp.ClientConnectorError) or httpx_name == "ConnectError":
             reason = reason or " ".join(str(seen).split()) or "connection failed"
         elif isinstance(seen, aiohttp.ClientError):
             return reason  # a connection that broke after it was made (a reset, a read timeout)
@@ -311,14 +310,6 @@ def connect_failure(exc: BaseException) -> str | None:
             return "unknown host"
         elif isinstance(seen, ssl.SSLError):
             return f"TLS failed ({seen.reason or seen})"
-        # The SDK's httpx, whatever its module is called. Over aiohttp its errors are a coarse mapping
-        # (any aiohttp connection error is a ConnectTimeout): then the aiohttp error below decides.
-        elif not isinstance(seen.__cause__, aiohttp.ClientError):
-            name = type(seen).__name__
-            if name == "ConnectTimeout":
-                return f"no connection within {CONNECT_TIMEOUT:g}s"
-            if name == "ConnectError" and reason is None:
-                reason = " ".join(str(seen).split()) or "connection failed"
         seen = seen.__cause__ or seen.__context__
     return reason
 
@@ -353,7 +344,7 @@ class ChatClient:
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint, self.limit, self.cap = endpoint, limit, cap
-        connections = max(MIN_CONNECTIONS, limit.ceiling if limit else 0)  # all kept open: past 100, calls would queue
+        connections = max(1000, limit.ceiling if limit else 0)  # the SDK's cap, or the ceiling: past 100, calls queue
         transport = openai.DefaultAioHttpClient if endpoint.http_client == "aiohttp" else openai.DefaultAsyncHttpxClient
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
@@ -378,10 +369,9 @@ class ChatClient:
     def _announce_wait(self, seconds: float, why: str) -> None:
         """Says a wait of LONG_WAIT_S or more on stderr, unless the last one said is still on (many calls wait)."""
         now = time.monotonic()
-        if seconds < LONG_WAIT_S or now < self._announced_until:
-            return
-        self._announced_until = now + seconds
-        print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
+        if seconds >= LONG_WAIT_S and now >= self._announced_until:
+            self._announced_until = now + seconds
+            print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
 
     def _before_sleep(self, state) -> None:
         """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
@@ -545,7 +535,8 @@ class ChatClient:
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
-            return (is_retryable(exc) or self._stray_404(exc)) and not (final is not None and final(exc))
+            stray_404 = self.answered and _bare_404(exc)  # once the endpoint has answered: retried as a 5xx
+            return (is_retryable(exc) or stray_404) and not (final is not None and final(exc))
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(retryable),
@@ -586,10 +577,6 @@ class ChatClient:
         self.endpoint.use_token_field(next(name for name in TOKEN_FIELDS if name != sent))
         return True
 
-    def _stray_404(self, exc: BaseException) -> bool:
-        """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
-        return self.answered and _bare_404(exc)
-
     def _failure(self, exc: BaseException, attempts: int) -> Exception | None:
         """What a call that failed for good raises (docs/operations.md, "Errors and retries"); None: exc as it is."""
         status, url, source = status_of(exc), self.endpoint.host, self.endpoint.base_url_source
@@ -612,7 +599,7 @@ class ChatClient:
             )
         if (
             status in (401, 403)
-            or (status == 404 and not self._stray_404(exc))
+            or (status == 404 and not (self.answered and _bare_404(exc)))
             or (status == 429 and _error_code(exc) == "insufficient_quota")
         ):
             return EndpointRefused(f"{url} refused model {self.endpoint.model!r}: {describe(exc)}")
@@ -651,11 +638,8 @@ def token_field_refused(status: int | None, text: str, sent: str) -> bool:
 
 def max_tokens_of(body: dict) -> int:
     """The completion tokens a request reserves (OpenAI counts them against its tokens-per-minute limit)."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
+    values = (body.get(name) for name in ("max_completion_tokens", "max_tokens"))
+    return next((value for value in values if isinstance(value, int) and value > 0), 0)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -1,6 +1,5 @@
 """A reasoning model's reply, its thinking (a separate field, or inline in content) taken apart from its final
-answer, the one place that does it; docs/upstream.md ("Reasoning models") has the shapes servers send.
-"""
+answer, the one place that does it; docs/upstream.md ("Reasoning models") has the shapes servers send."""
 
 OPEN, CLOSE = "<think>", "</think>"
 MODES = ("separate", "as-is")  # --thinking: the final answer graded, or content as the server sent it (references)
