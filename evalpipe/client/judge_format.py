@@ -41,6 +41,7 @@ _UNSUPPORTED_HINTS = (
     "no endpoints found that can handle",
 )
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)  # how a model says its own cap
 
 
 def unsupported(status: int | None, text: str) -> bool:
@@ -53,9 +54,6 @@ def unsupported(status: int | None, text: str) -> bool:
     if status in (400, 404, 415, 422):
         return any(hint in text for hint in _UNSUPPORTED_HINTS)
     return status == 500 and any(hint in text for hint in _FORMAT_NAMES)
-
-
-_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
 
 
 def budget_too_large(status: int | None, text: str) -> bool:
@@ -202,8 +200,7 @@ async def _send(ladder: Ladder, client: "ChatClient", messages: list[dict], name
 
 
 def _fields(ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> tuple[dict, bool]:
-    """A judge call's body fields in the ladder's mode: response_format, and the budget in the endpoint's field; and
-    whether that budget is ours (not the user's own --max-tokens)."""
+    """A judge call's body fields in the ladder's mode, the budget in the endpoint's field; and whether it is ours."""
     response_formats = {
         "json_schema": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
         "json_object_schema": {"type": "json_object", "schema": schema},  # llama.cpp makes a grammar of the schema

@@ -29,9 +29,8 @@ from .limiter import AdaptiveLimit, Attempt, PacedPastLimit, wall_clock
 
 
 def _on_first_use(name: str) -> ModuleType:
-    """The module `name`, imported when one of its attributes is first read (importlib's LazyLoader): the SDK and its
-    transports take most of a second to import, and a stage that makes no call (a rule judge, a run with nothing left
-    to do, --help, a bad flag) never loads them."""
+    """The module `name`, imported when an attribute is first read (importlib's LazyLoader): the SDK and its transports
+    take most of a second to import, which a stage that makes no call (a rule judge, --help, nothing to do) skips."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec(name)
@@ -62,6 +61,11 @@ UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answe
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
 MODELS_PROBE_S = 10.0  # after a first call waited its whole --timeout unanswered, GET /models gets this long (at most)
 STILL_WAITING_S = 30.0  # a first reply this late is said to be awaited (a line on stderr, once)
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
+# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
+_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone UTF-16 surrogate (valid_text)
+_usage_warned = False  # usage_dict warns once a run
 
 
 class Rejected(CallFailed):
@@ -81,7 +85,6 @@ class CallTimedOut(Exception):
 
 
 async def _bound_body(response: "httpx2.Response") -> None:
-    """An httpx response hook: the body is read through _BoundedStream; an encoding never asked for is malformed."""
     encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
     encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
@@ -165,17 +168,15 @@ class Endpoint:
         return self.base_url or self.OPENAI_URL
 
     def sdk_options(self) -> dict[str, Any]:
-        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment; the key is
-        registered for redaction (local servers, vLLM and llama.cpp, take any key)."""
+        """openai.(Async)OpenAI's keyword arguments, nothing left to take from the environment; the key is redacted."""
         if not self.api_key and self.base_url is None:
             raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-        key = self.api_key or "no-key"
+        key = self.api_key or "no-key"  # local servers (vLLM, llama.cpp) take any key
         redact.register(key)
         headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
         return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
 
     def request_body(self, messages: list[dict], fields: dict | None = None) -> dict:
-        """The chat request body a call sends (ChatClient hands the same fields to the SDK)."""
         params, extra = self.call_fields(fields)
         return {"model": self.model, "messages": messages, **params, **extra}
 
@@ -248,7 +249,6 @@ def _error_code(exc: BaseException) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """The error's code and message, as one text to match against."""
     return f"{_error_code(exc)} {exc}"
 
 
@@ -374,7 +374,6 @@ class ChatClient:
             print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
 
     def _before_sleep(self, state) -> None:
-        """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
         exc = state.outcome.exception()
         if retry_after_seconds(exc) is not None:
             self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
@@ -620,11 +619,6 @@ def prompt_chars(messages: list[dict]) -> int:
     return sum(len(str(message.get("content") or "")) for message in messages)
 
 
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
-# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
-_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
-
-
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
     """Whether an error says the endpoint does not take the token field `sent` (not that the budget is too large)."""
     lowered = text.lower()
@@ -640,9 +634,6 @@ def max_tokens_of(body: dict) -> int:
     """The completion tokens a request reserves (OpenAI counts them against its tokens-per-minute limit)."""
     values = (body.get(name) for name in ("max_completion_tokens", "max_tokens"))
     return next((value for value in values if isinstance(value, int) and value > 0), 0)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def valid_text(text: str) -> str:
@@ -662,8 +653,7 @@ def short_field(text: str) -> str:
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
     """Our Completion from the SDK's ChatCompletion (online or batch), our key taken out of every text (echoed)."""
-    choice = response.choices[0]
-    message, finish_reason = choice.message, choice.finish_reason
+    message, finish_reason = response.choices[0].message, response.choices[0].finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""
     extra = getattr(message, "model_extra", None) or {}
     # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
@@ -681,9 +671,6 @@ def completion_from(response: Any, latency_s: float | None, attempts: int, mode:
         thinking=thought,
         thinking_truncated=truncated,
     )
-
-
-_usage_warned = False
 
 
 def valid_count(value: Any) -> bool:

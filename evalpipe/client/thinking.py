@@ -6,9 +6,9 @@ MODES = ("separate", "as-is")  # --thinking: the final answer graded, or content
 
 
 def separate(content: str, reasoning: str, finish_reason: str | None, mode: str = "separate") -> tuple[str, str, bool]:
-    """(answer, thinking, truncated) of one reply: the final answer, what is graded; the thinking, from the reasoning
-    field and from content; no final answer as the token limit was reached while thinking. "as-is" keeps content
-    whole as the answer (as CL-bench, EvalScope and OpenAI Evals grade)."""
+    """(answer, thinking, truncated) of one reply: the final answer is graded, the thinking joins `reasoning` and
+    content's; truncated: no answer, the token limit reached while thinking. "as-is" keeps content whole as the answer
+    (as CL-bench, EvalScope and OpenAI Evals grade)."""
     answer, inline = (content, "") if mode == "as-is" else _split_inline(content)
     thinking = "\n\n".join(part for part in (reasoning.strip(), inline.strip()) if part)
     return answer, thinking, finish_reason == "length" and not answer.strip()
