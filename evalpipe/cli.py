@@ -353,7 +353,7 @@ def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source
             if _origin(url, url_source) != _origin(home, f"{prefix}_BASE_URL"):
                 raise BadInput(_foreign_key_refusal(url, url_source, prefix, home, prefixes))
             return key
-    return None  # no key anywhere: Endpoint.key() decides (any key for a local server)
+    return None  # no key anywhere: Endpoint.sdk_options() decides (any key for a local server)
 
 
 def _key_home(prefix: str) -> str:

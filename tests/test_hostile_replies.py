@@ -14,12 +14,13 @@ import pytest
 
 from evalpipe.client import llm
 from evalpipe.client.limiter import AdaptiveLimit
-from evalpipe.client.llm import HTTP_CLIENTS, MAX_FIELD_CHARS, MAX_REPLY_BYTES, ChatClient, Endpoint
+from evalpipe.client.llm import MAX_FIELD_CHARS, MAX_REPLY_BYTES, ChatClient, Endpoint
 from evalpipe.devtools.testserver import Reply, completion_body
 
 from .conftest import API_KEY, read_jsonl
 
 MSGS = [{"role": "user", "content": "hi"}]
+HTTP_CLIENTS = ("aiohttp", "httpx")  # --http-client
 # infer over the first tasks of the bundled Arithmetic sample, one call at a time, with short retry settings
 INFER = ["--bench", "arithmetic", "--model", "m", "--output", "infer.jsonl", "--timeout", "5"]
 QUICK_RETRIES = ["--max-retries", "1", "--backoff", "0.01", "--backoff-max", "0.02"]

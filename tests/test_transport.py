@@ -9,13 +9,14 @@ import time
 import pytest
 
 from evalpipe.client.limiter import AdaptiveLimit
-from evalpipe.client.llm import HTTP_CLIENTS, ChatClient, Endpoint
+from evalpipe.client.llm import ChatClient, Endpoint
 from evalpipe.devtools.testserver import FakeOpenAI, Reply
 from evalpipe.errors import CallFailed, EndpointUnreachable
 
 from .conftest import API_KEY, closed_port, plain_http_port, read_jsonl
 
 MSGS = [{"role": "user", "content": "hi"}]
+HTTP_CLIENTS = ("aiohttp", "httpx")  # --http-client
 
 
 def endpoint(base_url: str, kind: str, **kw) -> Endpoint:

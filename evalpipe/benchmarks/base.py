@@ -54,8 +54,7 @@ async def chat_row(task: Task, model: "ChatClient", messages: list[dict], fields
     out["model_output"] = done.text
     status = THINKING_TRUNCATED if done.thinking_truncated else "ok"
     out.update(status=status, finish_reason=done.finish_reason, usage=done.usage, latency_s=done.latency_s)
-    if done.served is not None:
-        out.update(done.served.fields())
+    out.update(done.served)
     out["thinking"] = done.thinking
     return out
 

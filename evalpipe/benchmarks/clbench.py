@@ -20,7 +20,7 @@ from ..store.rows import THINKING_TRUNCATED, row_id
 from .base import API_ERROR, VALID_ROLES, Benchmark, ErrorAnalysis, Task, chat_row, flag, group_of, stand_in
 
 if TYPE_CHECKING:  # the openai SDK is imported only by stages that call an API
-    from ..client.llm import ChatClient, Served
+    from ..client.llm import ChatClient
 
 CATEGORIES = (
     "Domain Knowledge Reasoning",
@@ -197,7 +197,7 @@ class Asked:
     mode: str | None = None  # the response_format mode of the last reply (judge_format.MODES)
     field: str = "content"  # where the last reply was read: content, or reasoning (content empty)
     enforced: bool | None = None  # False: the last reply broke the schema its structured mode asked for
-    served: "Served | None" = None  # the model the last reply says answered
+    served: dict[str, str] | None = None  # the model the last reply says answered (llm.served)
 
     def route(self, how: str) -> str:
         return how if self.field == "content" else f"{self.field}:{how}"
@@ -207,7 +207,7 @@ class Asked:
         latency = None if not self.latencies or None in self.latencies else round(sum(self.latencies), 3)
         out = {"model": model, "usage": self.usage or None, "latency_s": latency, "attempts": self.attempts}
         out |= {"format": self.mode} | ({"format_enforced": False} if self.enforced is False else {})
-        return {prefix + k: v for k, v in out.items()} | (self.served.fields(prefix) if self.served is not None else {})
+        return {prefix + k: v for k, v in (out | (self.served or {})).items()}
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ class ErrorRecovery(Benchmark):
             if done is None:
                 reply = await model.complete(compat(messages, a.chat_compat))
                 record = {k: getattr(reply, k) for k in ("text", "usage", "latency_s", "finish_reason")}
-                record |= reply.served.fields() if reply.served is not None else {}
+                record |= reply.served
                 record |= {"thinking_truncated": True} if reply.thinking_truncated else {}
                 done = steps.put(task.id, step, record | {"thinking": reply.thinking})
             calls[step] = done

@@ -1,6 +1,5 @@
 """--dry-run: count the calls a run would make and estimate their tokens and cost, sending nothing; the benchmark's
-own code runs against a client that records each request (docs/results.md#dry-run).
-"""
+own code runs against a client that records each request (docs/results.md#dry-run)."""
 
 import asyncio
 import contextlib
@@ -62,9 +61,7 @@ def estimate(
     calls = client.calls
     usage = {"prompt_tokens": client.prompt_chars // CHARS_PER_TOKEN, "completion_tokens": calls * completion_tokens}
     price = prices.cost(endpoint.model, usage) if endpoint is not None else 0.0
-    assumed = (
-        f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {DEFAULT_COMPLETION_TOKENS:,} (set --max-tokens)"
-    )
+    assumed = f"--max-tokens {max_tokens}" if max_tokens else f"an assumed {completion_tokens:,} (set --max-tokens)"
     if endpoint is None:
         priced = "no API calls (a rule-based judge)"
     elif price is None:
@@ -80,7 +77,6 @@ def estimate(
         f"{label} --dry-run: {len(pending):,} tasks pending → {calls:,} calls\n"
         f"  prompt tokens     ≈ {usage['prompt_tokens']:,} (characters / {CHARS_PER_TOKEN})\n"
         f"  completion tokens ≈ {usage['completion_tokens']:,} ({completion_tokens:,} per call: {assumed})\n"
-        f"  cost: {priced}\n"
-        f"  nothing was sent",
+        f"  cost: {priced}\n  nothing was sent",
         file=sys.stderr,
     )

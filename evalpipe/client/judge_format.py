@@ -1,17 +1,17 @@
 """Structured output for LLM judges: which `response_format` an endpoint takes, learned once per run (a Ladder per
 endpoint and model, most to least constrained: MODES); docs/usage.md ("How --judge-format auto learns") has the
-policy. Also reads a judge's JSON reply within bounds.
-"""
+policy. Also reads a judge's JSON reply within bounds."""
 
 import asyncio
 import decimal
+import functools
 import json
 import math
 import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import EndpointRefused
 
@@ -27,11 +27,11 @@ _LADDERS = {
     "json_object": ("json_object_schema", "json_object"),
     "none": ("none",),
 }
+# A 500 counts only when its text names the format (llama-cpp-python, 2024 llama-server).
+_FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should be 'text'")
 # Texts of "this format is not supported" answers (../shared/research/judge.md §2, §6.2), lower case.
 _UNSUPPORTED_HINTS = (
-    "response_format",
-    "json_schema",
-    "json_object",
+    *_FORMAT_NAMES,
     "input should be",
     "must be one of",
     "not supported",
@@ -40,9 +40,8 @@ _UNSUPPORTED_HINTS = (
     "unrecognized request argument",
     "no endpoints found that can handle",
 )
-# A 500 counts only when its text names the format (llama-cpp-python, 2024 llama-server).
-_FORMAT_NAMES = ("response_format", "json_schema", "json_object", "input should be 'text'")
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)  # how a model says its own cap
 
 
 def unsupported(status: int | None, text: str) -> bool:
@@ -57,9 +56,6 @@ def unsupported(status: int | None, text: str) -> bool:
     return status == 500 and any(hint in text for hint in _FORMAT_NAMES)
 
 
-_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
-
-
 def budget_too_large(status: int | None, text: str) -> bool:
     """Our token budget is more than the model allows (`max_tokens is too large`: OpenAI, vLLM)."""
     text = text.lower()
@@ -69,22 +65,8 @@ def budget_too_large(status: int | None, text: str) -> bool:
 def default_token_field(base_url: str, model: str) -> str:
     """max_completion_tokens for OpenAI's reasoning models (they reject max_tokens), else max_tokens."""
     host = urllib.parse.urlsplit(base_url).hostname or ""
-    if host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES):
-        return "max_completion_tokens"
-    return "max_tokens"
-
-
-def _final_for(own_budget: bool) -> Callable[[BaseException], bool]:
-    """Which errors end a judge call at once: the ladder handles them (a budget error only when the budget is ours)."""
-    from .llm import error_text, status_of, token_field_refused
-
-    def final(exc: BaseException) -> bool:
-        status, text = status_of(exc), error_text(exc)
-        if own_budget and budget_too_large(status, text):
-            return True
-        return unsupported(status, text) or token_field_refused(status, text, "max_tokens")
-
-    return final
+    reasoning = host.endswith("openai.com") and model.lower().startswith(_REASONING_PREFIXES)
+    return "max_completion_tokens" if reasoning else "max_tokens"
 
 
 @dataclass
@@ -92,6 +74,7 @@ class Ladder:
     """What one endpoint and model take, learned during the run."""
 
     modes: tuple[str, ...]
+    budget: int | None = None  # the token budget a judge call sends unless the user gave --max-tokens
     index: int = 0
     settled: bool = False  # a request in the current mode was answered
     token_field: str | None = None  # learned: the body field that carries the token budget
@@ -132,20 +115,19 @@ class Ladder:
             self.not_enforced.add(mode)
 
 
+@dataclass
 class Formats:
-    """The ladders of one run (per endpoint and model) for a `--judge-format` choice and a token budget."""
+    """The ladders of one run (per endpoint and model) for a `--judge-format` choice (CHOICES) and a token budget."""
 
-    def __init__(self, choice: str = "auto", budget: int | None = None):
-        if choice not in _LADDERS:
-            raise ValueError(f"judge format {choice!r} is not one of {CHOICES}")
-        self.choice, self.budget = choice, budget
-        self.ladders: dict[str, Ladder] = {}
-        self.saved: dict[str, dict] = {}
+    choice: str = "auto"
+    budget: int | None = None
+    ladders: dict[str, Ladder] = field(default_factory=dict)
+    saved: dict[str, dict] = field(default_factory=dict)
 
     def ladder(self, client: "ChatClient") -> Ladder:
         key = client.endpoint.learned_key
         if key not in self.ladders:
-            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice])
+            ladder = self.ladders[key] = Ladder(_LADDERS[self.choice], None if self.choice == "none" else self.budget)
             saved = self.saved.get(key, {})
             if saved.get("choice", "auto") == self.choice:  # a forced choice teaches auto nothing
                 ladder.seed(saved)
@@ -160,8 +142,7 @@ class Formats:
         return {**self.saved, **{k: ladder.state() for k, ladder in self.ladders.items()}}
 
 
-@dataclass
-class Answer:
+class Answer(NamedTuple):
     completion: "Completion"
     mode: str
 
@@ -170,40 +151,39 @@ async def ask(formats: Formats, client: "ChatClient", messages: list[dict], *, n
     """One reply to `messages` in the best mode the endpoint takes."""
     ladder = formats.ladder(client)
     if client.batched:  # a batch cannot be probed: the mode an earlier run learned, else the ladder's first
-        mode = ladder.mode
-        return Answer(await client.complete(messages, _fields(formats, ladder, client, name, schema)), mode)
+        return Answer(await client.complete(messages, _fields(ladder, client, name, schema)[0]), ladder.mode)
     if not ladder.settled:
         async with ladder._lock:
             if not ladder.settled:
-                return await _send(formats, ladder, client, messages, name, schema)
-    return await _send(formats, ladder, client, messages, name, schema)
+                return await _send(ladder, client, messages, name, schema)
+    return await _send(ladder, client, messages, name, schema)
 
 
-async def _send(
-    formats: Formats, ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict
-) -> Answer:
-    from .llm import Rejected, token_field_refused
+async def _send(ladder: Ladder, client: "ChatClient", messages: list[dict], name: str, schema: dict) -> Answer:
+    from .llm import Rejected, error_text, status_of, token_field_refused
+
+    def final(own_budget: bool, exc: BaseException) -> bool:  # the ladder handles it (a budget error if ours): no retry
+        status, text = status_of(exc), error_text(exc)
+        too_large = own_budget and budget_too_large(status, text)
+        return too_large or unsupported(status, text) or token_field_refused(status, text, "max_tokens")
 
     while True:
         mode = ladder.mode
-        fields = _fields(formats, ladder, client, name, schema)
-        own_budget = not _given_budget(client) and any(k in fields for k in ("max_tokens", "max_completion_tokens"))
+        fields, own_budget = _fields(ladder, client, name, schema)
         try:
-            reply = await client.complete(messages, fields, final=_final_for(own_budget))
+            reply = await client.complete(messages, fields, final=functools.partial(final, own_budget))
         except Rejected as exc:
-            if (
-                token_field_refused(exc.status, exc.text, "max_tokens")
-                and ladder.token_field != "max_completion_tokens"
-            ):
+            status, text = exc.status, exc.text
+            if token_field_refused(status, text, "max_tokens") and ladder.token_field != "max_completion_tokens":
                 ladder.token_field = "max_completion_tokens"
                 continue
-            if own_budget and budget_too_large(exc.status, exc.text):
-                at_most = _AT_MOST.search(exc.text)
+            if own_budget and budget_too_large(status, text):
+                at_most = _AT_MOST.search(text)
                 sent = fields.get("max_tokens") or fields.get("max_completion_tokens") or 0
                 # the model's own cap when it says it, else send none and let the server use what is left
                 ladder.budget_cap = int(at_most.group(1)) if at_most and int(at_most.group(1)) < sent else 0
                 continue
-            if not unsupported(exc.status, exc.text) or mode == "none":
+            if not unsupported(status, text) or mode == "none":
                 raise
             if ladder.mode == mode:  # not stepped down meanwhile by another request
                 ladder.rejected[mode] = str(exc)[:300]
@@ -219,32 +199,26 @@ async def _send(
         return Answer(reply, mode)
 
 
-def _fields(formats: Formats, ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> dict[str, Any]:
-    """A judge call's body fields in the ladder's mode: response_format, and the budget in the endpoint's field."""
+def _fields(ladder: Ladder, client: "ChatClient", name: str, schema: dict) -> tuple[dict, bool]:
+    """A judge call's body fields in the ladder's mode, the budget in the endpoint's field; and whether it is ours."""
     response_formats = {
         "json_schema": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
         "json_object_schema": {"type": "json_object", "schema": schema},  # llama.cpp makes a grammar of the schema
         "json_object": {"type": "json_object"},
     }
     fields: dict[str, Any] = {"response_format": response_formats[ladder.mode]} if ladder.mode != "none" else {}
-    given = _given_budget(client)
-    budget = given if given is not None else None if formats.choice == "none" else formats.budget
+    endpoint = client.endpoint
+    given = None if endpoint.token_field is None else endpoint.params[endpoint.token_field]  # the user's --max-tokens
+    budget = given if given is not None else ladder.budget
     if given is None and budget and ladder.budget_cap is not None:
         budget = min(budget, ladder.budget_cap)
     if budget:
-        endpoint = client.endpoint
         wanted = ladder.token_field or endpoint.token_field or default_token_field(endpoint.url, endpoint.model)
         other = "max_tokens" if wanted == "max_completion_tokens" else "max_completion_tokens"
         fields[wanted] = budget
         if other in endpoint.params:
             fields[other] = None
-    return fields
-
-
-def _given_budget(client: "ChatClient") -> int | None:
-    """The user's own --max-tokens, in whichever field it is sent."""
-    name = client.endpoint.token_field
-    return None if name is None else client.endpoint.params[name]
+    return fields, given is None and bool(budget)
 
 
 # ---- reading a judge's JSON reply

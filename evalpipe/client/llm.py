@@ -1,9 +1,6 @@
-"""OpenAI-compatible chat calls: one retry policy, error classes and usage accounting.
-
-The SDK's own retries are off: this module decides what is retried, what fails a call and what stops the run, and
-bounds each attempt in time and each reply in size. docs/operations.md holds the policy ("Errors and retries"),
-the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69).
-"""
+"""OpenAI-compatible chat calls: what is retried (the SDK's own retries are off), what fails a call and what stops
+the run, each attempt bounded in time and each reply in size, and usage accounting. docs/operations.md holds the
+policy ("Errors and retries"), the bounds on a reply and when an endpoint counts as unreachable or hung (exit 69)."""
 
 import asyncio
 import contextlib
@@ -20,7 +17,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
@@ -32,7 +29,8 @@ from .limiter import AdaptiveLimit, Attempt, PacedPastLimit, wall_clock
 
 
 def _on_first_use(name: str) -> ModuleType:
-    """The module `name`, imported when one of its attributes is first read (importlib's LazyLoader)."""
+    """The module `name`, imported when an attribute is first read (importlib's LazyLoader): the SDK and its transports
+    take most of a second to import, which a stage that makes no call (a rule judge, --help, nothing to do) skips."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec(name)
@@ -43,18 +41,14 @@ def _on_first_use(name: str) -> ModuleType:
     return module
 
 
-# The SDK and its transports take most of a second to import: a stage that makes no call (a rule judge, a run
-# with nothing left to do, --help, a bad flag) never loads them.
 if TYPE_CHECKING:
     import aiohttp
     import httpx2
     import openai
-    from openai.types.chat import ChatCompletionMessageParam
 else:
     aiohttp, httpx2, openai = map(_on_first_use, ("aiohttp", "httpx2", "openai"))
 
-# how an error says the prompt does not fit the model's context, lower case
-_CONTEXT_LENGTH = re.compile(
+_CONTEXT_LENGTH = re.compile(  # how an error says the prompt does not fit the model's context, lower case
     "context_length_exceeded|context length|context window|maximum context|context size|too many tokens"
     "|prompt is too long|input is too long"
 )
@@ -64,11 +58,14 @@ MAX_REPLY_BYTES = 32 * 2**20  # the largest reply body read, on the wire and dec
 MAX_FIELD_CHARS = 256  # the reply's model, system_fingerprint and finish_reason are cut to this many characters
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection: longer means nothing answers there
 UNREACHABLE_TRIES = 3  # connection attempts before an endpoint that never answered counts as unreachable
-HTTP_CLIENTS = ("aiohttp", "httpx")  # the SDK's HTTP transports: aiohttp (the default) or its own httpx
-MIN_CONNECTIONS = 1000  # the SDK's own connection cap; raised to the concurrency ceiling when that is higher
 DEADLINE_MARGIN_S = 0.5  # past --timeout, so that the SDK's own connect and read timeouts say what timed out first
 MODELS_PROBE_S = 10.0  # after a first call waited its whole --timeout unanswered, GET /models gets this long (at most)
 STILL_WAITING_S = 30.0  # a first reply this late is said to be awaited (a line on stderr, once)
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
+# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
+_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone UTF-16 surrogate (valid_text)
+_usage_warned = False  # usage_dict warns once a run
 
 
 class Rejected(CallFailed):
@@ -88,7 +85,6 @@ class CallTimedOut(Exception):
 
 
 async def _bound_body(response: "httpx2.Response") -> None:
-    """An httpx response hook: the body is read through _BoundedStream; an encoding never asked for is malformed."""
     encodings = [name.strip().lower() for name in response.headers.get_list("content-encoding", split_commas=True)]
     encodings = [name for name in encodings if name != "identity"]
     unknown = [name for name in encodings if name not in ("gzip", "x-gzip", "deflate")]
@@ -161,7 +157,7 @@ class Endpoint:
     base_url_source: str = "--base-url"  # where base_url came from (a flag or an environment variable), for messages
     # HTTP headers by name, None: never sent (the SDK would otherwise add OPENAI_ORG_ID etc. by itself)
     headers: dict[str, str | None] = field(default_factory=dict, repr=False)
-    http_client: str = "aiohttp"  # HTTP_CLIENTS: how requests travel, never what they are (not fingerprinted)
+    http_client: str = "aiohttp"  # or "httpx": how requests travel, never what they are (not fingerprinted)
     thinking: str = "separate"  # thinking.MODES: how a reply's thinking is told from its final answer
 
     OPENAI_URL = "https://api.openai.com/v1"  # not a field: where calls go without a base URL
@@ -172,21 +168,15 @@ class Endpoint:
         return self.base_url or self.OPENAI_URL
 
     def sdk_options(self) -> dict[str, Any]:
-        """openai.(Async)OpenAI's keyword arguments, leaving it nothing to take from the environment."""
-        key = self.key()
+        """openai.(Async)OpenAI's keyword arguments, nothing left to take from the environment; the key is redacted."""
+        if not self.api_key and self.base_url is None:
+            raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
+        key = self.api_key or "no-key"  # local servers (vLLM, llama.cpp) take any key
+        redact.register(key)
         headers = {name: openai.Omit() if value is None else value for name, value in self.headers.items()}
         return {"api_key": key, "base_url": self.url, "default_headers": {**headers, "Authorization": f"Bearer {key}"}}
 
-    def key(self) -> str:
-        """The API key to send (registered for redaction); local servers (vLLM, llama.cpp) take any key."""
-        if not self.api_key and self.base_url is None:
-            raise BadInput("no API key: set OPENAI_API_KEY or pass --api-key")
-        key = self.api_key or "no-key"
-        redact.register(key)
-        return key
-
     def request_body(self, messages: list[dict], fields: dict | None = None) -> dict:
-        """The chat request body a call sends (ChatClient hands the same fields to the SDK)."""
         params, extra = self.call_fields(fields)
         return {"model": self.model, "messages": messages, **params, **extra}
 
@@ -226,36 +216,26 @@ class Completion:
     latency_s: float | None  # None: not measured (a batch reply)
     attempts: int
     reasoning: str = ""  # message.reasoning_content (or .reasoning), which some servers fill instead of content
-    served: "Served | None" = None  # which model the endpoint says answered
+    served: dict[str, str] = field(default_factory=dict)  # which model the endpoint says answered (llm.served)
     thinking: str = ""  # the reasoning field and any thinking written inline in content
     thinking_truncated: bool = False  # no final answer: the token limit was reached while thinking
 
 
-@dataclass(frozen=True)
-class Served:
-    """What a reply says answered (a provider may re-point a name): a row records it, so a changed snapshot shows."""
-
-    model: str | None
-    fingerprint: str | None = None
-    effort: str | None = None
-
-    @classmethod
-    def of(cls, response: Any) -> "Served | None":
-        """What `response` says, each field cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
-        said = (getattr(response, "model", None), getattr(response, "system_fingerprint", None))
-        model, fingerprint = (short_field(redact.secrets(v)) if isinstance(v, str) and v else None for v in said)
-        extra = getattr(response, "model_extra", None) or {}
-        effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
-        if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
-            effort = reasoning.get("effort")
-        effort = redact.secrets(valid_text(effort[:40])) if isinstance(effort, str) and effort else None
-        return cls(model, fingerprint, effort) if model or fingerprint or effort else None
-
-    def fields(self, prefix: str = "") -> dict[str, str]:
-        """The row's keys, each only when given."""
-        named = {"response_model": self.model, "system_fingerprint": self.fingerprint}
-        named["reasoning_effort_applied"] = self.effort
-        return {prefix + name: value for name, value in named.items() if value}
+def served(response: Any) -> dict[str, str]:
+    """A row's fields for what a reply says answered (a provider may re-point a name: a changed snapshot shows), each
+    only when given, cut to MAX_FIELD_CHARS (a server may send megabytes), our key taken out."""
+    out = {}
+    for name, key in (("response_model", "model"), ("system_fingerprint", "system_fingerprint")):
+        value = getattr(response, key, None)
+        if isinstance(value, str) and value:
+            out[name] = short_field(redact.secrets(value))
+    extra = getattr(response, "model_extra", None) or {}
+    effort, reasoning = extra.get("reasoning_effort"), extra.get("reasoning")
+    if effort is None and isinstance(reasoning, dict):  # as the Responses API and some routers echo it
+        effort = reasoning.get("effort")
+    if isinstance(effort, str) and effort:
+        out["reasoning_effort_applied"] = redact.secrets(valid_text(effort[:40]))
+    return out
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -264,15 +244,11 @@ def status_of(exc: BaseException) -> int | None:
 
 def _error_code(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("code") or err.get("type") or "")
-    return ""
+    err = body.get("error", body) if isinstance(body, dict) else None
+    return str(err.get("code") or err.get("type") or "") if isinstance(err, dict) else ""
 
 
 def error_text(exc: BaseException) -> str:
-    """The error's code and message, as one text to match against."""
     return f"{_error_code(exc)} {exc}"
 
 
@@ -308,7 +284,6 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 
 
 def _retry_after_said(exc: BaseException) -> str:
-    """The status and the header a retry-after came in, as the server sent it (for messages)."""
     headers = getattr(getattr(exc, "response", None), "headers", {})
     name = "retry-after-ms" if "retry-after-ms" in headers else "Retry-After"
     return f"HTTP {status_of(exc)}, {name}: {redact.printable(str(headers.get(name)))[:60]}"
@@ -319,10 +294,13 @@ def connect_failure(exc: BaseException) -> str | None:
     reason = None
     seen: BaseException | None = exc
     while seen is not None:
-        # aiohttp's errors first: its TLS errors are also ssl.SSLErrors, whose cause says more
-        if isinstance(seen, aiohttp.ConnectionTimeoutError):
+        # The SDK's httpx errors by name, whatever its module is called; over aiohttp they are a coarse mapping (any
+        # aiohttp connection error is a ConnectTimeout): then the aiohttp error below decides. aiohttp's errors before
+        # the ssl.SSLError they also are: their cause says more.
+        httpx_name = "" if isinstance(seen.__cause__, aiohttp.ClientError) else type(seen).__name__
+        if isinstance(seen, aiohttp.ConnectionTimeoutError) or httpx_name == "ConnectTimeout":
             return f"no connection within {CONNECT_TIMEOUT:g}s"
-        if isinstance(seen, aiohttp.ClientConnectorError):
+        if isinstance(seen, aiohttp.ClientConnectorError) or httpx_name == "ConnectError":
             reason = reason or " ".join(str(seen).split()) or "connection failed"
         elif isinstance(seen, aiohttp.ClientError):
             return reason  # a connection that broke after it was made (a reset, a read timeout)
@@ -332,14 +310,6 @@ def connect_failure(exc: BaseException) -> str | None:
             return "unknown host"
         elif isinstance(seen, ssl.SSLError):
             return f"TLS failed ({seen.reason or seen})"
-        # The SDK's httpx, whatever its module is called. Over aiohttp its errors are a coarse mapping
-        # (any aiohttp connection error is a ConnectTimeout): then the aiohttp error below decides.
-        elif not isinstance(seen.__cause__, aiohttp.ClientError):
-            name = type(seen).__name__
-            if name == "ConnectTimeout":
-                return f"no connection within {CONNECT_TIMEOUT:g}s"
-            if name == "ConnectError" and reason is None:
-                reason = " ".join(str(seen).split()) or "connection failed"
         seen = seen.__cause__ or seen.__context__
     return reason
 
@@ -360,24 +330,10 @@ def _bare_404(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """A one-line, key-free description of a failed call, its control characters escaped (redact.printable)."""
     status = status_of(exc)
-    prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
-    text = str(exc)
+    said = f"HTTP {status}: {exc}" if status else f"{type(exc).__name__}: {exc}"
     if _mapped_as_timeout(exc):
-        prefix, text = "APIConnectionError: ", "Connection error."  # what the httpx transport says
-    return redact.printable(redact.redact(prefix + text))[:500]
-
-
-def http_client(kind: str, connections: int, on_response: Callable) -> "httpx2.AsyncClient":
-    """The SDK's HTTP client over `kind`, all `connections` kept open (past 100, calls would queue or reconnect)."""
-    if kind not in HTTP_CLIENTS:
-        raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(HTTP_CLIENTS)}")
-    make = openai.DefaultAioHttpClient if kind == "aiohttp" else openai.DefaultAsyncHttpxClient
-    return make(
-        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
-        # the caller's hook first: it hears of every reply, even one whose body _bound_body refuses
-        event_hooks={"response": [on_response, _bound_body]},
-        headers={"Accept-Encoding": "gzip, deflate"},
-    )
+        said = "APIConnectionError: Connection error."  # what the httpx transport says
+    return redact.printable(redact.redact(said))[:500]
 
 
 class ChatClient:
@@ -388,12 +344,17 @@ class ChatClient:
 
     def __init__(self, endpoint: Endpoint, limit: AdaptiveLimit | None = None, cap: spending.SpendingCap | None = None):
         self.endpoint, self.limit, self.cap = endpoint, limit, cap
+        connections = max(1000, limit.ceiling if limit else 0)  # the SDK's cap, or the ceiling: past 100, calls queue
+        transport = openai.DefaultAioHttpClient if endpoint.http_client == "aiohttp" else openai.DefaultAsyncHttpxClient
         self._client = openai.AsyncOpenAI(
             **endpoint.sdk_options(),
             timeout=openai.Timeout(endpoint.timeout, connect=min(endpoint.timeout, CONNECT_TIMEOUT)),
             max_retries=0,
-            http_client=http_client(
-                endpoint.http_client, max(MIN_CONNECTIONS, limit.ceiling if limit else 0), self._heard_from
+            http_client=transport(
+                limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+                # _heard_from first: it hears of every reply, even one whose body _bound_body refuses
+                event_hooks={"response": [self._heard_from, _bound_body]},
+                headers={"Accept-Encoding": "gzip, deflate"},
             ),
         )
         self._fallback_wait = wait_exponential_jitter(
@@ -408,13 +369,11 @@ class ChatClient:
     def _announce_wait(self, seconds: float, why: str) -> None:
         """Says a wait of LONG_WAIT_S or more on stderr, unless the last one said is still on (many calls wait)."""
         now = time.monotonic()
-        if seconds < LONG_WAIT_S or now < self._announced_until:
-            return
-        self._announced_until = now + seconds
-        print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
+        if seconds >= LONG_WAIT_S and now >= self._announced_until:
+            self._announced_until = now + seconds
+            print(f"waiting {seconds:.0f}s, until {wall_clock(seconds)}: {why}", file=sys.stderr, flush=True)
 
     def _before_sleep(self, state) -> None:
-        """Says a long wait a server asked for (tenacity's hook, once the retry is decided)."""
         exc = state.outcome.exception()
         if retry_after_seconds(exc) is not None:
             self._announce_wait(state.upcoming_sleep, f"the endpoint asks so ({_retry_after_said(exc)})")
@@ -454,7 +413,6 @@ class ChatClient:
         return response
 
     async def _attempt(self, messages: list[dict], fields: dict | None) -> Any:
-        """One HTTP attempt, within its slot and pacing when there is a limiter, which hears how it went."""
         if self.limit is None:
             return (await self._request(messages, fields))[0]
         max_wait_s = self.endpoint.max_retry_seconds
@@ -490,7 +448,7 @@ class ChatClient:
                     # The benchmarks build plain dicts, which the SDK's typed transform of `messages` would only
                     # copy, walking every message and part (a third of a call's CPU at CL-bench sizes): they go
                     # in extra_body, which replaces the body's empty `messages` as it is.
-                    messages=cast("list[ChatCompletionMessageParam]", []),
+                    messages=[],
                     extra_body={"messages": messages, **extra},
                     **params,
                 )
@@ -567,17 +525,17 @@ class ChatClient:
             exc = state.outcome.exception()
             if not isinstance(exc, openai.RateLimitError):
                 failures += 1
-            if self._unreachable_so_far(exc) and (
-                attempts >= UNREACHABLE_TRIES or time.monotonic() - started >= CONNECT_TIMEOUT
-            ):
+            spent = time.monotonic() - started
+            if self._unreachable_so_far(exc) and (attempts >= UNREACHABLE_TRIES or spent >= CONNECT_TIMEOUT):
                 return True
             # a wait the server asks for that would end past the time this call may spend retrying: fail now (past
-            # --max-retry-seconds as a whole, the run stops: _stop_error)
-            spent = time.monotonic() - started + (retry_after_seconds(exc) or 0.0)
+            # --max-retry-seconds as a whole, the run stops: _failure)
+            spent += retry_after_seconds(exc) or 0.0
             return failures > self.endpoint.max_retries or spent >= self.endpoint.max_retry_seconds
 
         def retryable(exc: BaseException) -> bool:
-            return (is_retryable(exc) or self._stray_404(exc)) and not (final is not None and final(exc))
+            stray_404 = self.answered and _bare_404(exc)  # once the endpoint has answered: retried as a 5xx
+            return (is_retryable(exc) or stray_404) and not (final is not None and final(exc))
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(retryable),
@@ -594,28 +552,14 @@ class ChatClient:
         except EndpointRefused:
             raise
         except Exception as exc:
-            status = status_of(exc)
             if final is not None and final(exc):  # the caller's test first: it may take a budget error itself
-                raise Rejected(describe(exc), status, error_text(exc)) from None
+                raise Rejected(describe(exc), status_of(exc), error_text(exc)) from None
             if self._other_token_field(exc, sent_field, fields):
                 return await self.complete(messages, fields, final)
-            if context_length_error(status, error_text(exc)):
-                raise ContextTooLong(describe(exc)) from None
-            stop = self._stop_error(exc)
-            if stop is not None:
-                raise stop from None
-            if (
-                status in (401, 403)
-                or (status == 404 and not self._stray_404(exc))
-                or (status == 429 and _error_code(exc) == "insufficient_quota")
-            ):
-                raise EndpointRefused(
-                    f"{self.endpoint.host} refused model {self.endpoint.model!r}: {describe(exc)}"
-                ) from None
-            if isinstance(exc, (openai.OpenAIError, MalformedReply, CallTimedOut, ValueError)):
-                tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
-                raise CallFailed(f"{describe(exc)} ({tries})") from None
-            raise
+            failure = self._failure(exc, attempts)
+            if failure is None:
+                raise
+            raise failure from None
         return completion_from(response, round(time.monotonic() - started, 3), attempts, self.endpoint.thinking)
 
     def _other_token_field(self, exc: BaseException, sent: str | None, fields: dict | None) -> bool:
@@ -632,16 +576,14 @@ class ChatClient:
         self.endpoint.use_token_field(next(name for name in TOKEN_FIELDS if name != sent))
         return True
 
-    def _stray_404(self, exc: BaseException) -> bool:
-        """A bare 404 from an endpoint that has answered before: a transient failure, retried."""
-        return self.answered and _bare_404(exc)
-
-    def _stop_error(self, exc: BaseException) -> RetryLater | EndpointUnreachable | None:
-        """What stops the run: a wait asked for past --max-retry-seconds, an endpoint never reached, no API there."""
+    def _failure(self, exc: BaseException, attempts: int) -> Exception | None:
+        """What a call that failed for good raises (docs/operations.md, "Errors and retries"); None: exc as it is."""
+        status, url, source = status_of(exc), self.endpoint.host, self.endpoint.base_url_source
+        if context_length_error(status, error_text(exc)):
+            return ContextTooLong(describe(exc))
         seconds = retry_after_seconds(exc) if is_retryable(exc) else None
         if seconds is not None and seconds > self.endpoint.max_retry_seconds:
             return self._retry_later(f" asks us to wait {seconds:.0f}s ({_retry_after_said(exc)})", seconds)
-        url, source = self.endpoint.host, self.endpoint.base_url_source
         if self._unreachable_so_far(exc):
             return EndpointUnreachable(
                 f"cannot reach {url}: {connect_failure(exc)}; is the server running, and is {source} right?"
@@ -654,6 +596,14 @@ class ChatClient:
             return EndpointUnreachable(
                 f"no OpenAI-compatible API at {url} (HTTP 404 for {path}/chat/completions); {hint}"
             )
+        if (
+            status in (401, 403)
+            or (status == 404 and not (self.answered and _bare_404(exc)))
+            or (status == 429 and _error_code(exc) == "insufficient_quota")
+        ):
+            return EndpointRefused(f"{url} refused model {self.endpoint.model!r}: {describe(exc)}")
+        if isinstance(exc, (openai.OpenAIError, MalformedReply, CallTimedOut, ValueError)):
+            return CallFailed(f"{describe(exc)} (after {attempts} attempt{'s' if attempts != 1 else ''})")
         return None
 
     async def aclose(self) -> None:
@@ -669,11 +619,6 @@ def prompt_chars(messages: list[dict]) -> int:
     return sum(len(str(message.get("content") or "")) for message in messages)
 
 
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")  # the body fields a token budget goes in
-# how a 400 says a body field is not taken (OpenAI, Azure, pydantic-based servers), lower case
-_FIELD_REFUSED_HINTS = ("unsupported", "not supported", "unrecognized", "not permitted", "unknown")
-
-
 def token_field_refused(status: int | None, text: str, sent: str) -> bool:
     """Whether an error says the endpoint does not take the token field `sent` (not that the budget is too large)."""
     lowered = text.lower()
@@ -687,14 +632,8 @@ def token_field_refused(status: int | None, text: str, sent: str) -> bool:
 
 def max_tokens_of(body: dict) -> int:
     """The completion tokens a request reserves (OpenAI counts them against its tokens-per-minute limit)."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
+    values = (body.get(name) for name in ("max_completion_tokens", "max_tokens"))
+    return next((value for value in values if isinstance(value, int) and value > 0), 0)
 
 
 def valid_text(text: str) -> str:
@@ -714,31 +653,24 @@ def short_field(text: str) -> str:
 
 def completion_from(response: Any, latency_s: float | None, attempts: int, mode: str = "separate") -> Completion:
     """Our Completion from the SDK's ChatCompletion (online or batch), our key taken out of every text (echoed)."""
-    choice = response.choices[0]
-    message, finish_reason = choice.message, choice.finish_reason
+    message, finish_reason = response.choices[0].message, response.choices[0].finish_reason
     content = message.content if message is not None and isinstance(message.content, str) else ""
-    reasoning = ""  # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
     extra = getattr(message, "model_extra", None) or {}
-    for name in ("reasoning_content", "reasoning"):
-        value = extra.get(name, getattr(message, name, None))
-        if isinstance(value, str) and value.strip():
-            reasoning = redact.secrets(valid_text(value))
-            break
-    reply = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
+    # the field some servers send beside content (vLLM, llama.cpp, DeepSeek; not OpenAI's API)
+    said = (extra.get(name, getattr(message, name, None)) for name in ("reasoning_content", "reasoning"))
+    reasoning = next((redact.secrets(valid_text(v)) for v in said if isinstance(v, str) and v.strip()), "")
+    answer, thought, truncated = thinking.separate(redact.secrets(valid_text(content)), reasoning, finish_reason, mode)
     return Completion(
-        text=reply.answer,
+        text=answer,
         finish_reason=None if finish_reason is None else short_field(redact.secrets(str(finish_reason))),
         usage=usage_dict(response.usage),
         latency_s=latency_s,
         attempts=attempts,
         reasoning=reasoning,
-        served=Served.of(response),
-        thinking=reply.thinking,
-        thinking_truncated=reply.truncated,
+        served=served(response),
+        thinking=thought,
+        thinking_truncated=truncated,
     )
-
-
-_usage_warned = False
 
 
 def valid_count(value: Any) -> bool:

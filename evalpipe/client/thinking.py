@@ -1,26 +1,17 @@
 """A reasoning model's reply, its thinking (a separate field, or inline in content) taken apart from its final
-answer, the one place that does it; docs/upstream.md ("Reasoning models") has the shapes servers send.
-"""
-
-from dataclasses import dataclass
+answer, the one place that does it; docs/upstream.md ("Reasoning models") has the shapes servers send."""
 
 OPEN, CLOSE = "<think>", "</think>"
 MODES = ("separate", "as-is")  # --thinking: the final answer graded, or content as the server sent it (references)
 
 
-@dataclass(frozen=True)
-class Reply:
-    answer: str  # the final answer: what is graded
-    thinking: str  # the thinking, from the reasoning field and from content ("" when none)
-    truncated: bool  # no final answer: the token limit was reached while thinking
-
-
-def separate(content: str, reasoning: str = "", finish_reason: str | None = None, mode: str = "separate") -> Reply:
-    """The final answer and the thinking of one reply (`reasoning`: the server's reasoning field); "as-is" keeps
-    content whole as the answer (as CL-bench, EvalScope and OpenAI Evals grade)."""
+def separate(content: str, reasoning: str, finish_reason: str | None, mode: str = "separate") -> tuple[str, str, bool]:
+    """(answer, thinking, truncated) of one reply: the final answer is graded, the thinking joins `reasoning` and
+    content's; truncated: no answer, the token limit reached while thinking. "as-is" keeps content whole as the answer
+    (as CL-bench, EvalScope and OpenAI Evals grade)."""
     answer, inline = (content, "") if mode == "as-is" else _split_inline(content)
     thinking = "\n\n".join(part for part in (reasoning.strip(), inline.strip()) if part)
-    return Reply(answer, thinking, truncated=finish_reason == "length" and not answer.strip())
+    return answer, thinking, finish_reason == "length" and not answer.strip()
 
 
 def _split_inline(content: str) -> tuple[str, str]:
