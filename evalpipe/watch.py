@@ -36,7 +36,6 @@ SETTINGS = {
 }
 # the runner's settings a watch passes on to its stages; the others make no sense for one run a night
 PASSED = ("BENCH", "MODEL", "JUDGE_MODEL", "DATA", "WORKERS", "OUTPUTS", "LABEL", "ARGS", "JUDGE_ARGS", "MAX_COST")
-SAMPLE_FILE = "sample.jsonl"  # the subset's rows, beside the nights
 SAMPLE_RECORD = "sample.json"  # how it was chosen, from which file
 
 
@@ -105,21 +104,19 @@ def parse(argv: list[str]) -> Watch:
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
 
 
-def _subset(watch: Watch, source: Path, sha: str) -> Path:
+def _subset(watch: Watch, n: int, source: Path, sha: str) -> Path:
     """The fixed subset (SAMPLE=N): chosen once; the same tasks copied again when the dataset's sha256 changed."""
-    folder, n = watch.folder, watch.sample
-    assert n is not None
-    record_path, rows = folder / SAMPLE_RECORD, folder / SAMPLE_FILE
-    record = nights.read_json(record_path) or None
-    if record is not None and record.get("requested") != n:
+    record_path, rows = watch.folder / SAMPLE_RECORD, watch.folder / "sample.jsonl"  # beside the nights
+    record = nights.read_json(record_path)
+    if not record:
+        chosen = subset.choose(watch.bench, source, n, seed=f"evalpipe-watch:{watch.bench.name}:{n}")
+        record = {"requested": n, **chosen, "source": str(source), "source_sha256": sha, "updated": []}
+    elif record.get("requested") != n:
         raise BadInput(
             f"this watch evaluates a subset of {record.get('requested')} items; another SAMPLE starts another watch: "
             "give it LABEL=...",
             record_path,
         )
-    if record is None:
-        chosen = subset.choose(watch.bench, source, n, seed=f"evalpipe-watch:{watch.bench.name}:{n}")
-        record = {"requested": n, **chosen, "source": str(source), "source_sha256": sha, "updated": []}
     elif record["source_sha256"] != sha:  # the dataset changed: the same tasks, where they still are
         record["lines"] = subset.lines_of(watch.bench, source, record["ids"])
         record["updated"].append({"night": watch.night, "source_sha256": sha, "lines": len(record["lines"])})
@@ -142,7 +139,7 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     if source is None:
         raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
     sha = manifest.sha256_file(source)  # once: a large dataset takes a while to read
-    data = _subset(watch, source, sha) if watch.sample else source
+    data = _subset(watch, watch.sample, source, sha) if watch.sample else source
     record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
     with writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
