@@ -201,7 +201,6 @@ def add_endpoint_args(parser: argparse.ArgumentParser, stage: str) -> None:
 
 
 def _usd(text: str) -> float:
-    """argparse's type for --max-cost (spending.amount checks it, as it does the runner's MAX_COST)."""
     try:
         return spending.amount(text)
     except ValueError as exc:
@@ -290,8 +289,7 @@ def _refuse_credentials(url: str, source: str, prefix: str) -> None:
 
 
 def _env_key(prefixes: list[str], homes: dict[str, str], url: str, url_source: str) -> str | None:
-    """The first <P>_API_KEY set, if `url` is on the origin it belongs to; else a refusal saying which setting to
-    change (it names variables and hosts, never the key)."""
+    """The first <P>_API_KEY set, if `url` is on its origin; else a refusal naming settings and hosts, never the key."""
     key_prefix = next((p for p in prefixes if _env(f"{p}_API_KEY")), None)
     if key_prefix is None:
         return None  # no key anywhere: Endpoint.key() decides (any key for a local server)

@@ -100,7 +100,6 @@ class OutputUnwritable(StageError):
 
 
 def _existing(path: Path) -> Path:
-    """`path`, or its closest part that exists."""
     while not path.exists() and path != path.parent:
         path = path.parent
     return path

@@ -66,7 +66,6 @@ def _date(value: str, name: str) -> str:
 
 
 def parse(argv: list[str]) -> Watch:
-    """VAR=value words → a checked Watch (raises pipeline.UsageError)."""
     passed, own = [], {}
     for word in argv:
         name, eq, value = word.partition("=")
