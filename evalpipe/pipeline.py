@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from . import benchmarks, cli
 from .benchmarks.base import uses_judge_model
 from .client import spending
-from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput, run_stage
 from .store.paths import JUDGE_LABEL, PROJECT
 
 STAGES = ("infer", "judge", "error-analysis", "score", "aggregate", "publish")
@@ -51,7 +51,7 @@ SETTINGS = {
 }
 
 
-class UsageError(Exception):
+class UsageError(BadInput):
     """A bad stage name or setting: one line, exit 2."""
 
 
@@ -109,6 +109,7 @@ def parse(argv: list[str]) -> Plan:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+    check_prices(plan)
     return plan
 
 
@@ -286,13 +287,7 @@ def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
         return EXIT_OK
-    try:
-        plan = parse(argv)
-        check_prices(plan)
-    except UsageError as exc:
-        _say(f"error: {exc}")
-        return EXIT_BAD_INPUT
-    return run(plan)
+    return run_stage("pipeline", lambda words: run(parse(words)), argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import orjson
 
 from . import benchmarks, pipeline
 from .datasets import hub, subset
-from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, run_stage, writing
+from .errors import EXIT_OK, BadInput, run_stage, writing
 from .results import nights, viewer
 from .store import jsonl, lock, manifest, paths
 
@@ -81,8 +81,7 @@ def parse(argv: list[str]) -> Watch:
             )
         else:
             raise pipeline.UsageError(f"unknown setting {name}; watch settings: {', '.join([*PASSED, *SETTINGS])}")
-    plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST, ARGS as the runner does
-    pipeline.check_prices(plan)  # with MAX_COST, every model of the night priced before infer spends
+    plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST (and its prices), ARGS as the runner does
     if not plan.get("MODEL"):
         raise pipeline.UsageError("name the model to watch: MODEL=...")
     night = _date(own.get("NIGHT") or time.strftime("%Y-%m-%d", time.gmtime()), "NIGHT")
@@ -220,12 +219,7 @@ def main(argv: list[str]) -> int:
         print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
         print(f"  and the runner's {', '.join(PASSED)} (python -m evalpipe.pipeline --help)")
         return EXIT_OK
-    try:
-        watch = parse(argv)
-    except pipeline.UsageError as exc:
-        print(f"watch: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return run_stage("watch", lambda _: night(watch), [])
+    return run_stage("watch", lambda words: night(parse(words)), argv)
 
 
 if __name__ == "__main__":
