@@ -148,7 +148,7 @@ def add_endpoint_args(parser: argparse.ArgumentParser, stage: str) -> None:
     )
     g.add_argument("--extra-body", help="JSON object (or @file) merged into the request body, e.g. '{\"top_k\": 20}'")
     g.add_argument("--dry-run", action="store_true", help="print the calls, tokens and cost it would take; send none")
-    g.add_argument("--prices", type=Path, help="prices JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES)")
+    g.add_argument("--prices", type=Path, help="for --dry-run, --max-cost (default $EVALPIPE_PRICES, else bundled)")
     g.add_argument(
         "--max-cost", type=_usd, metavar="USD", help="spend at most this much in this run (exit 6 when reached)"
     )
@@ -159,10 +159,7 @@ def add_endpoint_args(parser: argparse.ArgumentParser, stage: str) -> None:
     g.add_argument("--grace", type=float, default=10.0, help="seconds to finish calls on SIGINT/SIGTERM (default 10)")
     g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines (default 30)")
     g.add_argument(
-        "--progress",
-        choices=("auto", "bar", "log"),
-        default="auto",
-        help="auto (default): a bar on a terminal, else lines",
+        "--progress", choices=("auto", "bar", "log"), default="auto", help="auto (default): a bar on a tty, else lines"
     )
     b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
     b.add_argument(
@@ -195,9 +192,7 @@ def add_endpoint_args(parser: argparse.ArgumentParser, stage: str) -> None:
         help="only shard K of N (K from 0); without it, from Slurm's or a Kubernetes Indexed Job's environment; "
         "`all`: the whole run",
     )
-    s.add_argument(
-        "--shards", type=whole_number, metavar="N", help="the number of shards, with JOB_COMPLETION_INDEX as K"
-    )
+    s.add_argument("--shards", type=whole_number, metavar="N", help="the number of shards (K: JOB_COMPLETION_INDEX)")
 
 
 def _usd(text: str) -> float:
