@@ -57,7 +57,16 @@ def parser_for(
             )
         parser.add_argument("--outputs-dir", type=Path, default=DEFAULT_ROOT, help="output root (default outputs)")
         add_args(parser, for_bench)
-        add_benchmark_flags(parser, for_bench, stage)
+        for option in dataclasses.fields(for_bench.Options):  # the benchmark's own flags for this stage
+            if option.metadata.get("stage") != stage:
+                continue
+            name, meta = "--" + option.name.replace("_", "-"), option.metadata
+            if isinstance(option.default, bool):
+                parser.add_argument(name, action="store_true", help=meta["help"])
+                continue
+            kind = next((t for t in typing.get_args(option.type) if t is not type(None)), option.type)  # X | None → X
+            kind = whole_number if kind is int else kind
+            parser.add_argument(name, type=kind, default=option.default, choices=meta["choices"], help=meta["help"])
         return parser
 
     parser = build(bench)
@@ -81,20 +90,6 @@ def whole_number(text: str) -> int:
     return int(text)
 
 
-def add_benchmark_flags(parser: argparse.ArgumentParser, bench: benchmarks.Benchmark, stage: str) -> None:
-    """The benchmark's own flags for this stage: one per `flag` field of its Options."""
-    for option in dataclasses.fields(bench.Options):
-        if option.metadata.get("stage") != stage:
-            continue
-        name, meta = "--" + option.name.replace("_", "-"), option.metadata
-        if isinstance(option.default, bool):
-            parser.add_argument(name, action="store_true", help=meta["help"])
-            continue
-        kind = next((t for t in typing.get_args(option.type) if t is not type(None)), option.type)  # X | None → X
-        kind = whole_number if kind is int else kind
-        parser.add_argument(name, type=kind, default=option.default, choices=meta["choices"], help=meta["help"])
-
-
 def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse.ArgumentParser], bench) -> str:
     """The --help text of `bench`'s parser plus, in a group each, the flags only another benchmark adds."""
     shown = build(bench)
@@ -110,8 +105,8 @@ def _help_with_other_benchmarks(build: Callable[[benchmarks.Benchmark], argparse
     return shown.format_help()
 
 
-def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: int | None = None) -> None:
-    """The flags of a stage that calls an endpoint (reference: docs/usage.md)."""
+def add_endpoint_args(parser: argparse.ArgumentParser, stage: str) -> None:
+    """The flags of infer and judge, the stages that call an endpoint (long form: docs/usage.md)."""
     g = parser.add_argument_group("endpoint and generation")
     g.add_argument(
         "--base-url", help="endpoint URL (default $OPENAI_BASE_URL, for judge.py $JUDGE_BASE_URL first; else OpenAI)"
@@ -121,25 +116,19 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
     g.add_argument(
         "--max-retries",
         type=whole_number,
-        default=6 if upstream_max_retries is None else upstream_max_retries,
+        default=3 if stage == "judge" else 6,  # judge: upstream's
         help="retries of a transient failure (429, 5xx, timeout, connection) per call (default %(default)s)",
     )
     g.add_argument("--max-retry-seconds", type=float, default=900.0, help="most seconds one call retries (default 900)")
     g.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds, doubled per retry (default 1)")
     g.add_argument("--backoff-max", type=float, default=60.0, help="longest backoff wait in seconds (default 60)")
     g.add_argument(
-        "--http-client",
-        choices=("aiohttp", "httpx"),
-        default="aiohttp",
-        help="the SDK's HTTP transport: aiohttp (default; about twice the requests per second at hundreds in "
-        "flight) or httpx (the SDK's own default)",
+        "--http-client", choices=("aiohttp", "httpx"), default="aiohttp", help="the SDK's transport (default aiohttp)"
     )
-    # what every request sends besides the messages
     g.add_argument(
         "--temperature",
         type=number_or_none,
-        help="sent as temperature (default: not sent, or the benchmark's own for infer: coin_flip sends 0, as "
-        "EvalScope does); `none` sends none",
+        help="sent as temperature (default: not sent, or the benchmark's own for infer); `none` sends none",
     )
     g.add_argument("--top-p", type=float)
     g.add_argument("--max-tokens", type=whole_number, help="cap on generated tokens")
@@ -154,108 +143,63 @@ def add_endpoint_args(parser: argparse.ArgumentParser, *, upstream_max_retries: 
         "--thinking",
         choices=thinking.MODES,
         default="separate",
-        help="separate (default): a reasoning model's thinking (reasoning_content, <think>…</think>) is kept in the "
-        "row's `thinking` field and only its final answer is graded; as-is: content is graded as the server sent "
-        "it, as CL-bench, EvalScope and OpenAI Evals do",
+        help="separate (default): a reasoning model's thinking goes to the row's `thinking` field and only its answer "
+        "is graded; as-is: content is graded as the server sent it",
     )
     g.add_argument("--extra-body", help="JSON object (or @file) merged into the request body, e.g. '{\"top_k\": 20}'")
-    _cost_args(g)
-    _batch_args(parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)"))
-    _run_args(g)
-
-
-def _cost_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dry-run", action="store_true", help="print the calls, tokens and cost it would take; send none")
+    g.add_argument("--prices", type=Path, help="for --dry-run, --max-cost (default $EVALPIPE_PRICES, else bundled)")
     g.add_argument(
-        "--prices", type=Path, help="prices JSON for --dry-run and --max-cost (default $EVALPIPE_PRICES, else bundled)"
+        "--max-cost", type=_usd, metavar="USD", help="spend at most this much in this run (exit 6 when reached)"
     )
     g.add_argument(
-        "--max-cost",
-        type=_usd,
-        metavar="USD",
-        help="spend at most this much in this run: no call starts whose worst case could pass it; "
-        "exit 6 when reached (docs/results.md#a-spending-cap)",
+        "--spending-ledger", type=Path, metavar="FILE", help="with --max-cost: count from, and add to, this file"
     )
-    g.add_argument(
-        "--spending-ledger",
-        type=Path,
-        metavar="FILE",
-        help="with --max-cost: count from what this file says was spent, and add each reply's cost to it "
-        "(the runner's, so that MAX_COST caps all the stages of an invocation)",
-    )
-
-
-def _run_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--workers", type=whole_number, default=8, help="calls in flight at once (default 8)")
     g.add_argument("--grace", type=float, default=10.0, help="seconds to finish calls on SIGINT/SIGTERM (default 10)")
     g.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines (default 30)")
     g.add_argument(
-        "--progress",
-        choices=("auto", "bar", "log"),
-        default="auto",
-        help="a tqdm bar, plain log lines, or auto: the bar on a terminal, lines otherwise (default)",
+        "--progress", choices=("auto", "bar", "log"), default="auto", help="auto (default): a bar on a tty, else lines"
     )
+    b = parser.add_argument_group("batch engines (see docs/batch.md: online, export/import, Batch API)")
+    b.add_argument(
+        "--export-batch", type=Path, metavar="FILE", help="write the pending tasks' next calls as batch lines and exit"
+    )
+    b.add_argument(
+        "--import-batch", type=Path, nargs="+", metavar="FILE", help="write the rows batch output/error files complete"
+    )
+    b.add_argument(
+        "--backend",
+        choices=("online", "batch"),
+        default="online",
+        help="online (default) or batch: submit to the Batch API, one step per invocation (exit 75 while waiting)",
+    )
+    b.add_argument("--batch-wait", type=float, default=0.0, help="seconds --backend batch keeps polling (default 0)")
+    b.add_argument("--batch-poll", type=float, default=30.0, help="first seconds between polls, doubled up to 300")
+    b.add_argument("--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file")
+    b.add_argument("--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file")
+    if stage == "infer":
+        parser.add_argument(
+            "--prefix-schedule",
+            choices=("on", "off"),
+            default="on",
+            help="on (default): a shared context's first task alone, the rest once it is answered; off: dataset order",
+        )
+    s = parser.add_argument_group("shards (docs/scale.md)")
+    s.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="only shard K of N (K from 0); without it, from Slurm's or a Kubernetes Indexed Job's environment; "
+        "`all`: the whole run",
+    )
+    s.add_argument("--shards", type=whole_number, metavar="N", help="the number of shards (K: JOB_COMPLETION_INDEX)")
 
 
 def _usd(text: str) -> float:
-    """argparse's type for --max-cost (spending.amount checks it, as it does the runner's MAX_COST)."""
     try:
         return spending.amount(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _batch_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument(
-        "--export-batch", type=Path, metavar="FILE", help="write the pending tasks' next calls as batch lines and exit"
-    )
-    g.add_argument(
-        "--import-batch",
-        type=Path,
-        nargs="+",
-        metavar="FILE",
-        help="write the rows that batch output/error files complete (any order, any subset; idempotent)",
-    )
-    g.add_argument(
-        "--backend",
-        choices=("online", "batch"),
-        default="online",
-        help="online (default) or batch: submit to the Batch API and advance a state file per invocation "
-        "(exit 75 while waiting)",
-    )
-    g.add_argument("--batch-wait", type=float, default=0.0, help="seconds --backend batch keeps polling (default 0)")
-    g.add_argument("--batch-poll", type=float, default=30.0, help="first seconds between polls, doubled up to 300")
-    g.add_argument("--batch-max-requests", type=whole_number, default=50_000, help="requests per batch file")
-    g.add_argument("--batch-max-bytes", type=whole_number, default=200 * 1024 * 1024, help="bytes per batch file")
-
-
-def add_shard_args(parser: argparse.ArgumentParser) -> None:
-    """infer's and judge's --shard K/N and --shards N (docs/scale.md; shards.chosen reads them)."""
-    g = parser.add_argument_group("shards (docs/scale.md)")
-    g.add_argument(
-        "--shard",
-        metavar="K/N",
-        help="do only shard K of N (K from 0) into <stem>.shard-K-of-N.jsonl beside the run's file; without it, "
-        "a Slurm array task's SLURM_ARRAY_TASK_ID/COUNT, or JOB_COMPLETION_INDEX with --shards N; `all`: the whole "
-        "run, whatever the environment says",
-    )
-    g.add_argument(
-        "--shards",
-        type=whole_number,
-        metavar="N",
-        help="the number of shards, for a Kubernetes Indexed Job (its JOB_COMPLETION_INDEX is K)",
-    )
-
-
-def add_prefix_schedule_arg(parser: argparse.ArgumentParser) -> None:
-    """infer's --prefix-schedule (how tasks that share a prefix are ordered; benchmarks.Benchmark.prefix_group)."""
-    parser.add_argument(
-        "--prefix-schedule",
-        choices=("on", "off"),
-        default="on",
-        help="on (default): send the first task of each shared context alone and its siblings once it is answered, "
-        "so a prefix-caching server computes the context once; off: dataset order",
-    )
 
 
 def number_or_none(text: str) -> float | None:
@@ -293,12 +237,19 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
     if args.workers < 1:
         raise BadInput("--workers must be 1 or more")
     prefixes = list(dict.fromkeys((env_prefix, "OPENAI")))
-    base_url, base_url_source = _base_url(args, prefixes)
+    homes = {p: _env(f"{p}_BASE_URL") or Endpoint.OPENAI_URL for p in prefixes}  # where each <P>_API_KEY belongs
+    given = [
+        ("--base-url", args.base_url, prefixes[0]),
+        *((f"{p}_BASE_URL", _env(f"{p}_BASE_URL"), p) for p in prefixes),
+    ]
+    source, base_url, prefix = next((g for g in given if g[1]), ("the default (OpenAI)", None, ""))
+    if base_url is not None:
+        _refuse_credentials(base_url, source, prefix)
     url = base_url or Endpoint.OPENAI_URL
     return Endpoint(
         model=model,
         base_url=base_url,
-        api_key=_api_key(args, prefixes, url, base_url_source),
+        api_key=args.api_key or _env_key(prefixes, homes, url, source),
         timeout=args.timeout,
         max_retries=max(0, args.max_retries),
         max_retry_seconds=args.max_retry_seconds,
@@ -306,8 +257,8 @@ def endpoint_from_args(args: argparse.Namespace, model: str, env_prefix: str = "
         backoff_max=args.backoff_max,
         params=params,
         extra_body=_extra_body(args.extra_body),
-        base_url_source=base_url_source,
-        headers=_sdk_environment_headers(url, base_url_source),
+        base_url_source=source,
+        headers=_sdk_environment_headers(_origin(url, source) == _origin(homes["OPENAI"], "OPENAI_BASE_URL")),
         http_client=args.http_client,
         thinking=args.thinking,
     )
@@ -317,19 +268,9 @@ def _env(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
-def _base_url(args: argparse.Namespace, prefixes: list[str]) -> tuple[str | None, str]:
-    """The endpoint URL (None: OpenAI's) and where it came from."""
-    if args.base_url:
-        return _without_credentials(args.base_url, "--base-url", prefixes[0]), "--base-url"
-    for prefix in prefixes:
-        if url := _env(f"{prefix}_BASE_URL"):
-            return _without_credentials(url, f"{prefix}_BASE_URL", prefix), f"{prefix}_BASE_URL"
-    return None, "the default (OpenAI)"
-
-
-def _without_credentials(url: str, source: str, prefix: str) -> str:
-    """`url`, refused (BadInput, before any request) when it carries user:password@: the SDK would send them
-    nowhere (every call would fail), and the key goes in the Authorization header. The message never shows them."""
+def _refuse_credentials(url: str, source: str, prefix: str) -> None:
+    """BadInput (before any request) when `url` carries user:password@: the SDK would send them nowhere (every call
+    would fail), and the key goes in the Authorization header. The message never shows them."""
     try:
         parts = urllib.parse.urlsplit(url)
         credentials = parts.username is not None or parts.password is not None
@@ -340,27 +281,32 @@ def _without_credentials(url: str, source: str, prefix: str) -> str:
             f"{source} has credentials in it ({redact.url(url).replace('//', '//USER:KEY@', 1)}): "
             f"give the URL without them and the key in {prefix}_API_KEY or --api-key (sent in the Authorization header)"
         )
-    return url
 
 
-def _api_key(args: argparse.Namespace, prefixes: list[str], url: str, url_source: str) -> str | None:
-    """--api-key as given; else the first <P>_API_KEY set, if `url` is on the origin that key belongs to."""
-    if args.api_key:
-        return args.api_key
-    for prefix in prefixes:
-        if key := _env(f"{prefix}_API_KEY"):
-            home = _key_home(prefix)
-            if _origin(url, url_source) != _origin(home, f"{prefix}_BASE_URL"):
-                raise BadInput(_foreign_key_refusal(url, url_source, prefix, home, prefixes))
-            return key
-    return None  # no key anywhere: Endpoint.sdk_options() decides (any key for a local server)
-
-
-def _key_home(prefix: str) -> str:
-    """Where a key from <prefix>_API_KEY belongs: <prefix>_BASE_URL, or OpenAI when that is unset."""
-    from .client.llm import Endpoint
-
-    return _env(f"{prefix}_BASE_URL") or Endpoint.OPENAI_URL
+def _env_key(prefixes: list[str], homes: dict[str, str], url: str, url_source: str) -> str | None:
+    """The first <P>_API_KEY set, if `url` is on its origin; else a refusal naming settings and hosts, never the key."""
+    key_prefix = next((p for p in prefixes if _env(f"{p}_API_KEY")), None)
+    if key_prefix is None:
+        return None  # no key anywhere: Endpoint.sdk_options() decides (any key for a local server)
+    key_var, home = f"{key_prefix}_API_KEY", homes[key_prefix]
+    if _origin(url, url_source) == _origin(home, f"{key_prefix}_BASE_URL"):
+        return os.environ[key_var]
+    if url_source == "--base-url":
+        missing, fix = "", "pass its key with --api-key (any value for a server that needs no key)"
+    elif prefixes.index(url_source.removesuffix("_BASE_URL")) < prefixes.index(key_prefix):
+        wanted = url_source.replace("_BASE_URL", "_API_KEY")  # e.g. JUDGE_BASE_URL set, JUDGE_API_KEY not
+        missing, fix = (
+            f" but {wanted} is not set",
+            f"set {wanted} (any value for a server that needs no key) or pass --api-key",
+        )
+    else:
+        # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
+        wanted = f"{key_prefix}_BASE_URL"
+        missing, fix = f" but {wanted} is not set", f"set {wanted} to the endpoint {key_var} is for, or pass --api-key"
+    raise BadInput(
+        f"{url_source} points to {redact.url(url)}{missing}; the key in {key_var} belongs to {redact.url(home)} "
+        f"and is not sent to another host: {fix}"
+    )
 
 
 def _origin(url: str, source: str) -> tuple[str, str, int | None]:
@@ -374,36 +320,14 @@ def _origin(url: str, source: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
-def _foreign_key_refusal(url: str, url_source: str, key_prefix: str, home: str, prefixes: list[str]) -> str:
-    """One line saying which setting to change; names variables and hosts, never the key."""
-    key_var = f"{key_prefix}_API_KEY"
-    if url_source == "--base-url":
-        missing, fix = "", "pass its key with --api-key (any value for a server that needs no key)"
-    elif prefixes.index(url_source.removesuffix("_BASE_URL")) < prefixes.index(key_prefix):
-        wanted = url_source.replace("_BASE_URL", "_API_KEY")  # e.g. JUDGE_BASE_URL set, JUDGE_API_KEY not
-        missing, fix = (
-            f" but {wanted} is not set",
-            f"set {wanted} (any value for a server that needs no key) or pass --api-key",
-        )
-    else:
-        # e.g. JUDGE_API_KEY set without JUDGE_BASE_URL: the URL fell back to OPENAI_BASE_URL
-        wanted = f"{key_prefix}_BASE_URL"
-        missing, fix = f" but {wanted} is not set", f"set {wanted} to the endpoint {key_var} is for, or pass --api-key"
-    return (
-        f"{url_source} points to {redact.url(url)}{missing}; the key in {key_var} belongs to {redact.url(home)} "
-        f"and is not sent to another host: {fix}"
-    )
-
-
-def _sdk_environment_headers(url: str, url_source: str) -> dict[str, str | None]:
+def _sdk_environment_headers(at_home: bool) -> dict[str, str | None]:
     """The headers the openai SDK adds from OPENAI_ORG_ID, _PROJECT_ID and _CUSTOM_HEADERS: kept where OPENAI_API_KEY
-    belongs, removed (None) anywhere else. An Authorization header there is never sent: the key is chosen above."""
+    belongs (`at_home`), else removed (None). An Authorization header there is never sent: the key is chosen above."""
     found = {"OpenAI-Organization": _env("OPENAI_ORG_ID"), "OpenAI-Project": _env("OPENAI_PROJECT_ID")}
     for line in os.environ.get("OPENAI_CUSTOM_HEADERS", "").split("\n"):
         name, colon, value = line.partition(":")
         if colon:
             found[name.strip()] = value.strip()
-    at_home = _origin(url, url_source) == _origin(_key_home("OPENAI"), "OPENAI_BASE_URL")
     return {
         name: value if at_home and value and name.lower() != "authorization" else None for name, value in found.items()
     }

@@ -56,14 +56,10 @@ class LocksUnsupported(StageError):
 
 
 class EndpointRefused(StageError):
-    """The endpoint refused us for a reason no retry can fix (auth, permission, model, quota)."""
-
     exit_code = EXIT_ENDPOINT_REFUSED
 
 
 class EndpointUnreachable(EndpointRefused):
-    """The endpoint never answered this run (nothing listens, unknown host, TLS, no API at that path)."""
-
     exit_code = EXIT_UNREACHABLE
 
 
@@ -104,7 +100,6 @@ class OutputUnwritable(StageError):
 
 
 def _existing(path: Path) -> Path:
-    """`path`, or its closest part that exists."""
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
@@ -152,20 +147,19 @@ def run_stage(name: str, main: Callable[[list[str]], int], argv: list[str] | Non
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None:
-            # a write no library code wrapped (e.g. a plot): the same line as the wrapped ones
-            return _error_line(name, OutputUnwritable(exc.filename, exc))
-        misplaced = _misplaced(exc)
-        if misplaced is not None:
-            return _error_line(name, misplaced)
+        known = _unwrapped(exc)
+        if known is not None:
+            return _error_line(name, known)
         print(redact.redact(traceback.format_exc()), file=sys.stderr, end="")
         return 1
 
 
-def _misplaced(exc: Exception) -> BadInput | None:
-    """A folder where a file goes, or a file where a folder goes (in a path no check named first), as bad input."""
+def _unwrapped(exc: Exception) -> StageError | None:
+    """An OSError no library code wrapped (a plot's write, a path no check named first) as the one line it means."""
     if not isinstance(exc, OSError) or exc.filename is None:
         return None
+    if exc.errno in UNWRITABLE_ERRNOS:
+        return OutputUnwritable(exc.filename, exc)
     if isinstance(exc, IsADirectoryError):
         return BadInput("a folder where a file goes: move it away, or choose another output", exc.filename)
     if isinstance(exc, NotADirectoryError) or isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from . import benchmarks, cli
 from .benchmarks.base import uses_judge_model
 from .client import spending
-from .errors import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_WAITING, BadInput, run_stage
 from .store.paths import JUDGE_LABEL, PROJECT
 
 STAGES = ("infer", "judge", "error-analysis", "score", "aggregate", "publish")
@@ -51,7 +51,7 @@ SETTINGS = {
 }
 
 
-class UsageError(Exception):
+class UsageError(BadInput):
     """A bad stage name or setting: one line, exit 2."""
 
 
@@ -67,7 +67,6 @@ class Plan:
 
 
 def parse(argv: list[str]) -> Plan:
-    """Stage names and VAR=value words → a checked Plan (raises UsageError)."""
     stages, settings, unknown = [], {}, []
     for word in argv:
         name, eq, value = word.partition("=")
@@ -110,6 +109,7 @@ def parse(argv: list[str]) -> Plan:
             shlex.split(plan.get(name) or "")
         except ValueError as exc:
             raise UsageError(f"{name}={plan.get(name)}: {exc}") from None
+    check_prices(plan)
     return plan
 
 
@@ -148,13 +148,6 @@ def _flags(plan: Plan, **flags: str) -> list[str]:
     return [word for var, flag in flags.items() if plan.get(var) is not None for word in (flag, plan.settings[var])]
 
 
-def _cap(plan: Plan) -> list[str]:
-    """MAX_COST, and the ledger that makes it cap the whole invocation (`run` gives one)."""
-    if plan.get("MAX_COST") is None:
-        return []
-    return ["--max-cost", plan.settings["MAX_COST"], *(["--spending-ledger", plan.ledger] if plan.ledger else [])]
-
-
 def command(plan: Plan, stage: str) -> list[str]:
     """The stage script's command line for this plan (without --run)."""
     if stage == "publish":
@@ -166,16 +159,17 @@ def command(plan: Plan, stage: str) -> list[str]:
     if stage == "aggregate":
         return cmd + _flags(plan, RUNS="--runs")
     cmd += ["--model", plan.get("MODEL") or DEFAULT_MODEL, *_flags(plan, LABEL="--label")]
-    if stage != "score":
-        cmd += _flags(plan, SHARD="--shard", SHARDS="--shards")
-    if stage == "infer":
-        flags = _flags(plan, DATA="--input", MAX_SAMPLES="--max-samples", WORKERS="--workers")
-        return cmd + flags + _cap(plan) + shlex.split(plan.get("ARGS") or "")
     if stage == "score":
         return cmd + _flags(plan, DATA="--data", MAX_SAMPLES="--max-samples", JUDGE_LABEL="--judge-label")
+    cmd += _flags(plan, SHARD="--shard", SHARDS="--shards")
+    # the ledger makes MAX_COST cap the whole invocation (`run` gives one with MAX_COST)
+    cap = _flags(plan, MAX_COST="--max-cost") + (["--spending-ledger", plan.ledger] if plan.ledger else [])
+    if stage == "infer":
+        flags = _flags(plan, DATA="--input", MAX_SAMPLES="--max-samples", WORKERS="--workers")
+        return cmd + flags + cap + shlex.split(plan.get("ARGS") or "")
     analysis = ["--error-analysis"] if stage == "error-analysis" else []
     flags = _flags(plan, JUDGE_MODEL="--judge-model", JUDGE_LABEL="--judge-label", WORKERS="--workers")
-    return cmd + analysis + flags + _cap(plan) + shlex.split(plan.get("JUDGE_ARGS") or "")
+    return cmd + analysis + flags + cap + shlex.split(plan.get("JUDGE_ARGS") or "")
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -245,14 +239,12 @@ def _over_runs(signals: _Signals, cmd: list[str], runs: list[int]) -> int:
 
 
 def run_command(cmd: list[str]) -> int:
-    """One command, with Ctrl-C and SIGTERM passed on to it as the stages get them here."""
     with _Signals() as signals:
         rc = signals.run(cmd)
     return EXIT_INTERRUPTED if signals.received else rc
 
 
 def run(plan: Plan) -> int:
-    """Run the plan's stages in order and return the exit code the whole run deserves."""
     if plan.get("MAX_COST") is not None and plan.ledger is None:
         with tempfile.TemporaryDirectory(prefix="evalpipe-spent-") as folder:
             # MAX_COST caps the whole invocation: each stage counts from what the ones before it spent
@@ -295,13 +287,7 @@ def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
         return EXIT_OK
-    try:
-        plan = parse(argv)
-        check_prices(plan)
-    except UsageError as exc:
-        _say(f"error: {exc}")
-        return EXIT_BAD_INPUT
-    return run(plan)
+    return run_stage("pipeline", lambda words: run(parse(words)), argv)
 
 
 if __name__ == "__main__":

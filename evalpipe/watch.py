@@ -22,7 +22,7 @@ import orjson
 
 from . import benchmarks, pipeline
 from .datasets import hub, subset
-from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, run_stage, writing
+from .errors import EXIT_OK, BadInput, run_stage, writing
 from .results import nights, viewer
 from .store import jsonl, lock, manifest, paths
 
@@ -36,7 +36,6 @@ SETTINGS = {
 }
 # the runner's settings a watch passes on to its stages; the others make no sense for one run a night
 PASSED = ("BENCH", "MODEL", "JUDGE_MODEL", "DATA", "WORKERS", "OUTPUTS", "LABEL", "ARGS", "JUDGE_ARGS", "MAX_COST")
-SAMPLE_FILE = "sample.jsonl"  # the subset's rows, beside the nights
 SAMPLE_RECORD = "sample.json"  # how it was chosen, from which file
 
 
@@ -67,7 +66,6 @@ def _date(value: str, name: str) -> str:
 
 
 def parse(argv: list[str]) -> Watch:
-    """VAR=value words → a checked Watch (raises pipeline.UsageError)."""
     passed, own = [], {}
     for word in argv:
         name, eq, value = word.partition("=")
@@ -83,8 +81,7 @@ def parse(argv: list[str]) -> Watch:
             )
         else:
             raise pipeline.UsageError(f"unknown setting {name}; watch settings: {', '.join([*PASSED, *SETTINGS])}")
-    plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST, ARGS as the runner does
-    pipeline.check_prices(plan)  # with MAX_COST, every model of the night priced before infer spends
+    plan = pipeline.parse([*STAGES, *passed])  # checks BENCH, MAX_COST (and its prices), ARGS as the runner does
     if not plan.get("MODEL"):
         raise pipeline.UsageError("name the model to watch: MODEL=...")
     night = _date(own.get("NIGHT") or time.strftime("%Y-%m-%d", time.gmtime()), "NIGHT")
@@ -105,21 +102,19 @@ def parse(argv: list[str]) -> Watch:
     return Watch(plan, night, baseline, int(sample) if sample else None, alpha)
 
 
-def _subset(watch: Watch, source: Path, sha: str) -> Path:
+def _subset(watch: Watch, n: int, source: Path, sha: str) -> Path:
     """The fixed subset (SAMPLE=N): chosen once; the same tasks copied again when the dataset's sha256 changed."""
-    folder, n = watch.folder, watch.sample
-    assert n is not None
-    record_path, rows = folder / SAMPLE_RECORD, folder / SAMPLE_FILE
-    record = nights.read_json(record_path) or None
-    if record is not None and record.get("requested") != n:
+    record_path, rows = watch.folder / SAMPLE_RECORD, watch.folder / "sample.jsonl"  # beside the nights
+    record = nights.read_json(record_path)
+    if not record:
+        chosen = subset.choose(watch.bench, source, n, seed=f"evalpipe-watch:{watch.bench.name}:{n}")
+        record = {"requested": n, **chosen, "source": str(source), "source_sha256": sha, "updated": []}
+    elif record.get("requested") != n:
         raise BadInput(
             f"this watch evaluates a subset of {record.get('requested')} items; another SAMPLE starts another watch: "
             "give it LABEL=...",
             record_path,
         )
-    if record is None:
-        chosen = subset.choose(watch.bench, source, n, seed=f"evalpipe-watch:{watch.bench.name}:{n}")
-        record = {"requested": n, **chosen, "source": str(source), "source_sha256": sha, "updated": []}
     elif record["source_sha256"] != sha:  # the dataset changed: the same tasks, where they still are
         record["lines"] = subset.lines_of(watch.bench, source, record["ids"])
         record["updated"].append({"night": watch.night, "source_sha256": sha, "lines": len(record["lines"])})
@@ -142,7 +137,7 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     if source is None:
         raise BadInput(f"{watch.bench.name} has no bundled dataset: give DATA=...")
     sha = manifest.sha256_file(source)  # once: a large dataset takes a while to read
-    data = _subset(watch, source, sha) if watch.sample else source
+    data = _subset(watch, watch.sample, source, sha) if watch.sample else source
     record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
     with writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -224,12 +219,7 @@ def main(argv: list[str]) -> int:
         print(__doc__ + "\nSettings:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SETTINGS.items()))
         print(f"  and the runner's {', '.join(PASSED)} (python -m evalpipe.pipeline --help)")
         return EXIT_OK
-    try:
-        watch = parse(argv)
-    except pipeline.UsageError as exc:
-        print(f"watch: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return run_stage("watch", lambda _: night(watch), [])
+    return run_stage("watch", lambda words: night(parse(words)), argv)
 
 
 if __name__ == "__main__":

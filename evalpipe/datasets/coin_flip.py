@@ -16,24 +16,18 @@ from ..store import jsonl
 NAMES_FILE = Path(__file__).with_name("names.txt")
 SPLITS = {"test": (3333, 20240601), "validation": (1333, 20240602)}  # rows, seed
 PEOPLE_WEIGHTS = {2: 0.38, 3: 0.05, 4: 0.57}
-NAME_LENGTH_POWER = 3.0  # names are drawn with weight len(name) ** power: the real pool's names are long
-MIN_NAME_LENGTH = 4
-YES_SHARE = 0.51
 TARGETS = {"mean": 500.15, "std": 28.32, "min": 453, "max": 551, "yes_share": 0.51}
 
 
 def load_names() -> list[str]:
-    names = []
-    for line in NAMES_FILE.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            names += line.split()
-    return list(dict.fromkeys(names))
+    lines = NAMES_FILE.read_text(encoding="utf-8").splitlines()
+    return list(dict.fromkeys(name for line in lines if not line.startswith("#") for name in line.split()))
 
 
 def generate(count: int, seed: int, names: list[str]) -> list[dict]:
     rng = random.Random(seed)
-    pool = [n for n in names if len(n) >= MIN_NAME_LENGTH]
-    weights = [len(n) ** NAME_LENGTH_POWER for n in pool]
+    pool = [n for n in names if len(n) >= 4]
+    weights = [len(n) ** 3.0 for n in pool]  # the real pool's names are long
     sizes, size_weights = list(PEOPLE_WEIGHTS), list(PEOPLE_WEIGHTS.values())
     rows = []
     for _ in range(count):
@@ -44,7 +38,7 @@ def generate(count: int, seed: int, names: list[str]) -> list[dict]:
             if name not in people:
                 people.append(name)
         flips = [rng.random() < 0.5 for _ in range(n)]
-        want_even = rng.random() < YES_SHARE
+        want_even = rng.random() < TARGETS["yes_share"]
         if (sum(flips) % 2 == 0) != want_even:
             k = rng.randrange(n)
             flips[k] = not flips[k]

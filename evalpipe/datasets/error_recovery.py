@@ -22,8 +22,7 @@ VARIANTS = {"main": None, "medium": 50, "small": 2}  # rows per task (None: all)
 
 
 def encode(rows: list[dict]) -> bytes:
-    """The reference files' encoding (pandas' to_json: compact, ASCII-only, `/` escaped), so the
-    output is byte-identical to the reference eval's data files."""
+    """The reference files' encoding: pandas' to_json (compact, ASCII-only, `/` escaped)."""
     lines = (json.dumps(r, ensure_ascii=True, separators=(",", ":")).replace("/", "\\/") for r in rows)
     return "".join(line + "\n" for line in lines).encode()
 
@@ -60,7 +59,6 @@ def convert_task(path: Path, task: str) -> list[dict]:
 
 
 def convert(bbm_dir: Path, variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:
-    """The rows of the named variants (main, medium, small)."""
     per_task = {}
     for task in TASKS:
         path = bbm_dir / f"{task}.jsonl"
@@ -79,9 +77,7 @@ def convert(bbm_dir: Path, variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the Error Recovery rows from BIG-Bench Mistake.")
-    parser.add_argument(
-        "--bbm-dir", type=Path, required=True, help="folder with the five BIG-Bench Mistake JSONL files"
-    )
+    parser.add_argument("--bbm-dir", type=Path, required=True, help="folder with BIG-Bench Mistake's five JSONL files")
     parser.add_argument("--out", type=Path, default=Path("data/error_recovery"), help="folder for the rows")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), help="files to write")
     args = parser.parse_args()

@@ -24,8 +24,7 @@ from ..store.paths import PROJECT
 SCHEME = "hf://"
 LOCK_NAME = "hf-lock.json"
 
-# tencent/CL-bench: the newest commit we could identify without network ("Update README.md", with
-# CL-bench.jsonl); --revision (make data REVISION=...) takes another.
+# tencent/CL-bench's newest commit known offline ("Update README.md"); --revision (make data REVISION=...) takes another
 CLBENCH_REVISION = "6f5df61d91c8f0e861b031f84cc1cb5bfbe4c20e"
 
 
@@ -44,8 +43,7 @@ class Ref:
 # Where each benchmark's real data is published: its files or splits in a dataset repo, at a revision.
 SOURCES: dict[str, list[Ref]] = {
     "clbench": [Ref("tencent/CL-bench", CLBENCH_REVISION, "CL-bench.jsonl")],
-    # No commit of this repo could be read from here: `main` is asked once, and the lock pins the
-    # commit it resolved to (docs/benchmarks.md#coinflip).
+    # no commit of it known offline: `main` is asked once, the lock pins its commit (docs/benchmarks.md#coinflip)
     "coin_flip": [Ref("extraordinarylab/coin-flip", "main", split) for split in ("test", "validation")],
 }
 # Benchmarks whose real data is elsewhere: what to do instead.
@@ -62,7 +60,6 @@ _SPLIT_WORDS = {
     "validation": ("validation", "valid", "dev", "val"),
     "test": ("test", "testing", "eval", "evaluation"),
 }
-_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")  # what the benchmarks' loaders read
 _SEPARATORS = re.compile(r"[-._ 0-9/]+")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -166,10 +163,10 @@ def fetch(ref: Ref) -> Path:
         return path
     with _answers(Ref(ref.repo, commit, ref.target), file):  # its own retries resume a broken connection
         cached = Path(hub.hf_hub_download(ref.repo, file, repo_type="dataset", revision=commit, endpoint=_endpoint()))
-    _verify(cached, file)
     data = cached.read_bytes()
-    jsonl.atomic_write(path, data)  # a temp file beside it, then a rename: never half-written in data/
     size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+    _verify(cached, data, sha256, file)
+    jsonl.atomic_write(path, data)  # a temp file beside it, then a rename: never half-written in data/
     for other in [k for k, v in files.items() if k != file and split and v.get("split") == split]:
         files[other]["split"] = None  # the split now lives in another file
     files[file] = dict(revision=ref.revision, commit=commit, split=split, size=size, sha256=sha256)
@@ -249,9 +246,8 @@ def _file_for(ref: Ref, listing: list[str], card: dict) -> str:
 
 
 def split_files(split: str, listing: list[str], card: dict | None = None) -> list[str]:
-    """The data files of `split`: as the dataset card's `configs` declare them, else by the Hub's file-name
-    conventions (a path word `test`, `validation`/`valid`/`dev`/`val`, `train`, ... between separators)."""
-    data = [f for f in listing if f.endswith(_DATA_SUFFIXES)]
+    """The data files of `split`: as the dataset card's `configs` declare them, else by the Hub's file names."""
+    data = [f for f in listing if f.endswith((".jsonl", ".json", ".parquet"))]  # what the benchmarks' loaders read
     for config in (card or {}).get("configs") or []:
         if config.get("config_name", "default") != "default":
             continue
@@ -267,16 +263,16 @@ def split_files(split: str, listing: list[str], card: dict | None = None) -> lis
     return sorted(exact or [f for f in data if set(words) & set(_SEPARATORS.split(f))])
 
 
-def _verify(cached: Path, file: str) -> None:
+def _verify(cached: Path, data: bytes, sha256: str, file: str) -> None:
     """The bytes against the Hub's own id of them (huggingface_hub checks only the size): the blob is named by
     its ETag, the sha256 of an LFS file or the git blob id of a small one."""
     from huggingface_hub.utils.sha import git_hash
 
     name = Path(os.path.realpath(cached)).name
     if re.fullmatch(r"[0-9a-f]{64}", name):
-        actual, what = manifest.sha256_file(cached), "sha256"
+        actual, what = sha256, "sha256"
     elif re.fullmatch(r"[0-9a-f]{40}", name):
-        actual, what = git_hash(cached.read_bytes()), "git blob id"
+        actual, what = git_hash(data), "git blob id"
     else:
         return  # a copy without its blob name (no symlinks): huggingface_hub checked the size
     if actual != name:
@@ -339,10 +335,9 @@ def main(argv: list[str]) -> int:
         prog="python -m evalpipe.datasets.hub",
         description="Fetch benchmarks' real datasets from the Hugging Face Hub into data/hf/ (with a lock file).",
     )
+    names = ", ".join([*SOURCES, *ELSEWHERE])
     parser.add_argument(
-        "what",
-        nargs="*",
-        help=f"benchmarks ({', '.join([*SOURCES, *ELSEWHERE])}; default: all) or hf://<repo>[@<rev>]/<file or split>",
+        "what", nargs="*", help=f"benchmarks ({names}; default: all) or hf://<repo>[@<rev>]/<file or split>"
     )
     parser.add_argument("--revision", help="revision (commit, branch or tag) instead of the pinned one")
     args = parser.parse_args(argv)
@@ -357,7 +352,7 @@ def main(argv: list[str]) -> int:
             if args.what:
                 return 2
         else:
-            raise BadInput(f"{word}: no published dataset to fetch (choose from {', '.join([*SOURCES, *ELSEWHERE])})")
+            raise BadInput(f"{word}: no published dataset to fetch (choose from {names})")
     if args.revision and len({r.repo for r in refs}) > 1:
         raise BadInput("--revision names a revision of one repo: give one benchmark with it (BENCH=...)")
     for ref in refs:

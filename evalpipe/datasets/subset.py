@@ -12,20 +12,8 @@ from ..store import jsonl
 BOM = b"\xef\xbb\xbf"
 
 
-def _quotas(sizes: dict[Hashable, int], n: int) -> dict[Hashable, int]:
-    """n shared out in proportion to the strata's sizes, the remainder to the largest fractions (first seen on ties)."""
-    total = sum(sizes.values())
-    exact = {s: n * size / total for s, size in sizes.items()}
-    quotas = {s: int(v) for s, v in exact.items()}
-    order = sorted(exact, key=lambda s: -(exact[s] - quotas[s]))
-    for s in order[: n - sum(quotas.values())]:
-        quotas[s] += 1
-    return quotas
-
-
 def choose(bench: Benchmark, source: Path, n: int, seed: str) -> dict:
-    """Which of `source`'s items make the subset: a record of the choice (what it was stratified by, each stratum's
-    share and size, the chosen tasks' ids and their lines in the file)."""
+    """Which of `source`'s items make the subset: a record of the choice, the chosen tasks' ids and lines."""
     if source.suffix.lower() in (".json", ".parquet"):
         raise BadInput("SAMPLE needs a JSONL dataset (one row a line); convert it first", source)
     by = next((f.by for f in bench.figures if f.by), None)
@@ -40,7 +28,11 @@ def choose(bench: Benchmark, source: Path, n: int, seed: str) -> dict:
     for key, unit in units.items():
         strata.setdefault(unit["stratum"], []).append(key)
     n = min(n, len(units))
-    quotas = _quotas({s: len(keys) for s, keys in strata.items()}, n)
+    # n shared out in proportion to the strata's sizes, the remainder to the largest fractions (first seen on ties)
+    exact = {s: n * len(keys) / len(units) for s, keys in strata.items()}
+    quotas = {s: int(v) for s, v in exact.items()}
+    for s in sorted(exact, key=lambda s: -(exact[s] - quotas[s]))[: n - sum(quotas.values())]:
+        quotas[s] += 1
     rng = random.Random(seed)
     chosen = [key for s, keys in strata.items() for key in rng.sample(keys, quotas[s])]
     return {

@@ -50,9 +50,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
         help="add rows to an output made under another configuration (model, parameters, dataset, options); "
         "without it such a rerun is refused",
     )
-    cli.add_endpoint_args(parser)
-    cli.add_prefix_schedule_arg(parser)
-    cli.add_shard_args(parser)
+    cli.add_endpoint_args(parser, "infer")
     # the reference's generation settings for this benchmark (e.g. coin_flip: temperature 0), unless given
     parser.set_defaults(**bench.generation_defaults)
 

@@ -52,8 +52,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
             action="store_true",
             help="classify each failed solution's error types with the judge model (reads the judge rows)",
         )
-    cli.add_endpoint_args(parser, upstream_max_retries=3)
-    cli.add_shard_args(parser)
+    cli.add_endpoint_args(parser, "judge")
 
 
 def main(argv: list[str]) -> int:
