@@ -58,7 +58,9 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
-    check_judge_label(args)
+    check_judge_label(args.judge_label)
+    if args.judge_label is not None and args.output is not None:
+        raise BadInput("give --judge-label or --output, not both")
     if getattr(args, "error_analysis", False):
         return error_analysis.main(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
@@ -86,15 +88,10 @@ def main(argv: list[str]) -> int:
     )
 
 
-def check_judge_label(args) -> None:
-    """Refuse a --judge-label that would not be a plain file name part, or one given with --output."""
-    label = args.judge_label
-    if label is None:
-        return
-    if not paths.JUDGE_LABEL.fullmatch(label):
+def check_judge_label(label: str | None) -> None:
+    """Refuse a --judge-label that would not be a plain file name part."""
+    if label is not None and not paths.JUDGE_LABEL.fullmatch(label):
         raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
-    if args.output is not None:
-        raise BadInput("give --judge-label or --output, not both")
 
 
 def _default_output(in_path: Path, label: str | None) -> Path:
