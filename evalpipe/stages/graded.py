@@ -176,7 +176,11 @@ def run(
     if shard is not None:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
-    stand_ins = _StandIns(label, work, _formats(bench, endpoint, output))
+    # an LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs
+    formats = getattr(bench, "judge_formats", None) if endpoint is not None else None
+    if formats is not None:
+        formats.seed(manifest.learned(output, "judge_format"))
+    stand_ins = _StandIns(label, work, formats)
 
     def written() -> _Done:
         done = _done_ids(output, is_done, cut=shard is not None)
@@ -214,15 +218,6 @@ def run(
         rows_pending=True,
     )
     return engine.run(job, args)
-
-
-def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
-    """An LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs; else None."""
-    formats = getattr(bench, "judge_formats", None)
-    if formats is not None and endpoint is not None:
-        formats.seed(manifest.learned(output, "judge_format"))
-        return formats
-    return None
 
 
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:

@@ -12,7 +12,6 @@ from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import group_of
 from ..client import cost
-from ..client.llm import Endpoint
 from ..client.runner import RunSummary
 from ..client.thinking import budget_advice
 from ..datasets import hub
@@ -71,7 +70,55 @@ def main(argv: list[str]) -> int:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
     endpoint = cli.endpoint_from_args(args, args.model)
-    return engine.run(_job(bench, args, tasks, Path(data), data_sha, output, endpoint), args)
+    fingerprint = manifest.fingerprint(
+        args,
+        {
+            "dataset_sha256": data_sha,
+            "prompt_sha256": manifest.sha256_texts(bench.prompts().get("infer", [])),
+            "request_extra_body": endpoint.extra_body,
+        },
+        ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers
+    )
+    rows = _Rows(bench, args.slim, output, args.max_tokens)
+
+    def announce(pending: engine.Pending) -> None:
+        cut = f" · shard {tasks.shard}" if tasks.shard is not None else ""
+        print(
+            f"infer: {bench.name} · {args.model}{cut} · {len(tasks)} selected, "
+            f"{len(tasks) - len(pending)} already done, {len(pending)} to run → {output}",
+            file=sys.stderr,
+        )
+
+    job = engine.Job(
+        label="infer",
+        output=output,
+        endpoint=endpoint,
+        fingerprint=fingerprint,
+        manifest={
+            "stage": "infer",
+            "benchmark": bench.name,
+            "dataset": str(Path(data).resolve()),
+            "dataset_sha256": data_sha,
+            "dataset_source": hub.source_of(Path(data)),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
+            "max_samples": args.max_samples,
+            "model": args.model,
+            "endpoint": endpoint.host,
+            "params": {**endpoint.params, **endpoint.extra_body},
+            "slim": args.slim,
+            "shard": None if tasks.shard is None else str(tasks.shard),
+            "fingerprint": fingerprint,
+        },
+        total=("selected", len(tasks)),
+        written=lambda: jsonl.ids_in(output, row_id),
+        pending_given=tasks.pending,
+        announce=announce,
+        rows=rows,
+        # without groups the tasks go in order, as they are read
+        prefix_group=(lambda task: group_of(bench, task.row))
+        if args.prefix_schedule == "on" and bench.prefix_group
+        else None,
+    )
+    return engine.run(job, args)
 
 
 @dataclass
@@ -92,59 +139,6 @@ class Selected(SelectedTasks):
             return (task for task in self if task.id not in done)
 
         return engine.Pending(sum(1 for _ in tasks()), tasks)
-
-
-def _job(
-    bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, output: Path, endpoint: Endpoint
-) -> engine.Job:
-    fingerprint = manifest.fingerprint(
-        args,
-        {
-            "dataset_sha256": data_sha,
-            "prompt_sha256": manifest.sha256_texts(bench.prompts().get("infer", [])),
-            "request_extra_body": endpoint.extra_body,
-        },
-        ignore=("prefix_schedule", "prompt_cache_key"),  # the order of the calls and a cache hint, not the answers
-    )
-    rows = _Rows(bench, args.slim, output, args.max_tokens)
-
-    def announce(pending: engine.Pending) -> None:
-        cut = f" · shard {tasks.shard}" if tasks.shard is not None else ""
-        print(
-            f"infer: {bench.name} · {args.model}{cut} · {len(tasks)} selected, "
-            f"{len(tasks) - len(pending)} already done, {len(pending)} to run → {output}",
-            file=sys.stderr,
-        )
-
-    return engine.Job(
-        label="infer",
-        output=output,
-        endpoint=endpoint,
-        fingerprint=fingerprint,
-        manifest={
-            "stage": "infer",
-            "benchmark": bench.name,
-            "dataset": str(data.resolve()),
-            "dataset_sha256": data_sha,
-            "dataset_source": hub.source_of(data),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
-            "max_samples": args.max_samples,
-            "model": args.model,
-            "endpoint": endpoint.host,
-            "params": {**endpoint.params, **endpoint.extra_body},
-            "slim": args.slim,
-            "shard": None if tasks.shard is None else str(tasks.shard),
-            "fingerprint": fingerprint,
-        },
-        total=("selected", len(tasks)),
-        written=lambda: jsonl.ids_in(output, row_id),
-        pending_given=tasks.pending,
-        announce=announce,
-        rows=rows,
-        # without groups the tasks go in order, as they are read
-        prefix_group=(lambda task: group_of(bench, task.row))
-        if args.prefix_schedule == "on" and bench.prefix_group
-        else None,
-    )
 
 
 class _Rows:

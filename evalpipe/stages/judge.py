@@ -1,4 +1,5 @@
-"""judge: grade every inference row that has no final judge row yet (--error-analysis: error_analysis.py)."""
+"""judge: grade every inference row that has no final judge row yet. --error-analysis (CL-bench): classify why
+each failed solution failed, by the judge model, into `<error_analysis_name>.jsonl` beside the judge rows."""
 
 import argparse
 import sys
@@ -10,7 +11,7 @@ from ..benchmarks.base import ErrorAnalysis, uses_judge_model
 from ..datasets import hub
 from ..errors import BadInput
 from ..store import paths, shards
-from . import error_analysis, graded
+from . import graded
 from .graded import input_path
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     if args.judge_label is not None and args.output is not None:
         raise BadInput("give --judge-label or --output, not both")
     if getattr(args, "error_analysis", False):
-        return error_analysis.main(bench, args)
+        return _error_analysis(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
     output = args.output or _default_output(in_path, args.judge_label)
     if not shards.exists(in_path):
@@ -99,3 +100,23 @@ def _default_output(in_path: Path, label: str | None) -> Path:
     if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
         return in_path.with_name(paths.judge_file_name(label))
     return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"
+
+
+def _error_analysis(bench: Benchmark, args) -> int:
+    assert isinstance(bench, ErrorAnalysis)  # --error-analysis is offered only then
+    in_path = input_path(bench, args, paths.judge_file_name(args.judge_label))
+    output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
+    if not shards.exists(in_path):
+        raise BadInput("no such judge file (run judge first)", in_path)
+    return graded.run(
+        bench,
+        args,
+        in_path,
+        output,
+        label="error analysis",
+        stage="error_analysis",
+        prompts=bench.error_analysis_prompts(),
+        is_done=bench.is_analyzed,
+        work=bench.analyze_error,
+        keep=bench.needs_error_analysis,
+    )
