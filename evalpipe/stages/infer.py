@@ -133,7 +133,6 @@ class Selected(SelectedTasks):
         return self.count
 
     def pending(self, done: set) -> engine.Pending:
-        """The selected tasks without a row in `done`, in dataset order."""
 
         def tasks() -> Iterator[Task]:
             return (task for task in self if task.id not in done)
@@ -148,13 +147,11 @@ class _Rows:
     def __init__(self, bench: Benchmark, slim: bool, output: Path, budget: int | None) -> None:
         self.bench, self.slim, self.output = bench, slim, output
         self.budget = budget  # --max-tokens (None: the endpoint's own limit)
-        self.prompt_tokens = self.cached = 0
-        self.truncated = self.answered = 0
+        self.prompt_tokens = self.cached = self.truncated = self.answered = 0
         self.stopped_at = self.finished_used = 0  # the most completion tokens of a call of each
 
     @contextmanager
     def session(self, paying: bool) -> Iterator[engine.Work]:
-        """The work on one task with the output's step cache (recording new steps when `paying`), closed after."""
         steps = StepCache(self.output, record=paying)
 
         async def solve(task: Task, client) -> dict:
@@ -194,7 +191,6 @@ class _Rows:
         }
 
     def settle(self, code: int) -> int:
-        """Say the cached share of the prompt tokens, and what to raise --max-tokens to if answers ran out thinking."""
         if self.prompt_tokens:
             print(
                 f"infer: {self.cached:,} of {self.prompt_tokens:,} prompt tokens cached "

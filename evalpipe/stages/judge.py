@@ -65,7 +65,12 @@ def main(argv: list[str]) -> int:
     if getattr(args, "error_analysis", False):
         return _error_analysis(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
-    output = args.output or _default_output(in_path, args.judge_label)
+    if args.output is not None:
+        output = args.output
+    elif in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:  # judge[-<label>].jsonl beside it
+        output = in_path.with_name(paths.judge_file_name(args.judge_label))
+    else:  # as upstream: outputs/<input-name>_graded[-<label>].jsonl
+        output = Path("outputs") / f"{in_path.stem}_graded{'-' + args.judge_label if args.judge_label else ''}.jsonl"
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
     shards.chosen(args.shard, args.shards)  # a bad --shard is said before any notice or other refusal
@@ -93,13 +98,6 @@ def check_judge_label(label: str | None) -> None:
     """Refuse a --judge-label that would not be a plain file name part."""
     if label is not None and not paths.JUDGE_LABEL.fullmatch(label):
         raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
-
-
-def _default_output(in_path: Path, label: str | None) -> Path:
-    """judge[-<label>].jsonl beside a local infer.jsonl, else outputs/<input-name>_graded[-<label>].jsonl."""
-    if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
-        return in_path.with_name(paths.judge_file_name(label))
-    return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"
 
 
 def _error_analysis(bench: Benchmark, args) -> int:

@@ -21,7 +21,7 @@ from ..results import figures, items
 from ..results.agreement import format_report as agreement_text
 from ..results.items import ItemColumns
 from ..store import jsonl, manifest, paths, shards
-from ..store.rows import THINKING_TRUNCATED, Coverage, ShardCoverage
+from ..store.rows import THINKING_TRUNCATED, Coverage
 from . import agreement
 from .graded import input_path
 from .judge import check_judge_label
@@ -64,7 +64,18 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
             data = Path(dataset)
             if max_samples is None:
                 max_samples = recorded.get("max_samples")
-        _refuse_other_dataset(data, record_path, recorded)
+        expected = recorded.get("dataset_sha256")  # none recorded: nothing to check
+        if isinstance(expected, str) and expected and (actual := manifest.sha256_file(data)) != expected:
+            read = recorded.get("dataset")
+            hashes = f"sha256 {actual[:12]}…, where {record_path} records {expected[:12]}…"
+            if isinstance(read, str) and Path(read) != data.resolve():
+                what = f"not the dataset infer read ({read}; {hashes}): score with that one"
+            else:
+                what = (
+                    f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
+                    "answered; put back the file infer read"
+                )
+            raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
@@ -74,26 +85,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
         return None, None, "judged rows only"
     jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
-
-
-def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None:
-    """BadInput naming `data` when its sha256 is not the one infer recorded (no record: nothing to check)."""
-    expected = recorded.get("dataset_sha256")
-    if not isinstance(expected, str) or not expected:
-        return
-    actual = manifest.sha256_file(data)
-    if actual == expected:
-        return
-    read = recorded.get("dataset")
-    hashes = f"sha256 {actual[:12]}…, where {record_path} records {expected[:12]}…"
-    if isinstance(read, str) and Path(read) != data.resolve():
-        what = f"not the dataset infer read ({read}; {hashes}): score with that one"
-    else:
-        what = (
-            f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
-            "answered; put back the file infer read"
-        )
-    raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
 
 
 def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
@@ -126,8 +117,7 @@ def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns:
         coverage["thinking_truncated"] = truncated
     metrics["coverage"], metrics["judge_status"] = coverage, _field_counts(counted, "judge_status", "ok")
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
-        counts = _field_counts(counted, key)
-        if counts:
+        if counts := _field_counts(counted, key):
             metrics[key] = counts
     served = {name: _field_counts(counted, key) for name, key in SERVED.items()}
     if any(served.values()):
@@ -161,9 +151,9 @@ def main(argv: list[str]) -> int:
     check_judge_label(args.judge_label)
     judge_path = input_path(bench, args, paths.judge_file_name(args.judge_label))
     parts = shards.parts(judge_path)  # the judge file as the files that hold it: its own, then its shards'
+    infer_path = judge_path.with_name("infer.jsonl")
     if not parts:
-        answered = shards.exists(judge_path.with_name("infer.jsonl"))
-        needed = "run judge first" if answered else "no answers either: run infer, then judge"
+        needed = "run judge first" if shards.exists(infer_path) else "no answers either: run infer, then judge"
         raise BadInput(f"no such judge file ({needed})", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
@@ -183,9 +173,16 @@ def main(argv: list[str]) -> int:
     if read > metrics["coverage"]["graded"]:  # rows of other tasks, or several of a task (judged again)
         # only the calls of the rows kept are the run's
         ledger = _add_calls(cost.Ledger(), jsonl.latest_rows(judge_path, row_id, keep=cost.api_calls), tasks)
-    cut = shard_coverage(bench, tasks, judged, judge_path)
-    if cut is not None:
-        metrics["coverage"]["shards"] = cut
+    n = shards.count(judge_path) or shards.count(infer_path)
+    if n is not None:  # a run cut into shards: which have tasks without a final judge row, which wrote no file
+        short = (
+            shard_key(bench, task.id, task.row) for task in tasks if task.id not in judged or stand_in(judged[task.id])
+        )
+        metrics["coverage"]["shards"] = {
+            "count": n,
+            "unfinished": shards.of_keys(short, n),
+            "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
+        }
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
         if shards.exists(analysis_path):
@@ -195,10 +192,9 @@ def main(argv: list[str]) -> int:
     metrics["cost"] = ledger.summary(cost.load_prices(args.prices))
     metrics["selection"] = described
     metrics["judge_file"] = str(judge_path)
-    if judge_path.name == "judge.jsonl":  # second opinions beside it: how far the judges agree
-        second = agreement.for_run(bench, judge_path)
-        if second is not None:
-            metrics["agreement"] = second
+    # second opinions beside judge.jsonl: how far the judges agree
+    if judge_path.name == "judge.jsonl" and (second := agreement.for_run(bench, judge_path)):
+        metrics["agreement"] = second
     # items.json before score.json, so that a score.json is never older than its items
     jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.prefix_group, columns))
     del columns
@@ -250,22 +246,6 @@ def _add_calls(ledger: cost.Ledger, calls: Mapping, tasks: Iterable[Task]) -> co
         for call in calls[key]:
             ledger.add(*call)
     return ledger
-
-
-def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
-    """Of a run cut into shards: which have tasks without a final judge row, which wrote no file (None: not cut)."""
-    infer_path = judge_path.with_name("infer.jsonl")
-    n = shards.count(judge_path) or shards.count(infer_path)
-    if n is None:
-        return None
-    short = (
-        shard_key(bench, task.id, task.row) for task in tasks if task.id not in judged or stand_in(judged[task.id])
-    )
-    return {
-        "count": n,
-        "unfinished": shards.of_keys(short, n),
-        "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
-    }
 
 
 def _listed(numbers: list[int], shown: int = 20) -> str:
