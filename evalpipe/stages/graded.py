@@ -234,7 +234,6 @@ class _StandIns:
 
     @contextmanager
     def session(self, paying: bool):
-
         async def grade(task: Task, client) -> dict:
             row = await self.work(task.row, client)
             if paying and stand_in(row):

@@ -58,11 +58,11 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
-    data = args.input or bench.default_data
+    data = Path(args.input or bench.default_data)
     shard = shards.chosen(args.shard, args.shards)
     jsonl.require_regular_file(data)  # a pipe or a device would block or never end (every format is read to its end)
-    tasks = Selected(bench, Path(data), args.max_samples, shard)  # prefix first, then resume, as upstream
-    data_sha = manifest.sha256_file(Path(data))
+    tasks = Selected(bench, data, args.max_samples, shard)  # prefix first, then resume, as upstream
+    data_sha = manifest.sha256_file(data)
     gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
@@ -97,9 +97,9 @@ def main(argv: list[str]) -> int:
         manifest={
             "stage": "infer",
             "benchmark": bench.name,
-            "dataset": str(Path(data).resolve()),
+            "dataset": str(data.resolve()),
             "dataset_sha256": data_sha,
-            "dataset_source": hub.source_of(Path(data)),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
+            "dataset_source": hub.source_of(data),  # hf://<repo>@<commit>/<file> for a file fetched from the Hub
             "max_samples": args.max_samples,
             "model": args.model,
             "endpoint": endpoint.host,
@@ -133,7 +133,6 @@ class Selected(SelectedTasks):
         return self.count
 
     def pending(self, done: set) -> engine.Pending:
-
         def tasks() -> Iterator[Task]:
             return (task for task in self if task.id not in done)
 
