@@ -1,6 +1,5 @@
-"""aggregate: every model's runs of one benchmark → a leaderboard with item-level error bars (results/items.py), the
-mean ± std over runs, and paired comparisons of every two models; aggregate.{md,csv,json,tex},
-aggregate_comparisons.csv and PNG bar charts under outputs/<bench>/, with warnings when runs do not line up."""
+"""aggregate: every model's runs of one benchmark → leaderboards, comparisons and plots under outputs/<bench>/, with
+warnings when runs do not line up (docs/results.md#leaderboards-and-plots)."""
 
 import argparse
 import itertools
@@ -107,11 +106,9 @@ def thinking(runs: list[dict], served_models: dict) -> dict | None:
         completion += tokens.get("completion_tokens", 0)
         tasks += (metrics.get("coverage") or {}).get("expected", 0)
         truncated += (metrics.get("coverage") or {}).get("thinking_truncated", 0)
-        if cost.get("cost_usd") is None:
-            priced = False
-        else:
-            reasoning_cost += infer.get("reasoning_cost_usd", 0.0)
-            bill += cost["cost_usd"]
+        priced = priced and cost.get("cost_usd") is not None  # else the share is of the completion tokens
+        reasoning_cost += infer.get("reasoning_cost_usd", 0.0)
+        bill += cost.get("cost_usd") or 0.0
     if not reasoning and not truncated:
         return None
     share: float | None
@@ -132,9 +129,7 @@ def collect(
     bench: Benchmark, root: Path, runs: int | None, models: list[str] | None
 ) -> tuple[list[dict], list[str], list[str]]:
     """Per model its runs' metrics, items and fingerprints; warnings about runs that do not line up; notes."""
-    warnings: list[str] = []
-    notes: list[str] = []
-    found = []
+    found, warnings, notes = [], [], []
     base = paths.bench_dir(root, bench.name)
     wanted = (p for p in base.iterdir() if p.is_dir() and (not models or p.name in models)) if base.is_dir() else ()
     for model_dir in sorted(wanted):
@@ -273,15 +268,14 @@ def summarize(bench: Benchmark, found: list[dict], boot: items.Bootstrap | None 
             for name, label in model_items.subsets(figure):
                 target.setdefault(name, {})["items"] = items.estimate(model_items, figure, label, boot)
         models.append(model)
-    # the first headline figure is the overall one: sort by it, best first
-    models.sort(key=lambda m: -(_sort_value(next(iter(m["figures"].values()), {})) or 0.0))
+    models.sort(key=_sort_value, reverse=True)
     return models
 
 
-def _sort_value(figure: dict) -> float | None:
-    if figure.get("mean") is not None:
-        return figure["mean"]
-    return (figure.get("items") or {}).get("mean")
+def _sort_value(model: dict) -> float:
+    """The first headline figure, the overall one: its mean over runs, else its item-level mean."""
+    figure: dict = next(iter(model["figures"].values()), {})
+    return figure.get("mean", (figure.get("items") or {}).get("mean")) or 0.0
 
 
 def compare_models(

@@ -1,9 +1,6 @@
 """How far two judges agree: judge files of the same answers, compared task by task.
 
-    python -m evalpipe.stages.agreement FILE_A FILE_B [FILE ...] [--bench clbench] [--json]
-
-What is compared and how: docs/results.md#judge-agreement (the figures: results/agreement.py).
-"""
+What is compared and how: docs/results.md#judge-agreement (the figures: results/agreement.py)."""
 
 import argparse
 import sys

@@ -89,7 +89,6 @@ class InputRows:
         return self.count - len(self.left_out)
 
     def pending(self, done: set) -> engine.Pending:
-        """The rows whose id is not in `done`, as tasks, in the order their ids first occur."""
         if self.keep is not None:  # counted as they are given: rows added meanwhile are judged by `keep` too
             return engine.Pending(sum(1 for _ in self._tasks(done)), lambda: self._tasks(done))
         repeated, left_out = self.repeated, self.left_out
@@ -111,10 +110,10 @@ class InputRows:
                 yield Task(id=key, row=row, line=0)
 
 
-def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Done":
+def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool, elsewhere: set) -> "_Done":
     """The ids whose latest row in the output, over its parts, `is_done`. A run that is not cut leaves a row to
     redo in a shard file to its shard (a row it wrote in the whole file would not count: shards.py); those ids
-    are done for it, and `elsewhere`."""
+    are done for it, and put in `elsewhere`."""
     done = _Done()
     whole = shards.whole(output)
     for part in shards.parts(output):
@@ -127,9 +126,9 @@ def _done_ids(output: Path, is_done: Callable[[dict], bool], cut: bool) -> "_Don
             else:
                 done.discard(key)
             if others and not finished:
-                done.elsewhere.add(key)
+                elsewhere.add(key)
             else:
-                done.elsewhere.discard(key)
+                elsewhere.discard(key)
     return done
 
 
@@ -137,10 +136,6 @@ class _Done(set):
     """Ids of rows that are done; true when the output has rows at all (done or not: paid for either way)."""
 
     any_rows = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elsewhere: set = set()  # to redo, by their shard
 
     def __bool__(self) -> bool:
         return self.any_rows
@@ -176,12 +171,15 @@ def run(
     if shard is not None:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
-    stand_ins = _StandIns(label, work, _formats(bench, endpoint, output))
+    # an LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs
+    formats = getattr(bench, "judge_formats", None) if endpoint is not None else None
+    if formats is not None:
+        formats.seed(manifest.learned(output, "judge_format"))
+    stand_ins = _StandIns(label, work, formats)
 
     def written() -> _Done:
-        done = _done_ids(output, is_done, cut=shard is not None)
-        stand_ins.elsewhere = done.elsewhere
-        return done
+        stand_ins.elsewhere.clear()
+        return _done_ids(output, is_done, shard is not None, stand_ins.elsewhere)
 
     def announce(pending: engine.Pending) -> None:
         cut = f" · shard {shard}" if shard is not None else ""
@@ -216,15 +214,6 @@ def run(
     return engine.run(job, args)
 
 
-def _formats(bench: Benchmark, endpoint: Endpoint | None, output: Path):
-    """An LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs; else None."""
-    formats = getattr(bench, "judge_formats", None)
-    if formats is not None and endpoint is not None:
-        formats.seed(manifest.learned(output, "judge_format"))
-        return formats
-    return None
-
-
 def _fingerprint(bench: Benchmark, args, endpoint: Endpoint | None, prompts: list[str], stage: str) -> dict:
     """What makes the rows what they are: the prompts and the flags that shape a judge request; for a rule, the
     benchmark's own options of the stage (e.g. CoinFlip's --parse). Never in infer's: answers stay as they are."""
@@ -245,8 +234,6 @@ class _StandIns:
 
     @contextmanager
     def session(self, paying: bool):
-        """Yield the work on one task (an input row); a paying run notes each stand-in it writes."""
-
         async def grade(task: Task, client) -> dict:
             row = await self.work(task.row, client)
             if paying and stand_in(row):
@@ -256,12 +243,10 @@ class _StandIns:
         yield grade
 
     def counts(self, summary) -> dict:
-        """What the manifest records of them, and what the judge learned of response_format (judge_format.py)."""
         learned = {} if self.formats is None else {"learned": {"judge_format": self.formats.state()}}
         return {"retry_later": len(self.ids), **learned}
 
     def settle(self, code: int) -> int:
-        """Say how many rows the next run does again; a run that left stand-ins is incomplete."""
         if self.ids:
             print(
                 f"{self.label}: {len(self.ids)} rows will be done again on the next run (judge API failed)",

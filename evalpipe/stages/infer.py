@@ -12,7 +12,6 @@ from .. import cli
 from ..benchmarks import Benchmark, Task, row_id
 from ..benchmarks.base import group_of
 from ..client import cost
-from ..client.llm import Endpoint
 from ..client.runner import RunSummary
 from ..client.thinking import budget_advice
 from ..datasets import hub
@@ -57,11 +56,11 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("infer", "Run the model on every pending task (resumable).", _add_args, argv)
-    data = args.input or bench.default_data
+    data = Path(args.input or bench.default_data)
     shard = shards.chosen(args.shard, args.shards)
     jsonl.require_regular_file(data)  # a pipe or a device would block or never end (every format is read to its end)
-    tasks = Selected(bench, Path(data), args.max_samples, shard)  # prefix first, then resume, as upstream
-    data_sha = manifest.sha256_file(Path(data))
+    tasks = Selected(bench, data, args.max_samples, shard)  # prefix first, then resume, as upstream
+    data_sha = manifest.sha256_file(data)
     gc.freeze()  # what is loaded lives to the end: keep the collector from rescanning it
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
@@ -69,32 +68,6 @@ def main(argv: list[str]) -> int:
         shards.refuse_other_count(output, shard)
         output = shard.path(output)
     endpoint = cli.endpoint_from_args(args, args.model)
-    return engine.run(_job(bench, args, tasks, Path(data), data_sha, output, endpoint), args)
-
-
-@dataclass
-class Selected(SelectedTasks):
-    """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones, so
-    that infer holds the done ids, never the tasks."""
-
-    def __post_init__(self) -> None:
-        self.count = sum(1 for _ in self)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def pending(self, done: set) -> engine.Pending:
-        """The selected tasks without a row in `done`, in dataset order."""
-
-        def tasks() -> Iterator[Task]:
-            return (task for task in self if task.id not in done)
-
-        return engine.Pending(sum(1 for _ in tasks()), tasks)
-
-
-def _job(
-    bench: Benchmark, args, tasks: Selected, data: Path, data_sha: str, output: Path, endpoint: Endpoint
-) -> engine.Job:
     fingerprint = manifest.fingerprint(
         args,
         {
@@ -114,7 +87,7 @@ def _job(
             file=sys.stderr,
         )
 
-    return engine.Job(
+    job = engine.Job(
         label="infer",
         output=output,
         endpoint=endpoint,
@@ -143,6 +116,25 @@ def _job(
         if args.prefix_schedule == "on" and bench.prefix_group
         else None,
     )
+    return engine.run(job, args)
+
+
+@dataclass
+class Selected(SelectedTasks):
+    """The selected tasks: counted (and every row checked) once, then read again lazily for the pending ones, so
+    that infer holds the done ids, never the tasks."""
+
+    def __post_init__(self) -> None:
+        self.count = sum(1 for _ in self)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def pending(self, done: set) -> engine.Pending:
+        def tasks() -> Iterator[Task]:
+            return (task for task in self if task.id not in done)
+
+        return engine.Pending(sum(1 for _ in tasks()), tasks)
 
 
 class _Rows:
@@ -152,13 +144,11 @@ class _Rows:
     def __init__(self, bench: Benchmark, slim: bool, output: Path, budget: int | None) -> None:
         self.bench, self.slim, self.output = bench, slim, output
         self.budget = budget  # --max-tokens (None: the endpoint's own limit)
-        self.prompt_tokens = self.cached = 0
-        self.truncated = self.answered = 0
+        self.prompt_tokens = self.cached = self.truncated = self.answered = 0
         self.stopped_at = self.finished_used = 0  # the most completion tokens of a call of each
 
     @contextmanager
     def session(self, paying: bool) -> Iterator[engine.Work]:
-        """The work on one task with the output's step cache (recording new steps when `paying`), closed after."""
         steps = StepCache(self.output, record=paying)
 
         async def solve(task: Task, client) -> dict:
@@ -198,7 +188,6 @@ class _Rows:
         }
 
     def settle(self, code: int) -> int:
-        """Say the cached share of the prompt tokens, and what to raise --max-tokens to if answers ran out thinking."""
         if self.prompt_tokens:
             print(
                 f"infer: {self.cached:,} of {self.prompt_tokens:,} prompt tokens cached "

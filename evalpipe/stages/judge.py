@@ -1,4 +1,5 @@
-"""judge: grade every inference row that has no final judge row yet (--error-analysis: error_analysis.py)."""
+"""judge: grade every inference row that has no final judge row yet. --error-analysis (CL-bench): classify why
+each failed solution failed, by the judge model, into `<error_analysis_name>.jsonl` beside the judge rows."""
 
 import argparse
 import sys
@@ -10,7 +11,7 @@ from ..benchmarks.base import ErrorAnalysis, uses_judge_model
 from ..datasets import hub
 from ..errors import BadInput
 from ..store import paths, shards
-from . import error_analysis, graded
+from . import graded
 from .graded import input_path
 
 
@@ -57,11 +58,18 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
-    check_judge_label(args)
+    check_judge_label(args.judge_label)
+    if args.judge_label is not None and args.output is not None:
+        raise BadInput("give --judge-label or --output, not both")
     if getattr(args, "error_analysis", False):
-        return error_analysis.main(bench, args)
+        return _error_analysis(bench, args)
     in_path = input_path(bench, args, "infer.jsonl")
-    output = args.output or _default_output(in_path, args.judge_label)
+    if args.output is not None:
+        output = args.output
+    elif in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:  # judge[-<label>].jsonl beside it
+        output = in_path.with_name(paths.judge_file_name(args.judge_label))
+    else:  # as upstream: outputs/<input-name>_graded[-<label>].jsonl
+        output = Path("outputs") / f"{in_path.stem}_graded{'-' + args.judge_label if args.judge_label else ''}.jsonl"
     if not shards.exists(in_path):
         raise BadInput("no such inference file (run infer first)", in_path)
     shards.chosen(args.shard, args.shards)  # a bad --shard is said before any notice or other refusal
@@ -85,19 +93,27 @@ def main(argv: list[str]) -> int:
     )
 
 
-def check_judge_label(args) -> None:
-    """Refuse a --judge-label that would not be a plain file name part, or one given with --output."""
-    label = args.judge_label
-    if label is None:
-        return
-    if not paths.JUDGE_LABEL.fullmatch(label):
+def check_judge_label(label: str | None) -> None:
+    """Refuse a --judge-label that would not be a plain file name part."""
+    if label is not None and not paths.JUDGE_LABEL.fullmatch(label):
         raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
-    if args.output is not None:
-        raise BadInput("give --judge-label or --output, not both")
 
 
-def _default_output(in_path: Path, label: str | None) -> Path:
-    """judge[-<label>].jsonl beside a local infer.jsonl, else outputs/<input-name>_graded[-<label>].jsonl."""
-    if in_path.name == "infer.jsonl" and hub.source_of(in_path) is None:
-        return in_path.with_name(paths.judge_file_name(label))
-    return Path("outputs") / f"{in_path.stem}_graded{'-' + label if label else ''}.jsonl"
+def _error_analysis(bench: Benchmark, args) -> int:
+    assert isinstance(bench, ErrorAnalysis)  # --error-analysis is offered only then
+    in_path = input_path(bench, args, paths.judge_file_name(args.judge_label))
+    output = args.output or paths.error_analysis_path(in_path, bench.error_analysis_name)
+    if not shards.exists(in_path):
+        raise BadInput("no such judge file (run judge first)", in_path)
+    return graded.run(
+        bench,
+        args,
+        in_path,
+        output,
+        label="error analysis",
+        stage="error_analysis",
+        prompts=bench.error_analysis_prompts(),
+        is_done=bench.is_analyzed,
+        work=bench.analyze_error,
+        keep=bench.needs_error_analysis,
+    )

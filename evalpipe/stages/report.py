@@ -1,7 +1,5 @@
-"""`make report`: aggregate every benchmark found under outputs/ in place and index them in outputs/report.md.
-
-A results root (results/discover.py) here is one whose run folders hold a score.json.
-"""
+"""`make report`: aggregate every benchmark found under outputs/ in place and index them in outputs/report.md
+(docs/results.md#leaderboards-and-plots)."""
 
 import argparse
 import re

@@ -2,7 +2,6 @@
 
 import argparse
 import gc
-import itertools
 import os
 import sys
 from collections import Counter
@@ -22,8 +21,10 @@ from ..results import figures, items
 from ..results.agreement import format_report as agreement_text
 from ..results.items import ItemColumns
 from ..store import jsonl, manifest, paths, shards
-from ..store.rows import THINKING_TRUNCATED, Coverage, ShardCoverage
+from ..store.rows import THINKING_TRUNCATED, Coverage
 from . import agreement
+from .graded import input_path
+from .judge import check_judge_label
 from .selected import SelectedTasks, shard_key
 
 
@@ -47,17 +48,6 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
     )
 
 
-def _judge_path(bench: Benchmark, args) -> Path:
-    if args.input is not None:
-        return args.input
-    if not args.model:
-        raise BadInput("give --input, or --model (and --run) to use the default output layout")
-    if args.judge_label is not None and not paths.JUDGE_LABEL.fullmatch(args.judge_label):
-        raise BadInput(f"--judge-label {args.judge_label!r}: use letters, digits, '.' and '-'")
-    run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
-    return run_dir / paths.judge_file_name(args.judge_label)
-
-
 def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, int | None, str]:
     """The dataset and prefix the run was selected from (None: unknown) and how to describe them. A dataset that is
     not the one infer read (its sha256 in infer's manifest) is refused: its gold answers would grade the rows."""
@@ -66,10 +56,26 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
     if found is not None:
         record_path, recorded = found
         if data is None:
-            data = _recorded_dataset(record_path, recorded)
+            dataset = recorded.get("dataset")
+            if not isinstance(dataset, str) or not dataset:
+                raise BadInput("names no dataset (not infer's manifest?): pass the dataset with --data", record_path)
+            if not os.path.exists(dataset):
+                raise BadInput(f"the dataset recorded by infer is gone: {dataset} (pass --data)", record_path)
+            data = Path(dataset)
             if max_samples is None:
                 max_samples = recorded.get("max_samples")
-        _refuse_other_dataset(data, record_path, recorded)
+        expected = recorded.get("dataset_sha256")  # none recorded: nothing to check
+        if isinstance(expected, str) and expected and (actual := manifest.sha256_file(data)) != expected:
+            read = recorded.get("dataset")
+            hashes = f"sha256 {actual[:12]}…, where {record_path} records {expected[:12]}…"
+            if isinstance(read, str) and Path(read) != data.resolve():
+                what = f"not the dataset infer read ({read}; {hashes}): score with that one"
+            else:
+                what = (
+                    f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
+                    "answered; put back the file infer read"
+                )
+            raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
     if data is None:
         print(
             "score: warning: no dataset known (no --data, no infer manifest): coverage is counted "
@@ -79,65 +85,6 @@ def selection(bench: Benchmark, args, judge_path: Path) -> tuple[Path | None, in
         return None, None, "judged rows only"
     jsonl.require_regular_file(data)  # a pipe or a device would block or never end
     return data, max_samples, f"{data}" + (f" (first {max_samples})" if max_samples is not None else "")
-
-
-def _recorded_dataset(record_path: Path, recorded: dict) -> Path:
-    """The dataset infer's manifest names (BadInput when it names none, or the file is gone)."""
-    dataset = recorded.get("dataset")
-    if not isinstance(dataset, str) or not dataset:
-        raise BadInput("names no dataset (not infer's manifest?): pass the dataset with --data", record_path)
-    if not os.path.exists(dataset):
-        raise BadInput(f"the dataset recorded by infer is gone: {dataset} (pass --data)", record_path)
-    return Path(dataset)
-
-
-def _refuse_other_dataset(data: Path, record_path: Path, recorded: dict) -> None:
-    """BadInput naming `data` when its sha256 is not the one infer recorded (no record: nothing to check)."""
-    expected = recorded.get("dataset_sha256")
-    if not isinstance(expected, str) or not expected:
-        return
-    actual = manifest.sha256_file(data)
-    if actual == expected:
-        return
-    read = recorded.get("dataset")
-    hashes = f"sha256 {actual[:12]}…, where {record_path} records {expected[:12]}…"
-    if isinstance(read, str) and Path(read) != data.resolve():
-        what = f"not the dataset infer read ({read}; {hashes}): score with that one"
-    else:
-        what = (
-            f"changed since infer read it ({hashes}): its tasks and gold answers are no longer those the run "
-            "answered; put back the file infer read"
-        )
-    raise BadInput(f"{what}, or run infer and judge again on this one into a new run (--run N)", data)
-
-
-def _coverage(
-    bench: Benchmark, ids: list, missing: list, judged: Mapping, counted: list[tuple[dict, int]]
-) -> tuple[Coverage, dict]:
-    """How much of the selected tasks (`ids`) the judge rows cover, and the judge statuses among their rows."""
-    statuses: Counter = Counter()
-    to_rejudge = truncated = 0
-    for row, count in counted:
-        statuses[row.get("judge_status", "ok")] += count
-        to_rejudge += stand_in(row) * count
-        truncated += (row.get("status") == THINKING_TRUNCATED) * count
-    covered: Coverage = {
-        "expected": len(ids),
-        "graded": len(ids) - len(missing),
-        "missing": len(missing),
-        "missing_ids": missing[:20],
-        "extra_rows_ignored": len(judged) - len(ids) + len(missing),
-        "to_rejudge": to_rejudge,
-    }
-    if truncated:
-        covered["thinking_truncated"] = truncated
-    return covered, dict(sorted(statuses.items()))
-
-
-def _counted(selected: dict) -> list[tuple[dict, int]]:
-    """Each distinct judge row and how many tasks have it (`read_judged` shares a dict between rows alike)."""
-    objects = {id(row): row for row in selected.values()}
-    return [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
 
 
 def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns: ItemColumns | None = None) -> dict:
@@ -154,11 +101,23 @@ def summarize(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, columns:
             selected[key] = row
     details = bench.details(tasks, selected)
     metrics = figures.write(bench.figures, columns, {"benchmark": bench.name, **details})
-    counted = _counted(selected)
-    metrics["coverage"], metrics["judge_status"] = _coverage(bench, ids, missing, judged, counted)
+    # each distinct judge row and how many tasks have it (`read_judged` shares a dict between rows alike)
+    objects = {id(row): row for row in selected.values()}
+    counted = [(objects[key], count) for key, count in Counter(map(id, selected.values())).items()]
+    coverage: Coverage = {
+        "expected": len(ids),
+        "graded": len(ids) - len(missing),
+        "missing": len(missing),
+        "missing_ids": missing[:20],
+        "extra_rows_ignored": len(judged) - len(ids) + len(missing),
+        "to_rejudge": sum(count for row, count in counted if stand_in(row)),
+    }
+    truncated = sum(count for row, count in counted if row.get("status") == THINKING_TRUNCATED)
+    if truncated:
+        coverage["thinking_truncated"] = truncated
+    metrics["coverage"], metrics["judge_status"] = coverage, _field_counts(counted, "judge_status", "ok")
     for key in ("judge_format", "judge_parse"):  # the LLM judge's response_format mode and parse route, if recorded
-        counts = _field_counts(counted, key)
-        if counts:
+        if counts := _field_counts(counted, key):
             metrics[key] = counts
     served = {name: _field_counts(counted, key) for name, key in SERVED.items()}
     if any(served.values()):
@@ -177,23 +136,24 @@ SERVED = {
 }
 
 
-def _field_counts(counted: list[tuple], key: str) -> dict[str, int]:
-    """How many of the `_counted` judge rows have each value of `key`."""
-    counts: dict[str, int] = {}
+def _field_counts(counted: list[tuple[dict, int]], key: str, default: str | None = None) -> dict[str, int]:
+    """How many of the counted judge rows have each value of `key` (`default` when absent; None: not counted)."""
+    counts: Counter = Counter()
     for row, count in counted:
-        value = row.get(key)
+        value = row.get(key, default)
         if value is not None:
-            counts[str(value)] = counts.get(str(value), 0) + count
+            counts[str(value)] += count
     return dict(sorted(counts.items()))
 
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
-    judge_path = _judge_path(bench, args)
+    check_judge_label(args.judge_label)
+    judge_path = input_path(bench, args, paths.judge_file_name(args.judge_label))
     parts = shards.parts(judge_path)  # the judge file as the files that hold it: its own, then its shards'
+    infer_path = judge_path.with_name("infer.jsonl")
     if not parts:
-        answered = shards.exists(judge_path.with_name("infer.jsonl"))
-        needed = "run judge first" if answered else "no answers either: run infer, then judge"
+        needed = "run judge first" if shards.exists(infer_path) else "no answers either: run infer, then judge"
         raise BadInput(f"no such judge file ({needed})", judge_path)
     gc.disable()  # a short-lived process building millions of objects: collection would only slow it
     fields = (*bench.score_fields, "judge_status", "status", *SERVED.values())
@@ -201,8 +161,7 @@ def main(argv: list[str]) -> int:
     judged, ledger, read = read_judged(parts, fields)
     tasks: Iterable[Task]
     if data is None:  # the judge rows stand in for the dataset
-        latest = {row_id(row): row for part in parts for _, row in jsonl.iter_rows(part, torn_tail_ok=True)}
-        tasks = [Task(key, row, 0) for key, row in latest.items()]
+        tasks = [Task(key, row, 0) for key, row in jsonl.latest_rows(judge_path, row_id).items()]
     else:
         tasks = _Selected(bench, data, max_samples)
     output = args.output or judge_path.with_name(
@@ -212,27 +171,30 @@ def main(argv: list[str]) -> int:
     columns = bench.item_columns(tasks, judged)
     metrics = summarize(bench, tasks, judged, columns)
     if read > metrics["coverage"]["graded"]:  # rows of other tasks, or several of a task (judged again)
-        ledger = _recounted(parts, {task.id for task in tasks})  # only the calls of the rows kept are the run's
-    cut = shard_coverage(bench, tasks, judged, judge_path)
-    if cut is not None:
-        metrics["coverage"]["shards"] = cut
+        # only the calls of the rows kept are the run's
+        ledger = _add_calls(cost.Ledger(), jsonl.latest_rows(judge_path, row_id, keep=cost.api_calls), tasks)
+    n = shards.count(judge_path) or shards.count(infer_path)
+    if n is not None:  # a run cut into shards: which have tasks without a final judge row, which wrote no file
+        short = (
+            shard_key(bench, task.id, task.row) for task in tasks if task.id not in judged or stand_in(judged[task.id])
+        )
+        metrics["coverage"]["shards"] = {
+            "count": n,
+            "unfinished": shards.of_keys(short, n),
+            "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
+        }
     if isinstance(bench, ErrorAnalysis):
         analysis_path = paths.error_analysis_path(judge_path, bench.error_analysis_name)
         if shards.exists(analysis_path):
             analyses = jsonl.latest_rows(analysis_path, row_id)
             metrics[bench.error_analysis_name] = bench.error_analysis_metrics(tasks, judged, analyses)
-            selected = {task.id for task in tasks}
-            for task_id, row in analyses.items():
-                if task_id in selected:
-                    for call in cost.api_calls(row):
-                        ledger.add(*call)
+            _add_calls(ledger, {key: cost.api_calls(row) for key, row in analyses.items()}, tasks)
     metrics["cost"] = ledger.summary(cost.load_prices(args.prices))
     metrics["selection"] = described
     metrics["judge_file"] = str(judge_path)
-    if judge_path.name == "judge.jsonl":  # second opinions beside it: how far the judges agree
-        second = agreement.for_run(bench, judge_path)
-        if second is not None:
-            metrics["agreement"] = second
+    # second opinions beside judge.jsonl: how far the judges agree
+    if judge_path.name == "judge.jsonl" and (second := agreement.for_run(bench, judge_path)):
+        metrics["agreement"] = second
     # items.json before score.json, so that a score.json is never older than its items
     jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.prefix_group, columns))
     del columns
@@ -242,9 +204,7 @@ def main(argv: list[str]) -> int:
     if "agreement" in metrics:
         print(agreement_text(metrics["agreement"]))
     print(f"score: wrote {output}", file=sys.stderr)
-    code = _exit_code(metrics["coverage"])
-    _say_thinking_truncated(metrics["coverage"], judge_path)
-    return code
+    return _exit_code(metrics["coverage"], judge_path)
 
 
 @dataclass
@@ -280,48 +240,12 @@ def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.
     return latest, ledger, read
 
 
-def _recounted(parts: list[Path], selected: set) -> cost.Ledger:
-    """The calls of each selected task's last judge row only."""
-    calls = {}
-    for part in parts:
-        for _, row in jsonl.iter_rows(part, torn_tail_ok=True):
-            key = row_id(row)
-            if key in selected:
-                calls[key] = cost.api_calls(row)
-    ledger = cost.Ledger()
-    for call in itertools.chain.from_iterable(calls.values()):
-        ledger.add(*call)
+def _add_calls(ledger: cost.Ledger, calls: Mapping, tasks: Iterable[Task]) -> cost.Ledger:
+    """`ledger` with the selected tasks' API calls of `calls` (`cost.api_calls` by id)."""
+    for key in calls.keys() & {task.id for task in tasks}:
+        for call in calls[key]:
+            ledger.add(*call)
     return ledger
-
-
-def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, judge_path: Path) -> ShardCoverage | None:
-    """Of a run cut into shards: which have tasks without a final judge row, which wrote no file (None: not cut)."""
-    infer_path = judge_path.with_name("infer.jsonl")
-    n = shards.count(judge_path) or shards.count(infer_path)
-    if n is None:
-        return None
-    short = (
-        shard_key(bench, task.id, task.row) for task in tasks if task.id not in judged or stand_in(judged[task.id])
-    )
-    return {
-        "count": n,
-        "unfinished": shards.of_keys(short, n),
-        "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
-    }
-
-
-def _say_thinking_truncated(covered: Coverage, judge_path: Path) -> None:
-    """The last line when answers ran out of tokens while thinking: raise infer's --max-tokens, and to what."""
-    truncated = covered.get("thinking_truncated")
-    if not truncated:
-        return
-    params = (manifest.read_run(judge_path.with_name("infer.jsonl")) or {}).get("params") or {}
-    budget = next((params[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(params.get(k), int)), None)
-    print(
-        f"score: {truncated} of {covered['graded']} graded answers ran out of tokens while thinking (no final answer, "
-        f"scored 0): {budget_advice(budget)} at infer, in a new run (--run N or --label)",
-        file=sys.stderr,
-    )
 
 
 def _listed(numbers: list[int], shown: int = 20) -> str:
@@ -330,8 +254,9 @@ def _listed(numbers: list[int], shown: int = 20) -> str:
     return ", ".join(map(str, numbers[:shown])) + more
 
 
-def _exit_code(covered: Coverage) -> int:
-    """0 when every selected task has a final grade; else 3, saying what to rerun."""
+def _exit_code(covered: Coverage, judge_path: Path) -> int:
+    """0 when every selected task has a final grade; else 3, saying what to rerun. Last, when answers ran out of
+    tokens while thinking: raise infer's --max-tokens, and to what."""
     cut = covered.get("shards")
     if cut is not None and cut["unfinished"]:
         without = cut["without_file"]
@@ -349,6 +274,17 @@ def _exit_code(covered: Coverage) -> int:
     if covered["to_rejudge"]:
         print(
             f"score: {covered['to_rejudge']} judge rows are provisional zeros (judge API failed); rerun judge",
+            file=sys.stderr,
+        )
+    truncated = covered.get("thinking_truncated")
+    if truncated:
+        params = (manifest.read_run(judge_path.with_name("infer.jsonl")) or {}).get("params") or {}
+        tokens = next(
+            (params[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(params.get(k), int)), None
+        )
+        print(
+            f"score: {truncated} of {covered['graded']} graded answers ran out of tokens while thinking (no final "
+            f"answer, scored 0): {budget_advice(tokens)} at infer, in a new run (--run N or --label)",
             file=sys.stderr,
         )
     return EXIT_INCOMPLETE if covered["missing"] or covered["to_rejudge"] else EXIT_OK

@@ -1,7 +1,4 @@
-"""report.html alone: every sample of every run in one self-contained, offline HTML file (docs/viewer.md).
-
-`make report` writes it too, beside report.md; this command hands results/viewer/ each benchmark's shape.
-"""
+"""report.html alone: every sample of every run in one self-contained, offline HTML file (docs/viewer.md)."""
 
 import argparse
 import sys
