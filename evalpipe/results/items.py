@@ -117,7 +117,9 @@ class ModelItems:
         if len(aligned) > 1:  # each item's labels from the first run that has the item
             names = dict.fromkeys(name for r in aligned for name in r["groups"])
             labels = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
-            self.groups = {n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in labels.items()}
+            self.groups = {
+                n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in labels.items()
+            }
         self._values: dict[tuple[str, str | None], list[tuple[float, float, int]]] = {}
         self._counts: dict[str | None, Counter] = {}
 
