@@ -116,26 +116,24 @@ class ModelItems:
         self.groups = first["groups"]
         if len(aligned) > 1:  # each item's labels from the first run that has the item
             names = dict.fromkeys(name for r in aligned for name in r["groups"])
-            labels = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
+            found = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
             self.groups = {
-                n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in labels.items()
+                n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in found.items()
             }
         self._values: dict[tuple[str, str | None], list[tuple[float, float, int]]] = {}
         self._counts: dict[str | None, Counter] = {}
-
-    def _position(self, run: int, column: str) -> int:
-        try:
-            return run * len(self.column_names) + self.column_names.index(column)
-        except ValueError:
-            raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
         """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
-        nums = [self._position(j, num) for j in range(self.n_runs)]
-        dens = [self._position(j, den) for j in range(self.n_runs)] if den else [None] * self.n_runs
+        for column in (num, den or num):
+            if column not in self.column_names:
+                raise BadInput(f"the items files have no column {column!r}; run score again")
+        width = len(self.column_names)  # a profile holds each run's columns in turn
+        nums = [j * width + self.column_names.index(num) for j in range(self.n_runs)]
+        dens = [j * width + self.column_names.index(den) for j in range(self.n_runs)] if den else [None] * self.n_runs
         out = []
         for profile in self.profiles:
             pairs = [(profile[i], 1 if j is None else profile[j]) for i, j in zip(nums, dens)] if profile else []
@@ -146,28 +144,19 @@ class ModelItems:
         self._values[(num, den)] = out
         return out
 
-    def counts(self, by: str | None) -> Counter:
-        """How many items share each (cluster, label of group `by`, profile code)."""
+    def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
+        """The figure's items (of the group value `label` for a `by` figure), counted by (cluster, label, profile)."""
+        values, by = self.values(figure.num, figure.den), figure.by
         if by not in self._counts:
             labels = self.groups.get(by) if by else None
             self._counts[by] = Counter(zip(self.clusters or repeat(None), labels or repeat(None), self.codes))
-        return self._counts[by]
-
-    def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
-        """The figure's items (of the group value `label` for a `by` figure), counted."""
-        values = self.values(figure.num, figure.den)
-        counted = self.counts(figure.by).items()
-        return [(c, *values[code], n) for (c, item, code), n in counted if figure.by is None or item == label]
+        return [(c, *values[code], n) for (c, item, code), n in self._counts[by].items() if by is None or item == label]
 
     def subsets(self, figure: ItemFigure) -> Iterator[tuple[str, Hashable]]:
         """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
         if figure.by is None:
             yield figure.name, None
-            return
-        labels = self.groups.get(figure.by)
-        if labels is None:
-            return
-        for label in dict.fromkeys(labels):
+        for label in dict.fromkeys(self.groups.get(figure.by) or ()):  # group names are text: none for by None
             yield figure.name.format(label), label
 
 
@@ -330,9 +319,19 @@ def compare(
         if label is None:
             return None
     mine, theirs = model.values(figure.num, figure.den), baseline.values(figure.num, figure.den)
-    joint, only_theirs = _joint_counts(model, baseline, figure.by)
+    codes: Sequence[int | None] = baseline.codes  # the baseline's profile code of each of the model's items
+    dropped = 0  # items graded by one of the two models only
+    if model.keys != baseline.keys:
+        position = {key: j for j, key in enumerate(baseline.keys)}
+        codes = [baseline.codes[position[key]] if key in position else None for key in model.keys]
+        known, their_labels = set(model.keys), baseline.groups.get(figure.by) if figure.by else None
+        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
+            item_label = their_labels[j] if their_labels else None
+            if key not in known and (figure.by is None or item_label == label) and theirs[code][2]:
+                dropped += 1
+    labels = model.groups.get(figure.by) if figure.by else None
+    joint = Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, codes))
     sides: tuple[list[Entry], list[Entry]] = ([], [])  # the items both graded, as each model graded them
-    dropped = 0
     for (cluster, item_label, code1, code2), count in joint.items():
         if figure.by is not None and item_label != label:
             continue
@@ -341,9 +340,6 @@ def compare(
             sides[0].append((cluster, *one, count))
             sides[1].append((cluster, *other, count))
         elif one[2] or other[2]:
-            dropped += count
-    for (item_label, code), count in only_theirs.items():
-        if (figure.by is None or item_label == label) and theirs[code][2]:
             dropped += count
     clustered = model.clusters is not None
     side1, side2 = (_ratio(side, figure, clustered) for side in sides)
@@ -360,7 +356,7 @@ def compare(
         "correlation": stats.correlation(side1.psi, side2.psi, side1.weights),
         "n_items": side1.n,
         "n_clusters": n_clusters,
-        "n_left_out": dropped,  # graded by one of the two models only
+        "n_left_out": dropped,
         "mde": stats.minimum_detectable(se, LEVEL) if se else None,
         "se_method": se_method,
         "ci_method": ci_method,
@@ -374,18 +370,3 @@ def compare(
         units = [_units(side, figure, clustered) for side in sides]
         out["bootstrap"] = bootstrap.interval(units, f"{name}:diff", clustered)
     return out
-
-
-def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
-    """The model's items by (cluster, label, code, baseline's code or None), the baseline's only by (label, code)."""
-    theirs: Sequence[int | None] = baseline.codes
-    only_theirs: Counter = Counter()
-    if model.keys != baseline.keys:
-        position = {key: j for j, key in enumerate(baseline.keys)}
-        theirs = [baseline.codes[position[key]] if key in position else None for key in model.keys]
-        mine, their_labels = set(model.keys), baseline.groups.get(by) if by else None
-        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
-            if key not in mine:
-                only_theirs[their_labels[j] if their_labels else None, code] += 1
-    labels = model.groups.get(by) if by else None
-    return Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, theirs)), only_theirs

@@ -157,31 +157,36 @@ _STD_WORDS = {  # the std over runs shown, in Markdown and in LaTeX
 
 def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, runs_ci: bool, flag_note: str) -> Tables:
     """Every table of a benchmark's aggregate, in Markdown, CSV (one row per model) and LaTeX."""
-    flagged = {m["model"] for m in models if m["flagged"]}
+    flag_note = flag_note if any(m["flagged"] for m in models) else ""
     main_names = _names(models, _figures_of(MAIN))
     first = main_names[0] if main_names else None
     md: list[str] = []
     tex: list[str] = []
     if first is not None:
-        _leaderboard(bench, models, first, std_kind, flag_note if flagged else "", md, tex)
+        _leaderboard(bench, models, first, std_kind, flag_note, md, tex)
     titles = [MAIN] + list(dict.fromkeys(t for m in models for t in m["extra_tables"] if t))
     for title in titles:
-        _figure_tables(bench, models, title, std_kind, runs_ci, flagged, flag_note, md, tex)
+        _figure_tables(bench, models, title, std_kind, runs_ci, flag_note, md, tex)
     power = []
     for m in models:
         items = ((m["figures"].get(first) or {}).get("items") or {}) if first else {}
         if items.get("mde") is not None:
-            projected, k = items.get("mde_runs") or {}, items["runs_per_item"][1]
-            power.append(
-                [m["model"], f"{pct(items['mde'])} ({k} runs)", *(pct(projected.get(str(r))) for r in MDE_RUNS)]
-            )
+            projected = items.get("mde_runs") or {}
+            mde = f"{pct(items['mde'])} ({items['runs_per_item'][1]} runs)"
+            power.append([m["model"], mde, *(pct(projected.get(str(r))) for r in MDE_RUNS)])
     if power:
         headers = ["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)]
         table = tables.markdown_table(headers, power)
         md.append(f"## {bench.name}: power ({first}), in points\n\n{table}\n{POWER_NOTE}\n")
-    shown = [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]
-    if shown:
-        rows = [_comparison_row(c) for c in shown]
+    rows = []  # the paired comparisons of the headline table's figures
+    for c in [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]:
+        interval = f"[{signed(c['ci95'][0])}, {signed(c['ci95'][1])}]" if c["ci95"] else "-"
+        p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
+        correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
+        cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
+        counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
+        rows.append([c["model"], c["baseline"], c["figure"], *cells, *counts])
+    if rows:
         table = tables.markdown_table(COMPARE_HEADERS, rows)
         md.append(f"## {bench.name}: paired comparisons, in points\n\n{table}\n{COMPARE_NOTE}\n")
         caption = tables.latex_escape(f"{bench.name}: paired comparisons (model − baseline), in points")
@@ -226,15 +231,7 @@ def _leaderboard(bench, models: list[dict], first: str, std_kind: str, flag_note
 
 
 def _figure_tables(
-    bench,
-    models: list[dict],
-    title: str,
-    std_kind: str,
-    runs_ci: bool,
-    flagged: set,
-    flag_note: str,
-    md: list,
-    tex: list,
+    bench, models: list[dict], title: str, std_kind: str, runs_ci: bool, flag_note: str, md: list, tex: list
 ) -> None:
     figures_of = _figures_of(title)
     names = _names(models, figures_of)
@@ -260,7 +257,7 @@ def _figure_tables(
 
     def runs_row(m: dict, tex: bool) -> list:
         cells = [runs_cell(figures_of(m).get(n), f"std_{std_kind}", runs_ci, tex) for n in names]
-        if title == MAIN and m["model"] in flagged:  # the benchmark's mark beside the headline figure
+        if title == MAIN and m["flagged"]:  # the benchmark's mark beside the headline figure
             cells[0] += FLAG_TEX if tex else f" {FLAG}"
         return [m["model"], len(m["runs"]), *cells]
 
@@ -272,23 +269,13 @@ def _figure_tables(
         + (f"\n{RUNS_CI_NOTE}\n" if runs_ci else "")
     )
     caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {tex_words} over runs, in percent"
-    if title == MAIN and flagged and flag_note:
+    if title == MAIN and flag_note:
         caption += ". " + tables.latex_escape(flag_note).replace(FLAG, FLAG_TEX)
     tex.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
 
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _comparison_row(c: dict) -> list[str]:
-    ci = c["ci95"]
-    interval = f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else "-"
-    p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
-    correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
-    cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
-    counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
-    return [c["model"], c["baseline"], c["figure"], *cells, *counts]
 
 
 COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
