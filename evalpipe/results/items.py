@@ -156,7 +156,8 @@ class ModelItems:
         """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
         if figure.by is None:
             yield figure.name, None
-        for label in dict.fromkeys(self.groups.get(figure.by) or ()):  # group names are text: none for by None
+            return
+        for label in dict.fromkeys(self.groups.get(figure.by) or ()):
             yield figure.name.format(label), label
 
 
