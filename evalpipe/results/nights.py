@@ -22,7 +22,6 @@ DATASET = "dataset.json"  # what the night was given to read, written by the wat
 HISTORY = "history"  # history.{md,csv,json,png} beside the nights
 FORMAT = 1
 DEFAULT_ALPHA = 0.01
-MOVES_SHOWN = 5  # the biggest moves of the other figures listed in a change report
 FLIPS_SHOWN = 10  # flipped task ids named in a change report
 
 # what else may change between two nights; those that flag the night (exit 8) and those only reported
@@ -163,7 +162,7 @@ def compare(figures: Sequence[ItemFigure], before: Night, after: Night, alpha: f
     return {
         "night": f"{run[:4]}-{run[4:6]}-{run[6:]}",
         "headline": headline,
-        "moves": moves[:MOVES_SHOWN],
+        "moves": moves[:5],  # the biggest moves of the other figures
         "flips": {
             "paired": len(paired),
             "to_fail": len(to_fail),

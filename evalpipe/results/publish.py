@@ -20,19 +20,17 @@ SERVED_FIELDS = ("response_model", "system_fingerprint", "judge_response_model",
 PROMPT_FIELDS = ("messages", "model_output", "target", "prediction", "grading_rationale", "requirement_status")
 
 
-def _tokens(usage) -> dict:
-    usage = usage if isinstance(usage, dict) else {}
-    cached = usage.get("cached_tokens")  # rows keep usage flat (llm.usage_dict)
-    return {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")} | (
-        {"cached_tokens": cached} if cached is not None else {}
-    )
-
-
 def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) -> dict:
     out = {"benchmark": bench, "model": model, "run": run, "task_id": str(row.get("idx"))}
-    out |= {key: row.get(key) for key in ROW_FIELDS} | _tokens(row.get("usage"))
-    judge = _tokens(row.get("judge_usage"))
-    out |= {"judge_prompt_tokens": judge["prompt_tokens"], "judge_completion_tokens": judge["completion_tokens"]}
+    out |= {key: row.get(key) for key in ROW_FIELDS}
+    usage, judge = (u if isinstance(u, dict) else {} for u in (row.get("usage"), row.get("judge_usage")))
+    out |= {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")}
+    if usage.get("cached_tokens") is not None:  # rows keep usage flat (llm.usage_dict)
+        out["cached_tokens"] = usage["cached_tokens"]
+    out["judge_prompt_tokens"], out["judge_completion_tokens"] = (
+        judge.get("prompt_tokens"),
+        judge.get("completion_tokens"),
+    )
     out |= {key: row.get(key) for key in SERVED_FIELDS}
     if with_prompts:
         out |= {key: row[key] for key in PROMPT_FIELDS if key in row}

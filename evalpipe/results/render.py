@@ -365,7 +365,6 @@ def agreement_table(bench_name: str, models: list[dict]) -> str:
     headers += ["Rubric items: agreement", "Rubric items: κ", "judge_format a | b"]
     out = f"## {bench_name}: judge agreement, in percent\n\n" + tables.markdown_table(headers, rows)
     if repeats:
-        out += "\n" + tables.markdown_table(
-            ["Model", "Judge model", "Files", "Tasks", "Flip rate", "Fleiss' κ"], repeats
-        )
+        headers = ["Model", "Judge model", "Files", "Tasks", "Flip rate", "Fleiss' κ"]
+        out += "\n" + tables.markdown_table(headers, repeats)
     return out + f"\n{AGREEMENT_NOTE} {AGREEMENT_POOLED}\n"

@@ -31,7 +31,10 @@ class Shape:
 
     kind = "generic"
     facets = ("Category", "Sub-category")
-    categories: tuple[str, ...] = ("context_category", "category")  # the metadata keys of the first facet, the first present
+    categories: tuple[str, ...] = (
+        "context_category",
+        "category",
+    )  # the metadata keys of the first facet, the first present
 
     def __init__(self, figures: Sequence[ItemFigure] = ()):
         self.figures = figures  # the benchmark's declared figures (Benchmark.figures)

@@ -122,14 +122,10 @@ class RatioEstimate:
     `clusters` groups items that are not independent, `weights` counts the identical items a position stands for."""
 
     def __init__(
-        self,
-        a: Sequence[float],
-        b: Sequence[float] | None,
-        clusters: Sequence[Hashable] | None,
-        weights: Sequence[int] | None = None,
+        self, a: Sequence[float], b: Sequence[float] | None, clusters: Sequence[Hashable] | None, weights: Sequence[int]
     ):
         self.clusters = clusters
-        self.weights = w = weights if weights is not None else [1] * len(a)
+        self.weights = w = weights
         self.n = n = sum(w)
         total_b = float(n) if b is None else math.fsum(map(operator.mul, w, b))
         self.value: float | None = None
