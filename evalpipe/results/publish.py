@@ -27,10 +27,7 @@ def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) 
     out |= {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")}
     if usage.get("cached_tokens") is not None:  # rows keep usage flat (llm.usage_dict)
         out["cached_tokens"] = usage["cached_tokens"]
-    out["judge_prompt_tokens"], out["judge_completion_tokens"] = (
-        judge.get("prompt_tokens"),
-        judge.get("completion_tokens"),
-    )
+    out |= {f"judge_{key}": judge.get(key) for key in ("prompt_tokens", "completion_tokens")}
     out |= {key: row.get(key) for key in SERVED_FIELDS}
     if with_prompts:
         out |= {key: row[key] for key in PROMPT_FIELDS if key in row}
