@@ -139,9 +139,8 @@ def format_report(section: dict) -> str:
             lines.append(f"    {cat}: {_line(f)}")
         rubric = pair["rubric_items"]
         if rubric is not None:
-            lines.append(
-                f"    rubric items ({rubric['tasks']} tasks): {_line(rubric).replace(' tasks,', ' items,', 1)}"
-            )
+            counted = _line(rubric).replace(" tasks,", " items,", 1)
+            lines.append(f"    rubric items ({rubric['tasks']} tasks): {counted}")
         fa, fb = (", ".join(f"{k} {v}" for k, v in pair["formats"][s].items()) or "-" for s in ("a", "b"))
         lines.append(f"    judge_format: {fa} | {fb}" + ("  (format A/B)" if pair["format_ab"] else ""))
         if pair["only_a"] or pair["only_b"]:

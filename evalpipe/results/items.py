@@ -264,19 +264,15 @@ Units = tuple[list[float], list[float]]  # per resampling unit: the sum of numer
 
 
 def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
-    if clustered:
-        sums: dict[Hashable, list[float]] = {}
-        for cluster, a, b, _, w in entries:
-            cell = sums.setdefault(cluster, [0.0, 0.0])
-            cell[0] += w * a
-            cell[1] += w * (b if figure.den else 1.0)
-        return [s[0] for s in sums.values()], [s[1] for s in sums.values()]
-    nums: list[float] = []
-    dens: list[float] = []
-    for _, a, b, _, w in entries:
-        nums += [a] * w
-        dens += [b if figure.den else 1.0] * w
-    return nums, dens
+    if not clustered:  # an item once for each identical item it stands for
+        nums = [a for _, a, _, _, w in entries for _ in range(w)]
+        return nums, [b if figure.den else 1.0 for _, _, b, _, w in entries for _ in range(w)]
+    sums: dict[Hashable, list[float]] = {}
+    for cluster, a, b, _, w in entries:
+        cell = sums.setdefault(cluster, [0.0, 0.0])
+        cell[0] += w * a
+        cell[1] += w * (b if figure.den else 1.0)
+    return [s[0] for s in sums.values()], [s[1] for s in sums.values()]
 
 
 @dataclass(frozen=True)

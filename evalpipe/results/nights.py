@@ -187,7 +187,6 @@ def _p_text(p: float | None) -> str:
 
 
 def summary_line(verdict: dict) -> str:
-    """The one line a night prints."""
     head = verdict["headline"]
     where = f"watch: {verdict['benchmark']} {verdict['model']} {verdict['night']}"
     if verdict["exit_code"]:

@@ -14,11 +14,8 @@ def md_escape(text: object) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def cells(values):
-        return "| " + " | ".join(md_escape(v) for v in values) + " |"
-
-    lines = [cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
-    lines += [cells(r) for r in rows]
+    lines = ["| " + " | ".join(map(md_escape, values)) + " |" for values in [headers, *rows]]
+    lines.insert(1, "|" + "|".join("---" for _ in headers) + "|")
     return "\n".join(lines) + "\n"
 
 
