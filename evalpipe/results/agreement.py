@@ -58,16 +58,15 @@ def compare(a: Rows, b: Rows) -> dict:
     rubric_rows = [(sa, sb) for sa, sb in statuses if sa is not None and sb is not None and len(sa) == len(sb)]
     rubric_pairs = [pair for sa, sb in rubric_rows for pair in zip(sa, sb)]
     rubric = _table_figures(rubric_pairs) | {"tasks": len(rubric_rows)} if rubric_pairs else None
-    formats_a = _counts(a[k]["format"] for k in common)
-    formats_b = _counts(b[k]["format"] for k in common)
+    formats = {side: _counts(rows[k]["format"] for k in common) for side, rows in (("a", a), ("b", b))}
     return {
         "overall": overall,
         "by_category": {c: _table_figures(p) for c, p in sorted(categories.items())},
         "rubric_items": rubric,
         "only_a": len(a) - len(common),
         "only_b": len(b) - len(common),
-        "formats": {"a": formats_a, "b": formats_b},
-        "format_ab": set(formats_a) != set(formats_b),
+        "formats": formats,
+        "format_ab": set(formats["a"]) != set(formats["b"]),
     }
 
 

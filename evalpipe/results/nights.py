@@ -333,7 +333,6 @@ def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]
 
 
 def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -> str:
-    figure = rows[-1]["figure"]
     lines = [f"## Watch: {tables.md_escape(title)}", ""]
     if power is not None:
         lines.append(
@@ -353,7 +352,7 @@ def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -
         p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
         flipped = "-" if r["flipped"] is None else str(r["flipped"])
         table.append([r["night"], value, change, p, flipped, r["served_model"], r["judge_served"], r["flag"] or "-"])
-    headers = ["Night", f"{figure} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
+    headers = ["Night", f"{rows[-1]['figure']} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
     lines.append(tables.markdown_table([*headers, "Served model", "Judge served", "Flag"], table))
     if plotted:
         lines.append(f"![{tables.md_escape(title)}]({HISTORY}.png)\n")
@@ -402,9 +401,7 @@ def verdict(
     """A night's verdict: exit 8 when the headline moved beyond noise or a flagging fact changed since last night."""
     tonight = Night(folder)
     before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
-    pinned = None
-    if baseline is not None and baseline != previous:
-        pinned = compare(figures, Night(baseline), tonight, alpha)
+    pinned = compare(figures, Night(baseline), tonight, alpha) if baseline and baseline != previous else None
     flagged = list(before["flagged"]) if before else []
     if pinned is not None and pinned["headline"] is not None and _moved(pinned["headline"], alpha):
         flagged.append("headline vs baseline")
