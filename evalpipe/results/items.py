@@ -116,10 +116,8 @@ class ModelItems:
         self.groups = first["groups"]
         if len(aligned) > 1:  # each item's labels from the first run that has the item
             names = dict.fromkeys(name for r in aligned for name in r["groups"])
-            found = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
-            self.groups = {
-                n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in found.items()
-            }
+            by = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
+            self.groups = {n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in by.items()}
         self._values: dict[tuple[str, str | None], list[tuple[float, float, int]]] = {}
         self._counts: dict[str | None, Counter] = {}
 
@@ -128,7 +126,7 @@ class ModelItems:
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
-        for column in (num, den or num):
+        for column in filter(None, (num, den)):
             if column not in self.column_names:
                 raise BadInput(f"the items files have no column {column!r}; run score again")
         width = len(self.column_names)  # a profile holds each run's columns in turn
