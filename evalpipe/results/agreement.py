@@ -33,9 +33,7 @@ def _table_figures(pairs: Iterable[tuple[int, int]]) -> dict:
     table = {"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 0} | Counter(f"{a}/{b}" for a, b in pairs)
     n = sum(table.values())
     if n == 0:
-        return (
-            {"n": 0} | dict.fromkeys(("raw_agreement", "cohen_kappa", "pass_rate_a", "pass_rate_b")) | {"table": table}
-        )
+        return {"n": 0, **dict.fromkeys(("raw_agreement", "cohen_kappa", "pass_rate_a", "pass_rate_b")), "table": table}
     po = (table["1/1"] + table["0/0"]) / n
     a1, b1 = (table["1/1"] + table["1/0"]) / n, (table["1/1"] + table["0/1"]) / n
     pe = a1 * b1 + (1 - a1) * (1 - b1)
