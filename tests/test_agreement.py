@@ -18,7 +18,8 @@ CLBENCH = benchmarks.get("clbench")
 def test_cohen_kappa_of_a_table_by_hand():
     # n 50: po = (20 + 15) / 50 = 0.7; judge a passes 25/50 = 0.5, judge b 30/50 = 0.6;
     # pe = 0.5·0.6 + 0.5·0.4 = 0.5; κ = (0.7 − 0.5) / (1 − 0.5) = 0.4
-    assert agreement.cohen_kappa({"1/1": 20, "1/0": 5, "0/1": 10, "0/0": 15}) == pytest.approx(0.4)
+    pairs = [(1, 1)] * 20 + [(1, 0)] * 5 + [(0, 1)] * 10 + [(0, 0)] * 15
+    assert agreement._table_figures(pairs)["cohen_kappa"] == pytest.approx(0.4)
 
 
 def test_raw_agreement_flatters_a_judge_when_most_tasks_fail():
@@ -31,8 +32,8 @@ def test_raw_agreement_flatters_a_judge_when_most_tasks_fail():
 
 
 def test_kappa_is_undefined_when_both_judges_give_one_score_only():
-    assert agreement.cohen_kappa({"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 7}) is None
-    assert agreement.cohen_kappa({"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 0}) is None
+    assert agreement._table_figures([(0, 0)] * 7)["cohen_kappa"] is None
+    assert agreement._table_figures([])["cohen_kappa"] is None
 
 
 def test_fleiss_kappa_by_hand():

@@ -16,17 +16,6 @@ NOTE = (
 Rows = dict[Any, dict]
 
 
-def cohen_kappa(table: dict[str, int]) -> float | None:
-    """Cohen's κ of a 2×2 table {"1/1", "1/0", "0/1", "0/0"} (first judge / second): (po − pe) / (1 − pe)."""
-    n = sum(table.values())
-    if n == 0:
-        return None
-    po = (table["1/1"] + table["0/0"]) / n
-    a1, b1 = (table["1/1"] + table["1/0"]) / n, (table["1/1"] + table["0/1"]) / n
-    pe = a1 * b1 + (1 - a1) * (1 - b1)
-    return None if pe >= 1 else (po - pe) / (1 - pe)
-
-
 def fleiss_kappa(ratings: list[list[int]]) -> float | None:
     """Fleiss' κ of 0/1 ratings, one list per item with the same number (≥ 2) of raters each."""
     if not ratings or len(ratings[0]) < 2:
@@ -40,16 +29,16 @@ def fleiss_kappa(ratings: list[list[int]]) -> float | None:
 
 
 def _table_figures(pairs: Iterable[tuple[int, int]]) -> dict:
+    """The 2×2 table of (first judge / second) scores, raw agreement po, pass rates, Cohen's κ: (po − pe) / (1 − pe)."""
     table = {"1/1": 0, "1/0": 0, "0/1": 0, "0/0": 0} | Counter(f"{a}/{b}" for a, b in pairs)
     n = sum(table.values())
-    return {
-        "n": n,
-        "raw_agreement": (table["1/1"] + table["0/0"]) / n if n else None,
-        "cohen_kappa": cohen_kappa(table),
-        "pass_rate_a": (table["1/1"] + table["1/0"]) / n if n else None,
-        "pass_rate_b": (table["1/1"] + table["0/1"]) / n if n else None,
-        "table": table,
-    }
+    if n == 0:
+        return {"n": 0, **dict.fromkeys(("raw_agreement", "cohen_kappa", "pass_rate_a", "pass_rate_b")), "table": table}
+    po = (table["1/1"] + table["0/0"]) / n
+    a1, b1 = (table["1/1"] + table["1/0"]) / n, (table["1/1"] + table["0/1"]) / n
+    pe = a1 * b1 + (1 - a1) * (1 - b1)
+    kappa = None if pe >= 1 else (po - pe) / (1 - pe)  # undefined when both judges give every task one score
+    return {"n": n, "raw_agreement": po, "cohen_kappa": kappa, "pass_rate_a": a1, "pass_rate_b": b1, "table": table}
 
 
 def _counts(values: Iterable[Any]) -> dict[str, int]:
@@ -67,16 +56,15 @@ def compare(a: Rows, b: Rows) -> dict:
     rubric_rows = [(sa, sb) for sa, sb in statuses if sa is not None and sb is not None and len(sa) == len(sb)]
     rubric_pairs = [pair for sa, sb in rubric_rows for pair in zip(sa, sb)]
     rubric = _table_figures(rubric_pairs) | {"tasks": len(rubric_rows)} if rubric_pairs else None
-    formats_a = _counts(a[k]["format"] for k in common)
-    formats_b = _counts(b[k]["format"] for k in common)
+    formats = {side: _counts(rows[k]["format"] for k in common) for side, rows in (("a", a), ("b", b))}
     return {
         "overall": overall,
         "by_category": {c: _table_figures(p) for c, p in sorted(categories.items())},
         "rubric_items": rubric,
         "only_a": len(a) - len(common),
         "only_b": len(b) - len(common),
-        "formats": {"a": formats_a, "b": formats_b},
-        "format_ab": set(formats_a) != set(formats_b),
+        "formats": formats,
+        "format_ab": set(formats["a"]) != set(formats["b"]),
     }
 
 
@@ -148,9 +136,8 @@ def format_report(section: dict) -> str:
             lines.append(f"    {cat}: {_line(f)}")
         rubric = pair["rubric_items"]
         if rubric is not None:
-            lines.append(
-                f"    rubric items ({rubric['tasks']} tasks): {_line(rubric).replace(' tasks,', ' items,', 1)}"
-            )
+            counted = _line(rubric).replace(" tasks,", " items,", 1)
+            lines.append(f"    rubric items ({rubric['tasks']} tasks): {counted}")
         fa, fb = (", ".join(f"{k} {v}" for k, v in pair["formats"][s].items()) or "-" for s in ("a", "b"))
         lines.append(f"    judge_format: {fa} | {fb}" + ("  (format A/B)" if pair["format_ab"] else ""))
         if pair["only_a"] or pair["only_b"]:

@@ -12,21 +12,19 @@ HEADLINE = ""  # the `table` of the headline figures
 
 def write(figures: Sequence[ItemFigure], columns: ItemColumns, metrics: dict) -> dict:
     """Each figure's run value into `metrics` at its key (per group value for a `by` figure), then the `run` ones."""
-    everything = range(len(columns["keys"]))
-    for figure in figures:
-        if figure.key is None or figure.run is not None:
+    for figure in sorted(figures, key=lambda f: f.run is not None):
+        if figure.key is None:
             continue
-        if figure.by is None:
-            _put(metrics, figure.key, "", _ratio(figure, columns, everything))
-            continue
-        positions: dict[Any, list[int]] = {}
-        for i, label in enumerate(columns["groups"][figure.by]):
-            positions.setdefault(label, []).append(i)
-        for label, where in positions.items():
-            _put(metrics, figure.key, str(label), _ratio(figure, columns, where))
-    for figure in figures:
-        if figure.key is not None and figure.run is not None:
+        if figure.run is not None:
             _put(metrics, figure.key, "", figure.run(metrics))
+        elif figure.by is None:
+            _put(metrics, figure.key, "", _ratio(figure, columns, range(len(columns["keys"]))))
+        else:
+            positions: dict[Any, list[int]] = {}
+            for i, label in enumerate(columns["groups"][figure.by]):
+                positions.setdefault(label, []).append(i)
+            for label, where in positions.items():
+                _put(metrics, figure.key, str(label), _ratio(figure, columns, where))
     return metrics
 
 

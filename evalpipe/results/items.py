@@ -113,61 +113,49 @@ class ModelItems:
         self.codes = [index.setdefault(p, len(index)) for p in zip(*columns)] if columns else [0] * n
         self.profiles = list(index) or [()]
         self.clusters = next((r["clusters"] for r in aligned if r["clusters"] is not None), None)
-        self.groups = first["groups"] if len(aligned) == 1 else _merged_groups(aligned)
+        self.groups = first["groups"]
+        if len(aligned) > 1:  # each item's labels from the first run that has the item
+            names = dict.fromkeys(name for r in aligned for name in r["groups"])
+            by = {name: [r["groups"][name] for r in aligned if name in r["groups"]] for name in names}
+            self.groups = {n: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for n, c in by.items()}
         self._values: dict[tuple[str, str | None], list[tuple[float, float, int]]] = {}
         self._counts: dict[str | None, Counter] = {}
-
-    def _position(self, run: int, column: str) -> int:
-        try:
-            return run * len(self.column_names) + self.column_names.index(column)
-        except ValueError:
-            raise BadInput(f"the items files have no column {column!r}; run score again") from None
 
     def values(self, num: str, den: str | None) -> list[tuple[float, float, int]]:
         """Per profile code: the means (a, b) of num and den over the k runs that graded both, and k."""
         cached = self._values.get((num, den))
         if cached is not None:
             return cached
-        nums = [self._position(j, num) for j in range(self.n_runs)]
-        dens = [self._position(j, den) for j in range(self.n_runs)] if den else [None] * self.n_runs
+        for column in filter(None, (num, den)):
+            if column not in self.column_names:
+                raise BadInput(f"the items files have no column {column!r}; run score again")
+        width = len(self.column_names)  # a profile holds each run's columns in turn
+        nums = [j * width + self.column_names.index(num) for j in range(self.n_runs)]
+        dens = [j * width + self.column_names.index(den) for j in range(self.n_runs)] if den else [None] * self.n_runs
         out = []
         for profile in self.profiles:
-            sa = sb = 0.0
-            k = 0
-            for i, j in zip(nums, dens):
-                x = profile[i] if profile else None
-                y = 1 if j is None else profile[j]
-                if x is None or y is None:
-                    continue
-                sa += x
-                sb += y
-                k += 1
+            pairs = [(profile[i], 1 if j is None else profile[j]) for i, j in zip(nums, dens)] if profile else []
+            graded = [xy for xy in pairs if None not in xy]
+            k = len(graded)
+            sa, sb = sum(x for x, _ in graded), sum(y for _, y in graded)
             out.append((sa / k, sb / k if den else 1.0, k) if k else (0.0, 0.0 if den else 1.0, 0))
         self._values[(num, den)] = out
         return out
 
-    def counts(self, by: str | None) -> Counter:
-        """How many items share each (cluster, label of group `by`, profile code)."""
+    def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
+        """The figure's items (of the group value `label` for a `by` figure), counted by (cluster, label, profile)."""
+        values, by = self.values(figure.num, figure.den), figure.by
         if by not in self._counts:
             labels = self.groups.get(by) if by else None
             self._counts[by] = Counter(zip(self.clusters or repeat(None), labels or repeat(None), self.codes))
-        return self._counts[by]
-
-    def entries(self, figure: ItemFigure, label: Hashable) -> list[Entry]:
-        """The figure's items (of the group value `label` for a `by` figure), counted."""
-        values = self.values(figure.num, figure.den)
-        counted = self.counts(figure.by).items()
-        return [(c, *values[code], n) for (c, item, code), n in counted if figure.by is None or item == label]
+        return [(c, *values[code], n) for (c, item, code), n in self._counts[by].items() if by is None or item == label]
 
     def subsets(self, figure: ItemFigure) -> Iterator[tuple[str, Hashable]]:
         """(figure name, group value) for a figure: one per value of its group, or (name, None)."""
         if figure.by is None:
             yield figure.name, None
             return
-        labels = self.groups.get(figure.by)
-        if labels is None:
-            return
-        for label in dict.fromkeys(labels):
+        for label in dict.fromkeys(self.groups.get(figure.by) or ()):
             yield figure.name.format(label), label
 
 
@@ -191,33 +179,31 @@ def _realigned(run: ItemColumns, position: dict[Hashable, int]) -> ItemColumns:
     }
 
 
-def _merged_groups(runs: list[ItemColumns]) -> dict[str, list]:
-    """Group labels per item from the first run that has the item."""
-    names = dict.fromkeys(name for r in runs for name in r["groups"])
-    columns = {name: [r["groups"][name] for r in runs if name in r["groups"]] for name in names}
-    return {name: [next((x for x in xs if x is not None), None) for xs in zip(*c)] for name, c in columns.items()}
+def _methods(figure: ItemFigure, cluster: str | None, df: int) -> tuple[str, float, str | None]:
+    """The SE's method, and the 95% interval's quantile and method: a plain mean, or a clustered ratio, uses t(df), an
+    unclustered ratio (the delta method) z; one cluster (tasks that share one context) leaves no degrees of freedom."""
+    se_method = "delta" if figure.den else "naive"
+    if cluster is not None:
+        se_method = ("delta+" if figure.den else "") + f"cr1:{cluster}"
+    if df < 1:
+        return se_method, 0.0, None
+    if figure.den is not None and cluster is None:
+        return se_method, stats.z_quantile(0.5 + LEVEL / 2), "z"
+    return se_method, stats.t_quantile(0.5 + LEVEL / 2, df), f"t(df={df})"
 
 
-def _se_method(figure: ItemFigure, cluster: str | None) -> str:
-    if cluster is None:
-        return "delta" if figure.den else "naive"
-    return ("delta+" if figure.den else "") + f"cr1:{cluster}"
-
-
-def _quantile(figure: ItemFigure, clustered: bool, df: int) -> tuple[float, str]:
-    """A plain mean, or a clustered ratio, uses t(df); an unclustered ratio (the delta method) uses z."""
-    if figure.den is not None and not clustered:
-        return stats.z_quantile(0.5 + LEVEL / 2), "z"
-    return stats.t_quantile(0.5 + LEVEL / 2, df), f"t(df={df})"
+def _ratio(entries: list[Entry], figure: ItemFigure, clustered: bool) -> stats.RatioEstimate:
+    clusters, a, b, _, weights = zip(*entries) if entries else ([], [], [], [], [])
+    return stats.RatioEstimate(a, b if figure.den else None, clusters if clustered else None, weights)
 
 
 def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: "Bootstrap | None") -> dict:
     """The `items` object of one figure: mean, standard errors, 95% interval and how they were made."""
     entries = items.entries(figure, label)
-    clusters = [e[0] for e in entries] if items.clusters is not None else None
-    weights = [e[4] for e in entries]
-    a, b = [e[1] for e in entries], [e[2] for e in entries]
-    ratio = stats.RatioEstimate(a, b if figure.den else None, clusters, weights)
+    clustered = items.clusters is not None
+    ratio = _ratio(entries, figure, clustered)
+    se, n_clusters, df = ratio.se_df()
+    se_method, q, ci_method = _methods(figure, items.cluster if clustered else None, df)
     graded = [e[3] for e in entries]
     n = ratio.n
     out: dict[str, Any] = {
@@ -228,8 +214,8 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
         "n_items": n,
         "n_clusters": None,
         "runs_per_item": [min(graded), max(graded)] if graded else [0, 0],
-        "n_ungraded": sum(w for w, k in zip(weights, graded) if k == 0),
-        "se_method": _se_method(figure, items.cluster if clusters is not None else None),
+        "n_ungraded": sum(e[4] for e in entries if e[3] == 0),
+        "se_method": se_method,
         "ci_method": None,
         "ci_level": LEVEL,
         "proportion": figure.proportion,
@@ -237,48 +223,38 @@ def estimate(items: ModelItems, figure: ItemFigure, label: Hashable, bootstrap: 
     }
     if ratio.value is None:
         return out
-    se, out["n_clusters"], df = ratio.se_df()
-    if clusters is not None and se is not None and out["se_naive"]:
+    out["n_clusters"] = n_clusters
+    if clustered and se is not None and out["se_naive"]:
         out["design_effect"] = (se / out["se_naive"]) ** 2
     out["se"] = se
     if se is not None:
-        q, out["ci_method"] = _quantile(figure, clusters is not None, df)
-        out["ci95"] = [ratio.value - q * se, ratio.value + q * se]
+        out["ci95"], out["ci_method"] = [ratio.value - q * se, ratio.value + q * se], ci_method
         if se > 0:  # no spread at all says nothing about the differences it could detect
             out["mde"] = stats.minimum_detectable(math.sqrt(2) * se, LEVEL)
     exact_bound = figure.proportion and ratio.value in (0.0, 1.0)
     out["small_sample"] = n < SMALL_ITEMS or exact_bound or se is None or se == 0
     if out["small_sample"] and figure.proportion:
-        trials = math.fsum(w * y for w, y in zip(weights, b)) if figure.den else float(n)
-        successes = math.fsum(w * x for w, x in zip(weights, a))
+        trials = math.fsum(e[4] * e[2] for e in entries) if figure.den else float(n)
+        successes = math.fsum(e[4] * e[1] for e in entries)
         deff = max(1.0, out.get("design_effect") or 1.0)  # clustered: Kish's effective sample size
         interval = stats.wilson(successes / deff, trials / deff, LEVEL)
         if interval is not None:
             out["ci95_from_se"] = out["ci95"]
             out["ci95"], out["ci_method"] = list(interval), "wilson"
-    if figure.proportion and figure.den is None and se:
-        out.update(_runs_projection(entries, n, se))
+    if figure.proportion and figure.den is None and se and min(graded) >= 2:
+        # from the spread within items: the run-to-run std it predicts, the MDE with other runs per item; the
+        # within-item variance of 0/1 scores with mean x over k runs is k·x(1 − x)/(k − 1)
+        within = math.fsum(w * k * x * (1 - x) / (k - 1) for _, x, _, k, w in entries)
+        out["run_std_predicted"] = math.sqrt(within) / n
+        if len(set(graded)) == 1:
+            k = graded[0]
+            noise = within / k / n / n  # the part of se² that more runs per item shrink
+            between = max(0.0, se * se - noise)
+            out["mde_runs"] = {
+                str(r): stats.minimum_detectable(math.sqrt(2 * (between + noise * k / r)), LEVEL) for r in MDE_RUNS
+            }
     if bootstrap is not None:
-        clustered = clusters is not None
         out["bootstrap"] = bootstrap.interval([_units(entries, figure, clustered)], figure.name, clustered)
-    return out
-
-
-def _runs_projection(entries: list[Entry], n: int, se: float) -> dict:
-    """From the spread within items (0/1 scores): the run-to-run std it predicts, the MDE with other runs per item."""
-    graded = {e[3] for e in entries}
-    if not graded or min(graded) < 2:
-        return {}
-    # within-item variance of 0/1 scores with mean x over k runs: k·x(1 − x)/(k − 1)
-    within = math.fsum(w * k * x * (1 - x) / (k - 1) for _, x, _, k, w in entries)
-    out: dict[str, Any] = {"run_std_predicted": math.sqrt(within) / n}
-    if len(graded) == 1:
-        (k,) = graded
-        noise = within / k / n / n  # the part of se² that more runs per item shrink
-        between = max(0.0, se * se - noise)
-        out["mde_runs"] = {
-            str(r): stats.minimum_detectable(math.sqrt(2 * (between + noise * k / r)), LEVEL) for r in MDE_RUNS
-        }
     return out
 
 
@@ -286,19 +262,15 @@ Units = tuple[list[float], list[float]]  # per resampling unit: the sum of numer
 
 
 def _units(entries: list[Entry], figure: ItemFigure, clustered: bool) -> Units:
-    if clustered:
-        sums: dict[Hashable, list[float]] = {}
-        for cluster, a, b, _, w in entries:
-            cell = sums.setdefault(cluster, [0.0, 0.0])
-            cell[0] += w * a
-            cell[1] += w * (b if figure.den else 1.0)
-        return [s[0] for s in sums.values()], [s[1] for s in sums.values()]
-    nums: list[float] = []
-    dens: list[float] = []
-    for _, a, b, _, w in entries:
-        nums += [a] * w
-        dens += [b if figure.den else 1.0] * w
-    return nums, dens
+    if not clustered:  # an item once for each identical item it stands for
+        nums = [a for _, a, _, _, w in entries for _ in range(w)]
+        return nums, [b if figure.den else 1.0 for _, _, b, _, w in entries for _ in range(w)]
+    sums: dict[Hashable, list[float]] = {}
+    for cluster, a, b, _, w in entries:
+        cell = sums.setdefault(cluster, [0.0, 0.0])
+        cell[0] += w * a
+        cell[1] += w * (b if figure.den else 1.0)
+    return [s[0] for s in sums.values()], [s[1] for s in sums.values()]
 
 
 @dataclass(frozen=True)
@@ -342,46 +314,46 @@ def compare(
         if label is None:
             return None
     mine, theirs = model.values(figure.num, figure.den), baseline.values(figure.num, figure.den)
-    joint, only_theirs = _joint_counts(model, baseline, figure.by)
-    entries = []  # (cluster, a1, b1, a2, b2, count) for items both graded
-    dropped = 0
+    codes: Sequence[int | None] = baseline.codes  # the baseline's profile code of each of the model's items
+    dropped = 0  # items graded by one of the two models only
+    if model.keys != baseline.keys:
+        position = {key: j for j, key in enumerate(baseline.keys)}
+        codes = [baseline.codes[position[key]] if key in position else None for key in model.keys]
+        known, their_labels = set(model.keys), baseline.groups.get(figure.by) if figure.by else None
+        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
+            item_label = their_labels[j] if their_labels else None
+            if key not in known and (figure.by is None or item_label == label) and theirs[code][2]:
+                dropped += 1
+    labels = model.groups.get(figure.by) if figure.by else None
+    joint = Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, codes))
+    sides: tuple[list[Entry], list[Entry]] = ([], [])  # the items both graded, as each model graded them
     for (cluster, item_label, code1, code2), count in joint.items():
         if figure.by is not None and item_label != label:
             continue
-        a1, b1, k1 = mine[code1]
-        a2, b2, k2 = theirs[code2] if code2 is not None else (0.0, 0.0, 0)
-        if k1 and k2:
-            entries.append((cluster, a1, b1, a2, b2, count))
-        elif k1 or k2:
+        one, other = mine[code1], theirs[code2] if code2 is not None else (0.0, 0.0, 0)
+        if one[2] and other[2]:  # graded by both
+            sides[0].append((cluster, *one, count))
+            sides[1].append((cluster, *other, count))
+        elif one[2] or other[2]:
             dropped += count
-    for (item_label, code), count in only_theirs.items():
-        if (figure.by is None or item_label == label) and theirs[code][2]:
-            dropped += count
-    n = sum(e[5] for e in entries)
-    if n < 2:
+    clustered = model.clusters is not None
+    side1, side2 = (_ratio(side, figure, clustered) for side in sides)
+    if side1.n < 2 or side1.value is None or side2.value is None:
         return None
-    clusters = [e[0] for e in entries] if model.clusters is not None else None
-    weights = [e[5] for e in entries]
-    den = figure.den is not None
-    side1 = stats.RatioEstimate([e[1] for e in entries], [e[2] for e in entries] if den else None, clusters, weights)
-    side2 = stats.RatioEstimate([e[3] for e in entries], [e[4] for e in entries] if den else None, clusters, weights)
-    if side1.value is None or side2.value is None:
-        return None
-    diff = stats.RatioEstimate([p - q for p, q in zip(side1.psi, side2.psi)], None, clusters, weights)
+    diff = stats.RatioEstimate([p - q for p, q in zip(side1.psi, side2.psi)], None, side1.clusters, side1.weights)
     se, n_clusters, df = diff.se_df()
-    # one cluster (a category whose tasks share one context) leaves no degrees of freedom: no interval, no p
-    q, ci_method = _quantile(figure, clusters is not None, df) if df >= 1 else (0.0, None)
+    se_method, q, ci_method = _methods(figure, model.cluster if clustered else None, df)
     out: dict[str, Any] = {
         "diff": side1.value - side2.value,
         "se": se,
         "ci95": None,
         "p_value": None,
-        "correlation": stats.correlation(side1.psi, side2.psi, weights),
-        "n_items": n,
+        "correlation": stats.correlation(side1.psi, side2.psi, side1.weights),
+        "n_items": side1.n,
         "n_clusters": n_clusters,
-        "n_left_out": dropped,  # graded by one of the two models only
+        "n_left_out": dropped,
         "mde": stats.minimum_detectable(se, LEVEL) if se else None,
-        "se_method": _se_method(figure, model.cluster if clusters is not None else None),
+        "se_method": se_method,
         "ci_method": ci_method,
     }
     # se == 0: every paired difference is the same, so there is no spread to test against (no interval, no p)
@@ -390,23 +362,6 @@ def compare(
         t = out["diff"] / se
         out["p_value"] = math.erfc(abs(t) / math.sqrt(2)) if ci_method == "z" else stats.t_two_sided_p(t, df)
     if bootstrap is not None:
-        clustered = clusters is not None
-        sides = [[(e[0], e[i], e[i + 1], 0, e[5]) for e in entries] for i in (1, 3)]
         units = [_units(side, figure, clustered) for side in sides]
         out["bootstrap"] = bootstrap.interval(units, f"{name}:diff", clustered)
     return out
-
-
-def _joint_counts(model: ModelItems, baseline: ModelItems, by: str | None) -> tuple[Counter, Counter]:
-    """The model's items by (cluster, label, code, baseline's code or None), the baseline's only by (label, code)."""
-    theirs: Sequence[int | None] = baseline.codes
-    only_theirs: Counter = Counter()
-    if model.keys != baseline.keys:
-        position = {key: j for j, key in enumerate(baseline.keys)}
-        theirs = [baseline.codes[position[key]] if key in position else None for key in model.keys]
-        mine, their_labels = set(model.keys), baseline.groups.get(by) if by else None
-        for j, (key, code) in enumerate(zip(baseline.keys, baseline.codes)):
-            if key not in mine:
-                only_theirs[their_labels[j] if their_labels else None, code] += 1
-    labels = model.groups.get(by) if by else None
-    return Counter(zip(model.clusters or repeat(None), labels or repeat(None), model.codes, theirs)), only_theirs

@@ -22,18 +22,12 @@ DATASET = "dataset.json"  # what the night was given to read, written by the wat
 HISTORY = "history"  # history.{md,csv,json,png} beside the nights
 FORMAT = 1
 DEFAULT_ALPHA = 0.01
-MOVES_SHOWN = 5  # the biggest moves of the other figures listed in a change report
 FLIPS_SHOWN = 10  # flipped task ids named in a change report
 
 # what else may change between two nights; those that flag the night (exit 8) and those only reported
 FLAGGING = ("served model", "judge model", "judge's served model", "dataset")
 SERVED_NAMES = ("served model", "served fingerprint", "judge's served model", "judge's fingerprint")
 REPORTED = ("served fingerprint", "judge's fingerprint", "endpoint", "model settings", "judge settings", "price table")
-
-
-def night_name(run: int) -> str:
-    text = f"{run:08d}"
-    return f"{text[:4]}-{text[4:6]}-{text[6:]}"
 
 
 def run_number(night: str) -> int:
@@ -164,10 +158,11 @@ def compare(figures: Sequence[ItemFigure], before: Night, after: Night, alpha: f
     flagged = [c["what"] for c in found if c["flags"]]
     if headline is not None and _moved(headline, alpha):
         flagged.insert(0, "headline")
+    run = f"{int(paths.RUN_DIR.match(before.folder.name).group(1)):08d}"  # type: ignore[union-attr]
     return {
-        "night": night_name(int(paths.RUN_DIR.match(before.folder.name).group(1))),  # type: ignore[union-attr]
+        "night": f"{run[:4]}-{run[4:6]}-{run[6:]}",
         "headline": headline,
-        "moves": moves[:MOVES_SHOWN],
+        "moves": moves[:5],  # the biggest moves of the other figures
         "flips": {
             "paired": len(paired),
             "to_fail": len(to_fail),
@@ -178,15 +173,6 @@ def compare(figures: Sequence[ItemFigure], before: Night, after: Night, alpha: f
         "changes": found,
         "flagged": flagged,
     }
-
-
-def estimate(figures: Sequence[ItemFigure], night: Night) -> dict:
-    """A night's headline figure with its interval over tasks (clustered where the benchmark clusters)."""
-    head = _headline(figures)
-    found = items.estimate(night.items, head, None, None)
-    interval = items.display_interval(found)
-    kept = {k: found[k] for k in ("mean", "se")}
-    return {"figure": head.name, **kept, "ci95": list(interval) if interval else None, "n_items": found["n_items"]}
 
 
 def _interval(ci: Sequence[float] | None, diff: bool = False) -> str:
@@ -200,19 +186,7 @@ def _p_text(p: float | None) -> str:
     return "p -" if p is None else f"p {p:.2g}"
 
 
-def _comparison_text(c: dict) -> str:
-    h = c["headline"]
-    if h is None:
-        return f"vs {c['night']}: no tasks in common"
-    flips = c["flips"]
-    return (
-        f"vs {c['night']} {signed(h['diff'])} {_interval(h['ci95'], diff=True)} ({_p_text(h['p_value'])}, "
-        f"{h['n_items']} tasks, {flips['to_fail'] + flips['to_pass']} flipped)"
-    )
-
-
 def summary_line(verdict: dict) -> str:
-    """The one line a night prints."""
     head = verdict["headline"]
     where = f"watch: {verdict['benchmark']} {verdict['model']} {verdict['night']}"
     if verdict["exit_code"]:
@@ -222,7 +196,15 @@ def summary_line(verdict: dict) -> str:
     else:
         what = "no change"
     parts = [f"{head['figure']} {tables.pct(head['mean'])} {_interval(head['ci95'])}"]
-    parts += [_comparison_text(c) for c in (verdict["previous"], verdict["baseline"]) if c is not None]
+    for c in filter(None, (verdict["previous"], verdict["baseline"])):
+        h, flips = c["headline"], c["flips"]
+        if h is None:
+            parts.append(f"vs {c['night']}: no tasks in common")
+            continue
+        parts.append(
+            f"vs {c['night']} {signed(h['diff'])} {_interval(h['ci95'], diff=True)} ({_p_text(h['p_value'])}, "
+            f"{h['n_items']} tasks, {flips['to_fail'] + flips['to_pass']} flipped)"
+        )
     if verdict["facts"].get("served model"):
         parts.append(f"served {_shown(verdict['facts']['served model'])}")
     also = [c["what"] for c in (verdict["previous"] or {}).get("changes", []) if not c["flags"]]
@@ -281,12 +263,6 @@ def report(verdict: dict, link: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verdicts(model_dir: Path) -> list[dict]:
-    """Every complete night's verdict under a watched model's folder, oldest first."""
-    done = [f / VERDICT for f in model_dir.glob("run-*") if paths.RUN_DIR.match(f.name) and (f / VERDICT).exists()]
-    return sorted(map(read_json, done), key=lambda v: v.get("night", ""))
-
-
 def noise(history: list[dict], alpha: float) -> dict | None:
     """The flip rate between consecutive quiet nights (all pairs when none is quiet) and the pass rate's MDE at
     two-sided `alpha`: a paired difference of 0/1 scores has variance flip rate / tasks."""
@@ -333,14 +309,10 @@ def _row(v: dict) -> dict:
     }
 
 
-def _csv_cells(row: dict) -> list:
-    """A history row's values, each interval as two cells."""
-    return [c for k, v in row.items() for c in ((v or [None, None]) if k.endswith("ci95") else [v])]
-
-
 def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]:
     """history.{json,csv,md} from the verdicts (history.png with `plot`: make report's; a night never waits for it)."""
-    found = verdicts(model_dir)
+    done = [f / VERDICT for f in model_dir.glob("run-*") if paths.RUN_DIR.match(f.name) and (f / VERDICT).exists()]
+    found = sorted(map(read_json, done), key=lambda v: v.get("night", ""))
     if not found:
         return []
     alpha = found[-1].get("alpha", DEFAULT_ALPHA)
@@ -349,9 +321,10 @@ def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]
     json_file, csv_file, png, md = (model_dir / f"{HISTORY}.{ext}" for ext in ("json", "csv", "png", "md"))
     body = {"format": FORMAT, "title": title, "noise": power, "nights": rows}
     jsonl.atomic_write(json_file, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
-    headers = ["night", "figure", "value", "ci_low", "ci_high", "tasks", "vs_night", "diff", "diff_ci_low"]
-    headers += ["diff_ci_high", "p_value", "flipped", "served_model", "judge_served", "cost_usd", "flag", "exit_code"]
-    jsonl.atomic_write(csv_file, tables.csv_text(headers, list(map(_csv_cells, rows))).encode())
+    # each interval as two cells: ci95 as ci_low, ci_high
+    headers = [h for k in rows[0] for h in ([f"{k[:-2]}_low", f"{k[:-2]}_high"] if k.endswith("ci95") else [k])]
+    cells = [[c for k, v in r.items() for c in ((v or [None, None]) if k.endswith("ci95") else [v])] for r in rows]
+    jsonl.atomic_write(csv_file, tables.csv_text(headers, cells).encode())
     if plot:
         _plot(png, title, rows)
     plotted = png.exists()  # drawn now, or the last one drawn until make report draws it again
@@ -360,7 +333,6 @@ def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]
 
 
 def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -> str:
-    figure = rows[-1]["figure"]
     lines = [f"## Watch: {tables.md_escape(title)}", ""]
     if power is not None:
         lines.append(
@@ -380,7 +352,7 @@ def _markdown(title: str, rows: list[dict], power: dict | None, plotted: bool) -
         p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
         flipped = "-" if r["flipped"] is None else str(r["flipped"])
         table.append([r["night"], value, change, p, flipped, r["served_model"], r["judge_served"], r["flag"] or "-"])
-    headers = ["Night", f"{figure} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
+    headers = ["Night", f"{rows[-1]['figure']} [95% CI]", "Change vs night before [95% CI]", "p", "Flipped"]
     lines.append(tables.markdown_table([*headers, "Served model", "Judge served", "Flag"], table))
     if plotted:
         lines.append(f"![{tables.md_escape(title)}]({HISTORY}.png)\n")
@@ -429,17 +401,20 @@ def verdict(
     """A night's verdict: exit 8 when the headline moved beyond noise or a flagging fact changed since last night."""
     tonight = Night(folder)
     before = compare(figures, Night(previous), tonight, alpha) if previous is not None else None
-    pinned = None
-    if baseline is not None and baseline != previous:
-        pinned = compare(figures, Night(baseline), tonight, alpha)
+    pinned = compare(figures, Night(baseline), tonight, alpha) if baseline and baseline != previous else None
     flagged = list(before["flagged"]) if before else []
     if pinned is not None and pinned["headline"] is not None and _moved(pinned["headline"], alpha):
         flagged.append("headline vs baseline")
+    head = _headline(figures)  # with its interval over tasks (clustered where the benchmark clusters)
+    found = items.estimate(tonight.items, head, None, None)
+    ci = items.display_interval(found)
+    kept = {k: found[k] for k in ("mean", "se")}
+    headline = {"figure": head.name, **kept, "ci95": list(ci) if ci else None, "n_items": found["n_items"]}
     return {
         "format": FORMAT,
         **about,
         "alpha": alpha,
-        "headline": estimate(figures, tonight),
+        "headline": headline,
         "facts": tonight.facts,
         "previous": before,
         "baseline": pinned,

@@ -20,19 +20,14 @@ SERVED_FIELDS = ("response_model", "system_fingerprint", "judge_response_model",
 PROMPT_FIELDS = ("messages", "model_output", "target", "prediction", "grading_rationale", "requirement_status")
 
 
-def _tokens(usage) -> dict:
-    usage = usage if isinstance(usage, dict) else {}
-    cached = usage.get("cached_tokens")  # rows keep usage flat (llm.usage_dict)
-    return {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")} | (
-        {"cached_tokens": cached} if cached is not None else {}
-    )
-
-
 def sample_row(bench: str, model: str, run: int, row: dict, with_prompts: bool) -> dict:
     out = {"benchmark": bench, "model": model, "run": run, "task_id": str(row.get("idx"))}
-    out |= {key: row.get(key) for key in ROW_FIELDS} | _tokens(row.get("usage"))
-    judge = _tokens(row.get("judge_usage"))
-    out |= {"judge_prompt_tokens": judge["prompt_tokens"], "judge_completion_tokens": judge["completion_tokens"]}
+    out |= {key: row.get(key) for key in ROW_FIELDS}
+    usage, judge = (u if isinstance(u, dict) else {} for u in (row.get("usage"), row.get("judge_usage")))
+    out |= {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")}
+    if usage.get("cached_tokens") is not None:  # rows keep usage flat (llm.usage_dict)
+        out["cached_tokens"] = usage["cached_tokens"]
+    out |= {f"judge_{key}": judge.get(key) for key in ("prompt_tokens", "completion_tokens")}
     out |= {key: row.get(key) for key in SERVED_FIELDS}
     if with_prompts:
         out |= {key: row[key] for key in PROMPT_FIELDS if key in row}
@@ -51,31 +46,6 @@ def inside(path: Path, root: Path) -> Path:
     return path
 
 
-def samples(bench: str, run_list: list[tuple[str, int, Path]], with_prompts: bool, root: Path) -> bytes:
-    out = []
-    for model, k, run_dir in run_list:
-        judge_path = run_dir / paths.judge_file_name()
-        for part in shards.parts(judge_path):
-            inside(part, root)
-        # the last row of a task is the one that counts, as in score
-        for row in jsonl.latest_rows(judge_path, rows.row_id).values():
-            out.append(jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n")
-    return b"".join(out)
-
-
-def leaderboard(summary: dict) -> bytes:
-    out = []
-    for model in summary.get("models", []):
-        for name, figure in model.get("figures", {}).items():
-            items = figure.get("items") or {}
-            low, high = items.get("ci95") or [None, None]
-            row = {"model": model["model"], "figure": name, "runs": len(model.get("runs", []))}
-            row |= {"mean": figure.get("mean"), "std": figure.get("std_sample")}
-            row |= {"items_mean": items.get("mean"), "items_se": items.get("se")}
-            out.append(jsonl.dumps(row | {"items_ci95_low": low, "items_ci95_high": high}) + b"\n")
-    return b"".join(out)
-
-
 def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]:
     """What this benchmark puts in the repo, path → bytes (README.md apart: it covers every benchmark)."""
     bench_dir = paths.bench_dir(outputs_dir, bench)
@@ -84,11 +54,27 @@ def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]
     if not summary_path.is_file():
         raise BadInput(f"no aggregate.json: run `make aggregate BENCH={bench}` first", bench_dir)
     run_list = discover.runs(bench_dir, lambda run: shards.exists(run / paths.judge_file_name()))
-    out = {f"{bench}/samples.jsonl": samples(bench, run_list, with_prompts, root)}
-    if not out[f"{bench}/samples.jsonl"]:
+    samples, board = [], []
+    for model, k, run_dir in run_list:
+        judge_path = run_dir / paths.judge_file_name()
+        for part in shards.parts(judge_path):
+            inside(part, root)
+        # the last row of a task is the one that counts, as in score
+        for row in jsonl.latest_rows(judge_path, rows.row_id).values():
+            samples.append(jsonl.dumps(sample_row(bench, model, k, row, with_prompts)) + b"\n")
+    if not samples:
         raise BadInput("no run has a judge.jsonl", bench_dir)
-    out[f"{bench}/aggregate.json"] = inside(summary_path, root).read_bytes()
-    out[f"{bench}/leaderboard.jsonl"] = leaderboard(orjson.loads(out[f"{bench}/aggregate.json"]))
+    summary = inside(summary_path, root).read_bytes()
+    for entry in orjson.loads(summary).get("models", []):
+        for name, figure in entry.get("figures", {}).items():
+            items = figure.get("items") or {}
+            low, high = items.get("ci95") or [None, None]
+            row = {"model": entry["model"], "figure": name, "runs": len(entry.get("runs", []))}
+            row |= {"mean": figure.get("mean"), "std": figure.get("std_sample")}
+            row |= {"items_mean": items.get("mean"), "items_se": items.get("se")}
+            board.append(jsonl.dumps(row | {"items_ci95_low": low, "items_ci95_high": high}) + b"\n")
+    out = {f"{bench}/samples.jsonl": b"".join(samples), f"{bench}/aggregate.json": summary}
+    out[f"{bench}/leaderboard.jsonl"] = b"".join(board)
     for name in ("aggregate.md", "aggregate.csv"):
         if (bench_dir / name).is_file():
             out[f"{bench}/{name}"] = inside(bench_dir / name, root).read_bytes()

@@ -149,16 +149,7 @@ def _has_items(models: list[dict], figures_of: Callable[[dict], dict]) -> bool:
     return any((f or {}).get("items") for m in models for f in figures_of(m).values())
 
 
-class _Style(NamedTuple):
-    """How the run-to-run figures are shown: which std, its words in Markdown and LaTeX, and whether the t-interval."""
-
-    key: str
-    words: str
-    tex: str
-    runs_ci: bool
-
-
-_STD_WORDS = {
+_STD_WORDS = {  # the std over runs shown, in Markdown and in LaTeX
     "sample": ("sample std (ddof 1)", "sample std ($n-1$)"),
     "population": ("population std (ddof 0)", "population std ($n$)"),
 }
@@ -166,23 +157,36 @@ _STD_WORDS = {
 
 def render(bench, models: list[dict], comparisons: list[dict], std_kind: str, runs_ci: bool, flag_note: str) -> Tables:
     """Every table of a benchmark's aggregate, in Markdown, CSV (one row per model) and LaTeX."""
-    style = _Style(f"std_{std_kind}", *_STD_WORDS[std_kind], runs_ci)
-    flagged = {m["model"] for m in models if m["flagged"]}
+    flag_note = flag_note if any(m["flagged"] for m in models) else ""
     main_names = _names(models, _figures_of(MAIN))
     first = main_names[0] if main_names else None
     md: list[str] = []
     tex: list[str] = []
     if first is not None:
-        _leaderboard(bench, models, first, style, flag_note if flagged else "", md, tex)
+        _leaderboard(bench, models, first, std_kind, flag_note, md, tex)
     titles = [MAIN] + list(dict.fromkeys(t for m in models for t in m["extra_tables"] if t))
     for title in titles:
-        _figure_tables(bench, models, title, style, flagged, flag_note, md, tex)
-    power = _power_table(models, first)
+        _figure_tables(bench, models, title, std_kind, runs_ci, flag_note, md, tex)
+    power = []
+    for m in models:
+        items = ((m["figures"].get(first) or {}).get("items") or {}) if first else {}
+        if items.get("mde") is not None:
+            projected = items.get("mde_runs") or {}
+            mde = f"{pct(items['mde'])} ({items['runs_per_item'][1]} runs)"
+            power.append([m["model"], mde, *(pct(projected.get(str(r))) for r in MDE_RUNS)])
     if power:
-        md.append(f"## {bench.name}: power ({first}), in points\n\n" + power + f"\n{POWER_NOTE}\n")
-    shown = [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]
-    if shown:
-        rows = [_comparison_row(c) for c in shown]
+        headers = ["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)]
+        table = tables.markdown_table(headers, power)
+        md.append(f"## {bench.name}: power ({first}), in points\n\n{table}\n{POWER_NOTE}\n")
+    rows = []  # the paired comparisons of the headline table's figures
+    for c in [c for c in comparisons if c["table"] == "" and c["figure"] in main_names]:
+        interval = f"[{signed(c['ci95'][0])}, {signed(c['ci95'][1])}]" if c["ci95"] else "-"
+        p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
+        correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
+        cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
+        counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
+        rows.append([c["model"], c["baseline"], c["figure"], *cells, *counts])
+    if rows:
         table = tables.markdown_table(COMPARE_HEADERS, rows)
         md.append(f"## {bench.name}: paired comparisons, in points\n\n{table}\n{COMPARE_NOTE}\n")
         caption = tables.latex_escape(f"{bench.name}: paired comparisons (model − baseline), in points")
@@ -199,8 +203,7 @@ def _both(models: list[dict], row: Callable[[dict, bool], list]) -> tuple[list[l
     return [row(m, False) for m in models], [row(m, True) for m in models]
 
 
-def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note: str, md: list, tex: list) -> None:
-    """The leaderboard: the headline figure over items and over runs, the MDE and the cost, with its notes."""
+def _leaderboard(bench, models: list[dict], first: str, std_kind: str, flag_note: str, md: list, tex: list) -> None:
     headers = ["Model", "Runs", "Items", "Clusters", f"{first}: items, mean (SE) [95% CI]"]
     headers += [f"{first}: runs, mean ± std", f"MDE ({first})", "Cost/run (USD)"]
 
@@ -210,14 +213,14 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
         name = m["model"] + (f" {MIXED}" if m.get("mixed_served_models", False) else "")
         counts = [len(m["runs"]), _count(items.get("n_items")), _count(items.get("n_clusters"))]
         cost = "-" if m["cost_usd_per_run"] is None else f"{m['cost_usd_per_run']:.4f}"
-        shown = [items_cell(items, tex), runs_cell(figure, style.key, False, tex)]
+        shown = [items_cell(items, tex), runs_cell(figure, f"std_{std_kind}", False, tex)]
         if m["flagged"]:
             shown[0] += FLAG_TEX if tex else f" {FLAG}"
         return [name, *counts, *shown, pct(items.get("mde")), cost]
 
     rows, tex_rows = _both(models, row)
     notes = [ITEMS_NOTE if _has_items(models, _figures_of(MAIN)) else NO_ITEMS_NOTE]
-    notes.append(RUNS_NOTE.format(std=style.words))
+    notes.append(RUNS_NOTE.format(std=_STD_WORDS[std_kind][0]))
     if flag_note:
         notes.append(flag_note)
     notes += provenance_notes(models)
@@ -228,9 +231,8 @@ def _leaderboard(bench, models: list[dict], first: str, style: _Style, flag_note
 
 
 def _figure_tables(
-    bench, models: list[dict], title: str, style: _Style, flagged: set, flag_note: str, md: list, tex: list
+    bench, models: list[dict], title: str, std_kind: str, runs_ci: bool, flag_note: str, md: list, tex: list
 ) -> None:
-    """One table's figures (the headline's, or an extra table's): item-level estimates, then run to run."""
     figures_of = _figures_of(title)
     names = _names(models, figures_of)
     if not names:
@@ -254,49 +256,26 @@ def _figure_tables(
         return
 
     def runs_row(m: dict, tex: bool) -> list:
-        cells = [runs_cell(figures_of(m).get(n), style.key, style.runs_ci, tex) for n in names]
-        if title == MAIN and m["model"] in flagged:  # the benchmark's mark beside the headline figure
+        cells = [runs_cell(figures_of(m).get(n), f"std_{std_kind}", runs_ci, tex) for n in names]
+        if title == MAIN and m["flagged"]:  # the benchmark's mark beside the headline figure
             cells[0] += FLAG_TEX if tex else f" {FLAG}"
         return [m["model"], len(m["runs"]), *cells]
 
     rows, tex_rows = _both(models, runs_row)
+    words, tex_words = _STD_WORDS[std_kind]
     md.append(
-        f"## {tables.md_escape(heading)}: run-to-run, mean ± {style.words} over runs, in percent\n\n"
+        f"## {tables.md_escape(heading)}: run-to-run, mean ± {words} over runs, in percent\n\n"
         + tables.markdown_table(["Model", "Runs", *names], rows)
-        + (f"\n{RUNS_CI_NOTE}\n" if style.runs_ci else "")
+        + (f"\n{RUNS_CI_NOTE}\n" if runs_ci else "")
     )
-    caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {style.tex} over runs, in percent"
-    if title == MAIN and flagged and flag_note:
+    caption = f"{tables.latex_escape(heading)}: mean $\\pm$ {tex_words} over runs, in percent"
+    if title == MAIN and flag_note:
         caption += ". " + tables.latex_escape(flag_note).replace(FLAG, FLAG_TEX)
     tex.append(tables.latex_table(["Model", "Runs", *names], tex_rows, caption=caption))
 
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _power_table(models: list[dict], first: str | None) -> str:
-    rows = []
-    for m in models:
-        items = ((m["figures"].get(first) or {}).get("items") or {}) if first else {}
-        if items.get("mde") is None:
-            continue
-        projected = items.get("mde_runs") or {}
-        k = items["runs_per_item"][1]
-        rows.append([m["model"], f"{pct(items['mde'])} ({k} runs)", *(pct(projected.get(str(r))) for r in MDE_RUNS)])
-    if not rows:
-        return ""
-    return tables.markdown_table(["Model", "MDE now", *(f"{r} run{'s' if r > 1 else ''}/task" for r in MDE_RUNS)], rows)
-
-
-def _comparison_row(c: dict) -> list[str]:
-    ci = c["ci95"]
-    interval = f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else "-"
-    p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
-    correlation = "-" if c["correlation"] is None else f"{c['correlation']:.2f}"
-    cells = [f"{signed(c['diff'])} ({pct(c['se'])})", interval, p, correlation, str(c["n_items"])]
-    counts = [_count(c["n_clusters"]), str(c["n_left_out"]), pct(c["mde"])]
-    return [c["model"], c["baseline"], c["figure"], *cells, *counts]
 
 
 COMPARE_HEADERS = ["Model", "Baseline", "Figure", "Model − baseline (SE)", "95% CI", "p", "Correlation"]
@@ -316,7 +295,6 @@ CSV_ITEM_COLUMNS = ("mean %", "se %", "ci95 low %", "ci95 high %", "n", "cluster
 
 
 def _csv(models: list[dict], titles: list[str], std_kind: str) -> str:
-    """One row per model: per figure its run-level columns, then its item-level ones."""
     headers = ["model", "runs"]
     rows: list[list] = [[m["model"], len(m["runs"])] for m in models]
     for title in titles:
@@ -387,7 +365,6 @@ def agreement_table(bench_name: str, models: list[dict]) -> str:
     headers += ["Rubric items: agreement", "Rubric items: κ", "judge_format a | b"]
     out = f"## {bench_name}: judge agreement, in percent\n\n" + tables.markdown_table(headers, rows)
     if repeats:
-        out += "\n" + tables.markdown_table(
-            ["Model", "Judge model", "Files", "Tasks", "Flip rate", "Fleiss' κ"], repeats
-        )
+        headers = ["Model", "Judge model", "Files", "Tasks", "Flip rate", "Fleiss' κ"]
+        out += "\n" + tables.markdown_table(headers, repeats)
     return out + f"\n{AGREEMENT_NOTE} {AGREEMENT_POOLED}\n"

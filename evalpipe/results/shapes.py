@@ -31,6 +31,10 @@ class Shape:
 
     kind = "generic"
     facets = ("Category", "Sub-category")
+    categories: tuple[str, ...] = (
+        "context_category",
+        "category",
+    )  # the metadata keys of the first facet, the first present
 
     def __init__(self, figures: Sequence[ItemFigure] = ()):
         self.figures = figures  # the benchmark's declared figures (Benchmark.figures)
@@ -38,7 +42,7 @@ class Shape:
     def facet_values(self, row: dict) -> tuple[str, str, str]:
         """(first facet, second facet, group): the group ties samples that belong together."""
         meta = meta_of(row)
-        first = meta.get("context_category", meta.get("category", ""))
+        first = next((meta[key] for key in self.categories if key in meta), "")
         return as_text(first), as_text(meta.get("sub_category", "")), ""
 
     def detail(self, row: dict, sample: dict) -> None:
@@ -51,10 +55,7 @@ class Shape:
 
 class CLBenchShape(Shape):
     kind = "clbench"
-
-    def facet_values(self, row):
-        meta = meta_of(row)
-        return as_text(meta.get("context_category", "")), as_text(meta.get("sub_category", "")), ""
+    categories = ("context_category",)
 
 
 class CoinFlipShape(Shape):

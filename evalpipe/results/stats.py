@@ -30,7 +30,6 @@ def stderr(values: Sequence[float]) -> float:
 
 
 def binomial_stderr(rate: float, n: int) -> float:
-    """Standard error of a rate measured over n independent items: sqrt(p(1 − p)/n)."""
     return math.sqrt(rate * (1 - rate) / n) if n else 0.0
 
 
@@ -54,8 +53,14 @@ def _beta_fraction(a: float, b: float, x: float) -> float:
     return result
 
 
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
+_LARGE_DF = 100_000  # beyond this, t is the normal plus its first two Cornish–Fisher terms (error < 1e-12)
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| ≥ |t|) for Student's t: the regularised incomplete beta function I_x(df/2, 1/2) at x = df/(df + t²)."""
+    if df >= _LARGE_DF:
+        return math.erfc(abs(t) / math.sqrt(2))
+    a, b, x = df / 2, 0.5, df / (df + t * t)
     if x <= 0:
         return 0.0
     if x >= 1:
@@ -64,16 +69,6 @@ def betainc(a: float, b: float, x: float) -> float:
     if x < (a + 1) / (a + b + 2):
         return front * _beta_fraction(a, b, x) / a
     return 1 - front * _beta_fraction(b, a, 1 - x) / b
-
-
-_LARGE_DF = 100_000  # beyond this, t is the normal plus its first two Cornish–Fisher terms (error < 1e-12)
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| ≥ |t|) for Student's t."""
-    if df >= _LARGE_DF:
-        return math.erfc(abs(t) / math.sqrt(2))
-    return betainc(df / 2, 0.5, df / (df + t * t))
 
 
 @lru_cache(maxsize=4096)
@@ -126,17 +121,11 @@ class RatioEstimate:
     """R = Σa / Σb over items (b None: a plain mean) with its influence values ψ_i and their standard errors;
     `clusters` groups items that are not independent, `weights` counts the identical items a position stands for."""
 
-    __slots__ = ("n", "value", "psi", "clusters", "weights")
-
     def __init__(
-        self,
-        a: Sequence[float],
-        b: Sequence[float] | None,
-        clusters: Sequence[Hashable] | None,
-        weights: Sequence[int] | None = None,
+        self, a: Sequence[float], b: Sequence[float] | None, clusters: Sequence[Hashable] | None, weights: Sequence[int]
     ):
         self.clusters = clusters
-        self.weights = w = weights if weights is not None else [1] * len(a)
+        self.weights = w = weights
         self.n = n = sum(w)
         total_b = float(n) if b is None else math.fsum(map(operator.mul, w, b))
         self.value: float | None = None
@@ -154,29 +143,21 @@ class RatioEstimate:
             return None
         return _exact_zero(math.sqrt(math.fsum(w * p * p for w, p in zip(self.weights, self.psi)) / (n - 1) / n))
 
-    def cluster_sums(self) -> list[float]:
-        sums: defaultdict[Hashable, float] = defaultdict(float)
-        for key, w, p in zip(self.clusters or (), self.weights, self.psi):
-            sums[key] += w * p
-        return list(sums.values())
-
-    def se_clustered(self) -> tuple[float | None, int]:
-        """CR1 (CR0 times sqrt(C / (C − 1))) over the cluster sums of ψ, and C; None below 2 clusters."""
-        if self.value is None:
-            return None, 0
-        sums = self.cluster_sums()
-        c = len(sums)
-        if c < 2:
-            return None, c
-        cr0 = math.sqrt(math.fsum(s * s for s in sums)) / self.n
-        return _exact_zero(cr0 * math.sqrt(c / (c - 1))), c
-
     def se_df(self) -> tuple[float | None, int | None, int]:
-        """The standard error (clustered where there are clusters), the clusters, and the degrees of freedom."""
+        """The standard error, the clusters and the degrees of freedom; with clusters, CR1 (CR0 times
+        sqrt(C / (C − 1))) over the cluster sums of ψ, None below 2 clusters."""
         if self.clusters is None:
             return self.se_naive(), None, self.n - 1
-        se, c = self.se_clustered()
-        return se, c, c - 1
+        if self.value is None:
+            return None, 0, -1
+        sums: defaultdict[Hashable, float] = defaultdict(float)
+        for key, w, p in zip(self.clusters, self.weights, self.psi):
+            sums[key] += w * p
+        c = len(sums)
+        if c < 2:
+            return None, c, c - 1
+        cr0 = math.sqrt(math.fsum(s * s for s in sums.values())) / self.n
+        return _exact_zero(cr0 * math.sqrt(c / (c - 1))), c, c - 1
 
 
 def _exact_zero(se: float) -> float:

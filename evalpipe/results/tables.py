@@ -14,11 +14,8 @@ def md_escape(text: object) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def cells(values):
-        return "| " + " | ".join(md_escape(v) for v in values) + " |"
-
-    lines = [cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
-    lines += [cells(r) for r in rows]
+    lines = ["| " + " | ".join(map(md_escape, values)) + " |" for values in [headers, *rows]]
+    lines.insert(1, "|" + "|".join("---" for _ in headers) + "|")
     return "\n".join(lines) + "\n"
 
 
@@ -53,16 +50,13 @@ def latex_escape(text: object) -> str:
     return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
 
 
-def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], caption: str = "") -> str:
+def latex_table(headers: Sequence[str], rows: Sequence[Sequence[object]], caption: str) -> str:
     """A booktabs table. Headers and each row's first cell are escaped; the other cells are LaTeX already."""
     spec = "l" + "r" * (len(headers) - 1)
     lines = ["\\begin{table}[ht]", "\\centering", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
     lines += [" & ".join(latex_escape(h) for h in headers) + " \\\\", "\\midrule"]
     lines += [" & ".join([latex_escape(row[0]), *map(str, row[1:])]) + " \\\\" for row in rows]
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    if caption:
-        lines.append(f"\\caption{{{caption}}}")
-    lines.append("\\end{table}")
+    lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", "\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
