@@ -15,7 +15,7 @@ import orjson
 from ...results import discover, stats
 from ...results.figures import headline
 from ...results.items import ItemFigure
-from ...store import manifest, paths, shards
+from ...store import jsonl, manifest, paths, shards
 from ..shapes import Shape, as_text, row_id
 
 STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
@@ -25,20 +25,15 @@ NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no gr
 PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
 
 
-def _fast_id(raw: bytes) -> str | None:
-    """The id of one of our rows ({"idx": ... first), sliced from the line without parsing it (None: it cannot be)."""
-    if raw.startswith(b'{"idx":"'):
-        end = raw.find(b'"', 8)
-        if end > 0 and b"\\" not in raw[8:end]:
-            return raw[8:end].decode("utf-8", "replace")
-    return None
-
-
 def scan(
-    path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
+    path: Path, where: str, problems: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
-    """A run file's rows over its parts, damage noted; whole lines whose id is in `skip` go unparsed into `skipped`."""
-    for part in shards.parts(path):
+    """A run file's rows over its parts, damage and running writers noted in `problems`; whole lines whose id is in
+    `skip` go unparsed into `skipped`."""
+    for part in [path, *shards.shard_files(path).values()]:
+        pid = _writer_alive(part.with_name(f"{part.name}.lock"))
+        if pid is not None:
+            problems.append(f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot")
         bad: list[int] = []  # line numbers that are not JSON objects
         torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
         try:
@@ -48,7 +43,7 @@ def scan(
         with f:
             for lineno, raw in enumerate(f, 1):
                 if skip and raw.endswith(b"\n"):
-                    fast = _fast_id(raw)
+                    fast = jsonl.fast_id(raw)
                     if fast is not None and fast in skip:
                         if skipped is not None:
                             skipped.add(fast)
@@ -66,9 +61,11 @@ def scan(
                     bad.append(lineno)
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
-            damage.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
+            problems.append(
+                f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})"
+            )
         if torn:
-            damage.append(
+            problems.append(
                 f"{where}/{part.name}: the last line is incomplete (a write cut short, or still being written); ignored"
             )
 
@@ -89,16 +86,14 @@ class Texts:
         found = self._ids.get(text)
         if found is None:
             found = self._ids[text] = len(self.items)
-            self.items.append(self._cut(text))
             self.full_chars.append(len(text))
+            cap = self.cap
+            if cap is not None and len(text) > cap:  # cut to a head and a tail
+                head = cap * 3 // 4
+                cut = f"[… {len(text) - cap:,} characters not embedded in this report (--context-chars {cap:,}) …]"
+                text = f"{text[:head]}\n\n{cut}\n\n{text[len(text) - cap + head :]}"
+            self.items.append(text)
         return found
-
-    def _cut(self, text: str) -> str:
-        if self.cap is None or len(text) <= self.cap:
-            return text
-        head = self.cap * 3 // 4
-        cut = f"[… {len(text) - self.cap:,} characters not embedded in this report (--context-chars {self.cap:,}) …]"
-        return f"{text[:head]}\n\n{cut}\n\n{text[len(text) - (self.cap - head) :]}"
 
     def cut_summary(self) -> dict:
         cap = self.cap
@@ -113,13 +108,11 @@ class Texts:
 
 
 # the row's keys shown as they are: the answer's call, the grade, the judge's call
-ANSWER_KEYS = ("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls")
-GRADE_KEYS = ("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status")
-JUDGE_KEYS = tuple(
-    f"judge_{key}"
-    for key in ("status", "salvage", "notes", "error", "model", "usage", "latency_s", "attempts", "batch")
+DETAIL_KEYS = (
+    *("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls"),
+    *("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status"),
+    *(f"judge_{k}" for k in "status salvage notes error model usage latency_s attempts batch".split()),
 )
-DETAIL_KEYS = ANSWER_KEYS + GRADE_KEYS + JUDGE_KEYS
 _SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", "thinking"}
 _SHOWN.update(DETAIL_KEYS)
 ANALYSIS_KEYS = (
@@ -239,9 +232,8 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
     by_id: dict[str, dict] = {}
-    damage: list[str] = []
     judged, answers = shards.exists(judge_path), shards.exists(infer_path)
-    for row in scan(judge_path, where, damage):
+    for row in scan(judge_path, where, run.problems):
         sample = sample_from(row, True, shape, texts)
         by_id[sample["id"]] = sample
     run.judge_rows = len(by_id)
@@ -252,7 +244,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     judged_ids = set(by_id)
     # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
     answered: set[str] = set()
-    for row in scan(infer_path, where, damage, judged_ids, answered):
+    for row in scan(infer_path, where, run.problems, judged_ids, answered):
         task = row_id(row)
         answered.add(task)
         if task not in judged_ids:
@@ -261,21 +253,13 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     if judged and len(by_id) > len(judged_ids):
         run.problems.append(f"{where}: {len(by_id) - len(judged_ids)} answer(s) have no judge row yet (run judge)")
     analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
-    for row in scan(analysis_path, where, damage):
+    for row in scan(analysis_path, where, run.problems):
         run.analysis_rows += 1
         analysed = by_id.get(row_id(row))
         if analysed is not None:
             types = row.get("error_types")
             analysed["errors"] = [as_text(t) for t in types] if isinstance(types, list) else []
             analysed["detail"]["analysis"] = {key: row[key] for key in ANALYSIS_KEYS if key in row}
-    run.problems += damage
-    for path in (infer_path, judge_path, analysis_path):
-        for part in [path, *shards.shard_files(path).values()]:
-            pid = _writer_alive(folder / f"{part.name}.lock")
-            if pid is not None:
-                run.problems.append(
-                    f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot"
-                )
     score_path = folder / "score.json"
     if score_path.exists():
         run.score = _read_json(score_path)
@@ -375,14 +359,9 @@ def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run]
 
 def _notes(data: dict) -> list[str]:
     """How to read the figures: aggregate.json's `methods` (by name), its `notes`, or its older `ci95` note."""
-    out = []
-    methods = data.get("methods")
-    if isinstance(methods, dict):
-        out += [as_text(v) for v in methods.values() if v]
-    elif methods:
-        out.append(as_text(methods))
-    notes = data.get("notes")
-    out += [as_text(n) for n in notes if n] if isinstance(notes, list) else [as_text(notes)] if notes else []
+    methods, notes = data.get("methods"), data.get("notes")
+    out = [as_text(v) for v in (methods.values() if isinstance(methods, dict) else [methods]) if v]
+    out += [as_text(n) for n in (notes if isinstance(notes, list) else [notes]) if n]
     if isinstance(data.get("ci95"), str) and not isinstance(methods, dict):
         out.append(data["ci95"])
     return out
