@@ -135,7 +135,7 @@ def collect(
     warnings: list[str] = []
     notes: list[str] = []
     found = []
-    base = paths.bench_dir(root, bench.name)
+    base = root / bench.name
     wanted = (p for p in base.iterdir() if p.is_dir() and (not models or p.name in models)) if base.is_dir() else ()
     for model_dir in sorted(wanted):
         entry = _read_model(model_dir, runs)
@@ -307,7 +307,7 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for(
         "aggregate", "A leaderboard with item-level error bars, per model.", _add_args, argv, per_run=False
     )
-    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
+    out_dir = args.outputs_dir / bench.name
     found, warnings, notes = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
         raise BadInput(f"no score.json under {out_dir}/*/run-*/ (run score first)")

@@ -174,7 +174,6 @@ def run(
     endpoint = cli.endpoint_from_args(args, model, env_prefix="JUDGE") if by_model else None
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
     if shard is not None:
-        shards.refuse_other_count(output, shard)
         output = shard.path(output)
     stand_ins = _StandIns(label, work, _formats(bench, endpoint, output))
 

@@ -16,8 +16,6 @@ from ..errors import BadInput
 from . import jsonl, shards
 from .paths import PROJECT
 
-_HISTORY_KEPT = 50
-
 
 def path_for(output: Path) -> Path:
     return output.with_name(output.name + ".manifest.json")
@@ -62,8 +60,7 @@ def learned(output: Path, key: str) -> dict:
 
 def read_run(output: Path) -> dict | None:
     """The manifest of a run's file however it was cut: its own, else its first shard's (None: neither)."""
-    found = find_run(output)
-    return None if found is None else found[1]
+    return (find_run(output) or (None, None))[1]
 
 
 def find_run(output: Path) -> tuple[Path, dict] | None:
@@ -99,7 +96,7 @@ class Record:
     def __init__(self, output: Path, info: dict):
         self.output = output
         previous = read(output) or {}
-        self.history = previous.get("history", [])[-(_HISTORY_KEPT - 1) :]
+        self.history = previous.get("history", [])[-49:]  # 50 invocations kept, with this one
         self.info = {
             "evalpipe_version": __version__,
             "git_commit": git_commit(),

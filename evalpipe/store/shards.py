@@ -33,7 +33,15 @@ class Shard:
         return index(key, self.n) == self.k
 
     def path(self, whole: Path) -> Path:
-        """This shard's file of the run file `whole`: infer.jsonl → infer.shard-K-of-N.jsonl."""
+        """This shard's file of the run file `whole` (infer.jsonl → infer.shard-K-of-N.jsonl); refused (exit 2)
+        where the run is cut into another count of shards."""
+        present = count(whole)
+        if present is not None and present != self.n:
+            raise BadInput(
+                f"this run is cut into {present} shards, not {self.n}: rerun its shards with --shard K/{present} "
+                "(or start a new run with --run N)",
+                whole,
+            )
         return whole.with_name(f"{whole.stem}.shard-{self.k}-of-{self.n}{whole.suffix}")
 
 
@@ -168,17 +176,6 @@ def exists(path: Path) -> bool:
     """Whether any part of the run file exists (the folder is listed only when the whole file does not)."""
     path = whole(path)
     return path.exists() or bool(shard_files(path))
-
-
-def refuse_other_count(output: Path, shard: Shard | None) -> None:
-    """Refuse to write shard K/N where the run has shard files of another count (exit 2)."""
-    present = count(output)
-    if shard is not None and present is not None and present != shard.n:
-        raise BadInput(
-            f"this run is cut into {present} shards, not {shard.n}: rerun its shards with --shard K/{present} "
-            "(or start a new run with --run N)",
-            whole(output),
-        )
 
 
 def missing(path: Path, expected: int) -> list[int]:

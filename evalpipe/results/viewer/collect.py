@@ -18,7 +18,6 @@ from ...results.items import ItemFigure
 from ...store import jsonl, manifest, paths, shards
 from ..shapes import Shape, as_text, row_id
 
-STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
 PREVIEW_CHARS = 80  # of an answer, shown in the sample list
 INLINE_CHARS = 160  # shorter message texts stay in the sample; longer ones go to the shared table
 NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no grade yet
@@ -138,8 +137,7 @@ def passed(row: dict) -> int:
 
 def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     """A compact sample: the index fields the list filters on, and the detail shown when it is opened."""
-    answer = row.get("model_output")
-    answer = answer if isinstance(answer, str) else as_text(answer)
+    answer = as_text(row.get("model_output"))
     detail: dict[str, Any] = {"output": answer}
     thought = row.get("thinking")
     if isinstance(thought, str) and thought:  # a reasoning model's thinking, shown folded above the answer
@@ -231,11 +229,8 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     run = Run(model, k)
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
-    by_id: dict[str, dict] = {}
     judged, answers = shards.exists(judge_path), shards.exists(infer_path)
-    for row in scan(judge_path, where, run.problems):
-        sample = sample_from(row, True, shape, texts)
-        by_id[sample["id"]] = sample
+    by_id = {row_id(row): sample_from(row, True, shape, texts) for row in scan(judge_path, where, run.problems)}
     run.judge_rows = len(by_id)
     if answers and not judged:
         run.problems.append(f"{where}: no judge.jsonl yet (answers shown ungraded; run judge)")
@@ -280,7 +275,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
 
 
 def is_run_dir(p: Path) -> bool:
-    return any(shards.exists(p / f) for f in STAGE_FILES)
+    return any(shards.exists(p / f) for f in ("infer.jsonl", "judge.jsonl", "score.json"))
 
 
 def _figures_from_scores(declared: Sequence[ItemFigure], runs: list[Run]) -> list[dict]:
