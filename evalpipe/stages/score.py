@@ -305,7 +305,7 @@ def shard_coverage(bench: Benchmark, tasks: Iterable[Task], judged: Mapping, jud
     )
     return {
         "count": n,
-        "unfinished": shards.of_keys(short, n),
+        "unfinished": sorted({shards.index(key, n) for key in short}),
         "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
     }
 

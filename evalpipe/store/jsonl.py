@@ -57,7 +57,6 @@ def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
 
 
 def require_regular_file(path: str | os.PathLike) -> None:
-    """BadInput naming `path` unless it is a regular file (or a link to one) that can be read (see `open_input`)."""
     open_input(path, buffering=0).close()
 
 
@@ -106,10 +105,7 @@ def latest_rows(
     path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
 ) -> dict[Any, Any]:
     """The last row per id over a run file's parts (missing: none); `keep` maps each row to what is kept."""
-    rows: dict[Any, Any] = {}
-    for _, row in run_rows(path):
-        rows[key(row)] = row if keep is None else keep(row)
-    return rows
+    return {key(row): row if keep is None else keep(row) for _, row in run_rows(path)}
 
 
 def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:

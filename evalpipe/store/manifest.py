@@ -32,8 +32,7 @@ def sha256_file(path: Path) -> str:
 def sha256_texts(texts: Iterable[str]) -> str:
     digest = hashlib.sha256()
     for text in texts:
-        digest.update(text.encode())
-        digest.update(b"\0")
+        digest.update(text.encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -161,10 +160,9 @@ def differences(old: dict, new: dict) -> list[str]:
 def refuse_if_changed(output: Path, new: dict) -> None:
     """Refuse rows of another configuration than the output's, or than its run's other parts (shards.py)."""
     for part in dict.fromkeys([output, shards.whole(output), *shards.shard_files(output).values()]):
-        old = (read(part) or {}).get("fingerprint")
-        if old is None or not differences(old, new):
-            continue
-        raise BadInput(
-            f"{part} holds rows made under another configuration ({'; '.join(differences(old, new))}); "
-            "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
-        )
+        changed = differences((read(part) or {}).get("fingerprint") or {}, new)
+        if changed:
+            raise BadInput(
+                f"{part} holds rows made under another configuration ({'; '.join(changed)}); "
+                "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
+            )

@@ -1,13 +1,9 @@
-"""A run cut into shards (`--shard K/N`), and a run's files however it was cut (docs/scale.md).
-
-Every reader of a run's file reads it through `parts`: the file, then its shard files in shard order, so the
-shard's row of a task in two parts (a stand-in judged again) comes last and counts (judge's `_done_ids`).
-"""
+"""A run cut into shards (`--shard K/N`), and a run's files however it was cut, read over `parts` (docs/scale.md)."""
 
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +157,6 @@ def shard_files(path: Path) -> dict[Shard, Path]:
 
 
 def count(path: Path) -> int | None:
-    """How many shards the run file is cut into (None: it is not)."""
     found = shard_files(path)
     return next(iter(found)).n if found else None
 
@@ -181,7 +176,3 @@ def exists(path: Path) -> bool:
 def missing(path: Path, expected: int) -> list[int]:
     present = {shard.k for shard in shard_files(path)}
     return [k for k in range(expected) if k not in present]
-
-
-def of_keys(keys: Iterable[object], n: int) -> list[int]:
-    return sorted({index(key, n) for key in keys})

@@ -1,7 +1,4 @@
-"""report.html: every sample of every run in one self-contained, offline HTML file (docs/viewer.md).
-
-collect.py reads the stage files, streaming; page.py packs them into the page.
-"""
+"""report.html: every sample of every run in one self-contained, offline HTML file (docs/viewer.md#how-it-works)."""
 
 import sys
 from collections import Counter
@@ -132,8 +129,7 @@ def write(
     output: Path | None = None,
     context_chars: int | None = DEFAULT_CONTEXT_CHARS,
 ) -> Path:
-    """Build the report of `outputs_dir`, write it atomically (default: OUTPUTS_DIR/report.html), and say what it
-    holds, what was cut and what is missing on stderr (a terminal, or cron mail)."""
+    """Write the report of `outputs_dir` atomically (default: OUTPUTS_DIR/report.html); say on stderr what it holds."""
     output = output or outputs_dir / "report.html"
     html, info = build(outputs_dir, shapes, context_chars)
     jsonl.atomic_write(output, html.encode())

@@ -1,8 +1,5 @@
-"""What the viewer shows, from the stage files alone: every sample of every run, each benchmark's summary.
-
-Rows are streamed into compact samples, long texts kept once in a shared table; the last row per id counts. A
-damaged or unfinished folder is read as far as it goes, each problem noted for the report.
-"""
+"""What the viewer shows, from the stage files alone: every sample of every run, each benchmark's summary; a
+damaged or unfinished folder read as far as it goes (docs/viewer.md#partial-and-damaged-outputs)."""
 
 import base64
 from collections.abc import Collection, Iterator, Sequence
@@ -19,9 +16,7 @@ from ...store import jsonl, manifest, paths, shards
 from ..shapes import Shape, as_text, row_id
 
 PREVIEW_CHARS = 80  # of an answer, shown in the sample list
-INLINE_CHARS = 160  # shorter message texts stay in the sample; longer ones go to the shared table
 NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no grade yet
-PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
 
 
 def scan(
@@ -79,8 +74,7 @@ class Texts:
         self._ids: dict[str, int] = {}
 
     def ref(self, text: str) -> int | str:
-        """The text itself when short, else its index in the table."""
-        if len(text) <= INLINE_CHARS:
+        if len(text) <= 160:  # a short text stays in the sample
             return text
         found = self._ids.get(text)
         if found is None:
@@ -130,9 +124,8 @@ def rubric_texts(rubrics: Any) -> list[str]:
 
 
 def passed(row: dict) -> int:
-    """1 or 0 from a judge row's score (anything but a clear 1 is a fail)."""
-    score = row.get("score")
-    return 1 if score in (1, "1", True) or (type(score) is float and score == 1.0) else 0
+    """1 or 0 from a judge row's score (anything but a clear 1, 1.0, "1" or true is a fail)."""
+    return 1 if row.get("score") in (1, "1") else 0
 
 
 def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
@@ -333,8 +326,7 @@ def _model(m: dict) -> dict:
 def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run], problems: list[str]) -> dict:
     """The leaderboard from aggregate.json, else from the runs' score.json (the `declared` figures' headline values)."""
     path = bench_dir / "aggregate.json"
-    data = _read_json(path)
-    source = "aggregate.json"
+    data, source = _read_json(path), "aggregate.json"
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         problems.append(
             f"{bench_dir.name}: no aggregate.json"
@@ -369,7 +361,7 @@ def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
             data = png.read_bytes()
         except OSError:
             continue
-        if len(data) > PLOT_BYTES_MAX or not data.startswith(b"\x89PNG"):
+        if len(data) > 2_000_000 or not data.startswith(b"\x89PNG"):
             problems.append(f"{bench_dir.name}/{png.name}: not embedded (too large or not a PNG)")
             continue
         out.append({"name": png.name, "src": "data:image/png;base64," + base64.b64encode(data).decode()})
