@@ -20,14 +20,14 @@ NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no gr
 
 
 def scan(
-    path: Path, where: str, problems: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
+    path: Path, where: str, notes: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
-    """A run file's rows over its parts, damage and running writers noted in `problems`; whole lines whose id is in
+    """A run file's rows over its parts, damage and running writers noted in `notes`; whole lines whose id is in
     `skip` go unparsed into `skipped`."""
     for part in [path, *shards.shard_files(path).values()]:
         pid = _writer_alive(part.with_name(f"{part.name}.lock"))
         if pid is not None:
-            problems.append(f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot")
+            notes.append(f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot")
         bad: list[int] = []  # line numbers that are not JSON objects
         torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
         try:
@@ -55,11 +55,9 @@ def scan(
                     bad.append(lineno)
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
-            problems.append(
-                f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})"
-            )
+            notes.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
         if torn:
-            problems.append(
+            notes.append(
                 f"{where}/{part.name}: the last line is incomplete (a write cut short, or still being written); ignored"
             )
 
@@ -108,14 +106,7 @@ DETAIL_KEYS = (
 )
 _SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", "thinking"}
 _SHOWN.update(DETAIL_KEYS)
-ANALYSIS_KEYS = (
-    "error_types",
-    "error_reason",
-    "analysis_status",
-    "analysis_error",
-    "analysis_model",
-    "analysis_attempts",
-)
+ANALYSIS_KEYS = ("error_types", "error_reason", *(f"analysis_{k}" for k in "status error model attempts".split()))
 
 
 def rubric_texts(rubrics: Any) -> list[str]:
