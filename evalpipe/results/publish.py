@@ -48,7 +48,7 @@ def inside(path: Path, root: Path) -> Path:
 
 def files(outputs_dir: Path, bench: str, with_prompts: bool) -> dict[str, bytes]:
     """What this benchmark puts in the repo, path → bytes (README.md apart: it covers every benchmark)."""
-    bench_dir = paths.bench_dir(outputs_dir, bench)
+    bench_dir = outputs_dir / bench
     root = outputs_dir.resolve()
     summary_path = bench_dir / "aggregate.json"
     if not summary_path.is_file():

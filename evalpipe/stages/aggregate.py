@@ -130,7 +130,7 @@ def collect(
 ) -> tuple[list[dict], list[str], list[str]]:
     """Per model its runs' metrics, items and fingerprints; warnings about runs that do not line up; notes."""
     found, warnings, notes = [], [], []
-    base = paths.bench_dir(root, bench.name)
+    base = root / bench.name
     wanted = (p for p in base.iterdir() if p.is_dir() and (not models or p.name in models)) if base.is_dir() else ()
     for model_dir in sorted(wanted):
         entry = _read_model(model_dir, runs)
@@ -301,7 +301,7 @@ def main(argv: list[str]) -> int:
     bench, args = cli.parser_for(
         "aggregate", "A leaderboard with item-level error bars, per model.", _add_args, argv, per_run=False
     )
-    out_dir = paths.bench_dir(args.outputs_dir, bench.name)
+    out_dir = args.outputs_dir / bench.name
     found, warnings, notes = collect(bench, args.outputs_dir, args.runs, args.models)
     if not found:
         raise BadInput(f"no score.json under {out_dir}/*/run-*/ (run score first)")

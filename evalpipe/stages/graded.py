@@ -169,7 +169,6 @@ def run(
     endpoint = cli.endpoint_from_args(args, model, env_prefix="JUDGE") if by_model else None
     fingerprint = _fingerprint(bench, args, endpoint, prompts, stage)
     if shard is not None:
-        shards.refuse_other_count(output, shard)
         output = shard.path(output)
     # an LLM judge's judge_format.Formats (what it learns of response_format), seeded from earlier runs
     formats = getattr(bench, "judge_formats", None) if endpoint is not None else None

@@ -65,7 +65,6 @@ def main(argv: list[str]) -> int:
     run_dir = paths.run_dir(args.outputs_dir, bench.name, args.model, args.run, args.label)
     output = args.output or run_dir / "infer.jsonl"
     if shard is not None:
-        shards.refuse_other_count(output, shard)
         output = shard.path(output)
     endpoint = cli.endpoint_from_args(args, args.model)
     fingerprint = manifest.fingerprint(

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
         )
         metrics["coverage"]["shards"] = {
             "count": n,
-            "unfinished": shards.of_keys(short, n),
+            "unfinished": sorted({shards.index(key, n) for key in short}),
             "without_file": {"infer": shards.missing(infer_path, n), "judge": shards.missing(judge_path, n)},
         }
     if isinstance(bench, ErrorAnalysis):

@@ -1,2 +1,1 @@
-"""Where rows live: JSONL files written atomically, checkpoints, locks, manifests, the results folder's paths,
-shards, and the shapes of rows."""
+"""Where rows live: JSONL files, checkpoints, locks, manifests, the results folder's paths, shards, row shapes."""

@@ -17,10 +17,8 @@ class StepCache:
         self.record = record
         if record:
             jsonl.repair_tail(self.path)  # also refuses a link there before it is read
-        self._done: dict[tuple, dict] = {}
-        if self.path.exists():
-            for _, row in jsonl.iter_rows(self.path, torn_tail_ok=True):
-                self._done[(row.get("idx"), row.get("step"))] = row
+        rows = jsonl.iter_rows(self.path, torn_tail_ok=True) if self.path.exists() else ()
+        self._done = {(row.get("idx"), row.get("step")): row for _, row in rows}
         self._out: jsonl.Appender | None = None
 
     def get(self, task_id, step: str) -> dict | None:

@@ -4,6 +4,7 @@ Rows are appended with one unbuffered write() each, so a kill leaves at most one
 ignore and writers cut off before appending; a write that fails part-way is cut back at once.
 """
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -20,20 +21,20 @@ from . import shards
 from .paths import not_a_file, open_output, refuse_unsafe_output
 
 BOM = b"\xef\xbb\xbf"
+dumps = orjson.dumps
 
 
-def dumps(row: Any) -> bytes:
-    return orjson.dumps(row)
-
-
-def _describe_json_error(exc: Exception, raw: bytes) -> str:
-    if raw.lstrip().startswith(b"[") and raw.rstrip().endswith(b"]"):
+def _not_a_row(value: Any, raw: bytes) -> str:
+    """Why a line is no row: `value` is what it parsed to, or the JSONDecodeError."""
+    if isinstance(value, list) or raw.lstrip().startswith(b"[") and raw.rstrip().endswith(b"]"):
         return "a JSON array, expected one JSON object per line (JSONL)"
+    if not isinstance(value, orjson.JSONDecodeError):
+        return f"expected a JSON object, got {type(value).__name__}"
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as err:
         return f"not valid UTF-8 (byte {err.start})"
-    return f"invalid JSON ({exc})"
+    return f"invalid JSON ({value})"
 
 
 def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
@@ -56,11 +57,7 @@ def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
 
 
 def require_regular_file(path: str | os.PathLike) -> None:
-    """BadInput naming `path` unless it is a regular file (or a link to one) that can be read (see `open_input`)."""
     open_input(path, buffering=0).close()
-
-
-_CHUNK_BYTES = 1 << 16  # lines are parsed a chunk at a time: one call per chunk, not per line
 
 
 def iter_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> Iterator[tuple[int, dict]]:
@@ -75,7 +72,7 @@ def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> I
     with open_input(path, buffering=1 << 20) as f:  # fewer reads of the file
         loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
         before = 0  # lines read before this chunk
-        while lines := f.readlines(_CHUNK_BYTES):
+        while lines := f.readlines(1 << 16):  # parsed a chunk at a time: one call per chunk, not per line
             if before == 0 and lines[0].startswith(BOM):
                 lines[0] = lines[0][len(BOM) :]
             try:
@@ -89,20 +86,13 @@ def iter_row_chunks(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> I
                     try:
                         row = loads(raw)
                     except JSONDecodeError as exc:
-                        if not raw.strip():
-                            continue  # a blank line
+                        row = exc
+                    if type(row) is dict:
+                        yield lineno, [row]
+                    elif raw.strip():  # not a blank line
                         if torn_tail_ok and not raw.endswith(b"\n"):
                             return
-                        raise BadInput(_describe_json_error(exc, raw), path, lineno) from None
-                    if type(row) is not dict:
-                        if torn_tail_ok and not raw.endswith(b"\n"):
-                            return
-                        if isinstance(row, list):
-                            msg = "a JSON array, expected one JSON object per line (JSONL)"
-                        else:
-                            msg = f"expected a JSON object, got {type(row).__name__}"
-                        raise BadInput(msg, path, lineno)
-                    yield lineno, [row]
+                        raise BadInput(_not_a_row(row, raw), path, lineno)
             before += len(lines)
 
 
@@ -115,13 +105,7 @@ def latest_rows(
     path: str | os.PathLike, key: Callable[[dict], Any], keep: Callable[[dict], Any] | None = None
 ) -> dict[Any, Any]:
     """The last row per id over a run file's parts (missing: none); `keep` maps each row to what is kept."""
-    rows: dict[Any, Any] = {}
-    for _, row in run_rows(path):
-        rows[key(row)] = row if keep is None else keep(row)
-    return rows
-
-
-_FAST_ID = b'{"idx":"'
+    return {key(row): row if keep is None else keep(row) for _, row in run_rows(path)}
 
 
 def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
@@ -129,28 +113,34 @@ def ids_in(path: str | os.PathLike, key: Callable[[dict], Any]) -> set:
     return set(iter_ids(path, key))
 
 
+def fast_id(raw: bytes) -> str | None:
+    """The id of one of our rows (`{"idx": "..."` first), sliced from the line without parsing it; None: it cannot."""
+    if raw.startswith(b'{"idx":"'):
+        end = raw.find(b'"', 8)
+        if end > 0 and b"\\" not in raw[8:end]:
+            try:
+                return raw[8:end].decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # parsed, so that the damage is named
+    return None
+
+
 def iter_ids(path: str | os.PathLike, key: Callable[[dict], Any]) -> Iterator[Any]:
     """The id of every complete row of one of our output files, over its parts, in order (see `ids_in`)."""
-    return chain.from_iterable(_ids(part, key) for part in shards.parts(Path(path)))
-
-
-def _ids(path: Path, key: Callable[[dict], Any]) -> Iterator[Any]:
-    with open_input(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            if raw.startswith(_FAST_ID) and raw.endswith(b"}\n"):
-                end = raw.find(b'"', 8)
-                if end > 0 and b"\\" not in raw[8:end]:
-                    yield raw[8:end].decode("utf-8")
-                    continue
-            if not raw.strip():
-                continue
-            try:
-                row = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                if raw.endswith(b"\n"):
-                    raise BadInput("invalid JSON in an output file", path, lineno) from None
-                continue  # a torn last line
-            yield key(row)
+    for part in shards.parts(Path(path)):
+        with open_input(part) as f:
+            for lineno, raw in enumerate(f, 1):
+                fast = fast_id(raw) if raw.endswith(b"}\n") else None
+                if fast is not None:
+                    yield fast
+                elif raw.strip():
+                    try:
+                        row = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        if raw.endswith(b"\n"):
+                            raise BadInput("invalid JSON in an output file", part, lineno) from None
+                        continue  # a torn last line
+                    yield key(row)
 
 
 def repair_tail(path: str | os.PathLike) -> str | None:
@@ -166,15 +156,13 @@ def repair_tail(path: str | os.PathLike) -> str | None:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return None
-        start = size
-        while start > 0:
+        start, cut = size, -1  # where the last line starts: found a block at a time from the end
+        while start > 0 and cut < 0:
             step = min(1 << 16, start)
-            f.seek(start - step)
-            cut = f.read(step).rfind(b"\n")
             start -= step
-            if cut >= 0:
-                start += cut + 1
-                break
+            f.seek(start)
+            cut = f.read(step).rfind(b"\n")
+        start += cut + 1
         f.seek(start)
         tail = f.read()
         try:
@@ -209,23 +197,18 @@ class Appender:
             while written < len(data):  # a short write: the disk filled up within this row
                 written += os.write(self._fd, data[written:])
         except OSError as exc:
-            raise self._failed(exc) from None
-        self._size += len(data)
-
-    def _failed(self, exc: OSError) -> Exception:
-        """Cut off what a failed append wrote of its row; return the error to raise."""
-        if self._fd < 0:
-            # an earlier failure could not be undone: nothing is written any more. (After close(), _error
+            # fd < 0: an earlier failure could not be undone, nothing is written any more. (After close(), _error
             # may still be None, and an append then raises TypeError; the cast leaves that as it was.)
-            return cast(Exception, self._error)
-        try:
-            os.ftruncate(self._fd, self._size)
-        except OSError:
-            # appending after the torn row would bury it mid-file; the next run's repair_tail cuts it
-            os.close(self._fd)
-            self._fd = -1
-        self._error = as_unwritable(exc, self.path)
-        return self._error
+            if self._fd >= 0:
+                try:
+                    os.ftruncate(self._fd, self._size)  # cut off what was written of this row
+                except OSError:
+                    # appending after the torn row would bury it mid-file; the next run's repair_tail cuts it
+                    os.close(self._fd)
+                    self._fd = -1
+                self._error = as_unwritable(exc, self.path)
+            raise cast(Exception, self._error) from None
+        self._size += len(data)
 
     def close(self) -> None:
         if self._fd < 0:
@@ -276,11 +259,9 @@ def rescue_path(output: str | os.PathLike) -> Path:
 
 def open_rescue(output: str | os.PathLike) -> Appender:
     folder = rescue_path(output).parent
-    try:
+    with contextlib.suppress(FileExistsError):
         folder.mkdir()
         os.chmod(folder, 0o1777)  # shared like /tmp itself: every user's runs keep rows here
-    except FileExistsError:
-        pass
     return Appender(rescue_path(output))
 
 

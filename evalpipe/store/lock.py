@@ -48,10 +48,6 @@ def exclusive(output: str | os.PathLike):
             os.close(run_fd)
 
 
-# flock's errors on a file system that has no locks (NFS mounted without lockd, some FUSE file systems)
-NO_LOCKS_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
-
-
 def _take(fd: int, kind: int, output: str | os.PathLike, by: Callable[[], str]) -> None:
     """flock `fd` at once, or raise Locked naming the holder (`by()`, asked only then: it may list the folder)."""
     try:
@@ -62,7 +58,7 @@ def _take(fd: int, kind: int, output: str | os.PathLike, by: Callable[[], str]) 
             f"{output} is being written by {by()} (pid {holder}); this run exits without touching it"
         ) from None
     except OSError as exc:
-        if exc.errno not in NO_LOCKS_ERRNOS:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a file system without locks
             raise
         raise LocksUnsupported(
             f"cannot lock {output}.lock: {exc.strerror} (the file system holding it has no file locks, e.g. NFS "

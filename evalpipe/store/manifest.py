@@ -16,8 +16,6 @@ from ..errors import BadInput
 from . import jsonl, shards
 from .paths import PROJECT
 
-_HISTORY_KEPT = 50
-
 
 def path_for(output: Path) -> Path:
     return output.with_name(output.name + ".manifest.json")
@@ -34,8 +32,7 @@ def sha256_file(path: Path) -> str:
 def sha256_texts(texts: Iterable[str]) -> str:
     digest = hashlib.sha256()
     for text in texts:
-        digest.update(text.encode())
-        digest.update(b"\0")
+        digest.update(text.encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -62,8 +59,7 @@ def learned(output: Path, key: str) -> dict:
 
 def read_run(output: Path) -> dict | None:
     """The manifest of a run's file however it was cut: its own, else its first shard's (None: neither)."""
-    found = find_run(output)
-    return None if found is None else found[1]
+    return (find_run(output) or (None, None))[1]
 
 
 def find_run(output: Path) -> tuple[Path, dict] | None:
@@ -99,7 +95,7 @@ class Record:
     def __init__(self, output: Path, info: dict):
         self.output = output
         previous = read(output) or {}
-        self.history = previous.get("history", [])[-(_HISTORY_KEPT - 1) :]
+        self.history = previous.get("history", [])[-49:]  # 50 invocations kept, with this one
         self.info = {
             "evalpipe_version": __version__,
             "git_commit": git_commit(),
@@ -164,10 +160,9 @@ def differences(old: dict, new: dict) -> list[str]:
 def refuse_if_changed(output: Path, new: dict) -> None:
     """Refuse rows of another configuration than the output's, or than its run's other parts (shards.py)."""
     for part in dict.fromkeys([output, shards.whole(output), *shards.shard_files(output).values()]):
-        old = (read(part) or {}).get("fingerprint")
-        if old is None or not differences(old, new):
-            continue
-        raise BadInput(
-            f"{part} holds rows made under another configuration ({'; '.join(differences(old, new))}); "
-            "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
-        )
+        changed = differences((read(part) or {}).get("fingerprint") or {}, new)
+        if changed:
+            raise BadInput(
+                f"{part} holds rows made under another configuration ({'; '.join(changed)}); "
+                "start a new run with --run N (or another --output), or pass --allow-config-change to add rows anyway"
+            )

@@ -57,10 +57,6 @@ def items_path(score_path: Path) -> Path:
     return score_path.with_name(f"{stem}_items.json")
 
 
-def bench_dir(root: Path, bench: str) -> Path:
-    return root / bench
-
-
 # A second opinion's judge file: judge-<label>.jsonl beside judge.jsonl (judge.py --judge-label).
 JUDGE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _LABELLED_JUDGE = re.compile(rf"judge-({JUDGE_LABEL.pattern})\.jsonl")

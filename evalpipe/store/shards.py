@@ -1,13 +1,9 @@
-"""A run cut into shards (`--shard K/N`), and a run's files however it was cut (docs/scale.md).
-
-Every reader of a run's file reads it through `parts`: the file, then its shard files in shard order, so the
-shard's row of a task in two parts (a stand-in judged again) comes last and counts (judge's `_done_ids`).
-"""
+"""A run cut into shards (`--shard K/N`), and a run's files however it was cut, read over `parts` (docs/scale.md)."""
 
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +29,15 @@ class Shard:
         return index(key, self.n) == self.k
 
     def path(self, whole: Path) -> Path:
-        """This shard's file of the run file `whole`: infer.jsonl → infer.shard-K-of-N.jsonl."""
+        """This shard's file of the run file `whole` (infer.jsonl → infer.shard-K-of-N.jsonl); refused (exit 2)
+        where the run is cut into another count of shards."""
+        present = count(whole)
+        if present is not None and present != self.n:
+            raise BadInput(
+                f"this run is cut into {present} shards, not {self.n}: rerun its shards with --shard K/{present} "
+                "(or start a new run with --run N)",
+                whole,
+            )
         return whole.with_name(f"{whole.stem}.shard-{self.k}-of-{self.n}{whole.suffix}")
 
 
@@ -153,7 +157,6 @@ def shard_files(path: Path) -> dict[Shard, Path]:
 
 
 def count(path: Path) -> int | None:
-    """How many shards the run file is cut into (None: it is not)."""
     found = shard_files(path)
     return next(iter(found)).n if found else None
 
@@ -170,21 +173,6 @@ def exists(path: Path) -> bool:
     return path.exists() or bool(shard_files(path))
 
 
-def refuse_other_count(output: Path, shard: Shard | None) -> None:
-    """Refuse to write shard K/N where the run has shard files of another count (exit 2)."""
-    present = count(output)
-    if shard is not None and present is not None and present != shard.n:
-        raise BadInput(
-            f"this run is cut into {present} shards, not {shard.n}: rerun its shards with --shard K/{present} "
-            "(or start a new run with --run N)",
-            whole(output),
-        )
-
-
 def missing(path: Path, expected: int) -> list[int]:
     present = {shard.k for shard in shard_files(path)}
     return [k for k in range(expected) if k not in present]
-
-
-def of_keys(keys: Iterable[object], n: int) -> list[int]:
-    return sorted({index(key, n) for key in keys})

@@ -1,7 +1,4 @@
-"""report.html: every sample of every run in one self-contained, offline HTML file (docs/viewer.md).
-
-collect.py reads the stage files, streaming; page.py packs them into the page.
-"""
+"""report.html: every sample of every run in one self-contained, offline HTML file (docs/viewer.md#how-it-works)."""
 
 import sys
 from collections import Counter
@@ -67,19 +64,6 @@ class _Index:
         ]
 
 
-def _text_blocks(texts: collect.Texts) -> tuple[list[tuple[str, str]], list[int]]:
-    """The long texts, packed in chunks of about page.TEXT_CHUNK_CHARS, and the first text of each chunk."""
-    starts: list[int] = []
-    size = 0
-    for i, text in enumerate(texts.items):
-        if not starts or size + len(text) > page.TEXT_CHUNK_CHARS:
-            starts.append(i)
-            size = 0
-        size += len(text)
-    ends = [*starts[1:], len(texts.items)]
-    return [(f"x{n}", page.packed(texts.items[a:b])) for n, (a, b) in enumerate(zip(starts, ends))], starts
-
-
 def build(
     outputs_dir: Path, shapes: Mapping[str, Shape], context_chars: int | None = DEFAULT_CONTEXT_CHARS
 ) -> tuple[str, dict]:
@@ -98,14 +82,20 @@ def build(
         where = root.relative_to(outputs_dir).as_posix()
         for name in names:
             summary, runs = collect.read_bench(root, name, shapes[name], texts)
-            task_order: dict[str, int] = {}
-            for run in runs:
-                for sample in run.samples:
-                    task_order.setdefault(sample["id"], len(task_order))
+            ids = dict.fromkeys(sample["id"] for run in runs for sample in run.samples)  # in the order first seen
+            task_order = {task: i for i, task in enumerate(ids)}
             run_rows = [index.add_run(len(benches), run, task_order) for run in runs]
             key = name if where == "." else f"{where}/{name}"
             benches.append({"key": key, "root": where, **summary, "runs": run_rows})
-    text_blocks, text_starts = _text_blocks(texts)
+    text_starts: list[int] = []  # the first long text of each block of about page.TEXT_CHUNK_CHARS
+    size = 0
+    for i, text in enumerate(texts.items):
+        if not text_starts or size + len(text) > page.TEXT_CHUNK_CHARS:
+            text_starts.append(i)
+            size = 0
+        size += len(text)
+    ends = [*text_starts[1:], len(texts.items)]
+    text_blocks = [(f"x{n}", page.packed(texts.items[a:b])) for n, (a, b) in enumerate(zip(text_starts, ends))]
     cut = texts.cut_summary()
     details = index.details
     meta = {
@@ -133,8 +123,16 @@ def build(
     return html, info
 
 
-def describe(output: Path, info: dict) -> list[str]:
-    """What the report holds, what was cut and what is missing, as lines for the terminal (and cron mail)."""
+def write(
+    outputs_dir: Path,
+    shapes: Mapping[str, Shape],
+    output: Path | None = None,
+    context_chars: int | None = DEFAULT_CONTEXT_CHARS,
+) -> Path:
+    """Write the report of `outputs_dir` atomically (default: OUTPUTS_DIR/report.html); say on stderr what it holds."""
+    output = output or outputs_dir / "report.html"
+    html, info = build(outputs_dir, shapes, context_chars)
+    jsonl.atomic_write(output, html.encode())
     lines = [
         f"viewer: wrote {output} ({info['bytes'] / 1e6:.1f} MB): {info['benchmarks']} benchmark(s), "
         f"{info['models']} model(s), {info['samples']:,} samples"
@@ -155,19 +153,6 @@ def describe(output: Path, info: dict) -> list[str]:
     lines += [f"viewer: note: {p}" for p in shown]
     if len(info["problems"]) > len(shown):
         lines.append(f"viewer: … {len(info['problems']) - len(shown)} more notes in the report")
-    return lines
-
-
-def write(
-    outputs_dir: Path,
-    shapes: Mapping[str, Shape],
-    output: Path | None = None,
-    context_chars: int | None = DEFAULT_CONTEXT_CHARS,
-) -> Path:
-    """Build the report of `outputs_dir` and write it atomically (default: OUTPUTS_DIR/report.html)."""
-    output = output or outputs_dir / "report.html"
-    html, info = build(outputs_dir, shapes, context_chars)
-    jsonl.atomic_write(output, html.encode())
-    for line in describe(output, info):
+    for line in lines:
         print(line, file=sys.stderr)
     return output

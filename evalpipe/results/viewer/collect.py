@@ -1,8 +1,5 @@
-"""What the viewer shows, from the stage files alone: every sample of every run, each benchmark's summary.
-
-Rows are streamed into compact samples, long texts kept once in a shared table; the last row per id counts. A
-damaged or unfinished folder is read as far as it goes, each problem noted for the report.
-"""
+"""What the viewer shows, from the stage files alone: every sample of every run, each benchmark's summary; a
+damaged or unfinished folder read as far as it goes (docs/viewer.md#partial-and-damaged-outputs)."""
 
 import base64
 from collections.abc import Collection, Iterator, Sequence
@@ -15,30 +12,22 @@ import orjson
 from ...results import discover, stats
 from ...results.figures import headline
 from ...results.items import ItemFigure
-from ...store import manifest, paths, shards
+from ...store import jsonl, manifest, paths, shards
 from ..shapes import Shape, as_text, row_id
 
-STAGE_FILES = ("infer.jsonl", "judge.jsonl", "score.json")
 PREVIEW_CHARS = 80  # of an answer, shown in the sample list
-INLINE_CHARS = 160  # shorter message texts stay in the sample; longer ones go to the shared table
 NO_JUDGE = "no judge row"  # the status of a sample that has an answer but no grade yet
-PLOT_BYTES_MAX = 2_000_000  # a larger PNG is linked by name, not embedded
-
-
-def _fast_id(raw: bytes) -> str | None:
-    """The id of one of our rows ({"idx": ... first), sliced from the line without parsing it (None: it cannot be)."""
-    if raw.startswith(b'{"idx":"'):
-        end = raw.find(b'"', 8)
-        if end > 0 and b"\\" not in raw[8:end]:
-            return raw[8:end].decode("utf-8", "replace")
-    return None
 
 
 def scan(
-    path: Path, where: str, damage: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
+    path: Path, where: str, notes: list[str], skip: Collection[str] = frozenset(), skipped: set | None = None
 ) -> Iterator[dict]:
-    """A run file's rows over its parts, damage noted; whole lines whose id is in `skip` go unparsed into `skipped`."""
-    for part in shards.parts(path):
+    """A run file's rows over its parts, damage and running writers noted in `notes`; whole lines whose id is in
+    `skip` go unparsed into `skipped`."""
+    for part in [path, *shards.shard_files(path).values()]:
+        pid = _writer_alive(part.with_name(f"{part.name}.lock"))
+        if pid is not None:
+            notes.append(f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot")
         bad: list[int] = []  # line numbers that are not JSON objects
         torn = False  # a last line without newline that is not JSON (a write cut short, or in progress)
         try:
@@ -48,7 +37,7 @@ def scan(
         with f:
             for lineno, raw in enumerate(f, 1):
                 if skip and raw.endswith(b"\n"):
-                    fast = _fast_id(raw)
+                    fast = jsonl.fast_id(raw)
                     if fast is not None and fast in skip:
                         if skipped is not None:
                             skipped.add(fast)
@@ -66,9 +55,9 @@ def scan(
                     bad.append(lineno)
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
-            damage.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
+            notes.append(f"{where}/{part.name}: {len(bad)} line(s) are not JSON rows and were skipped (line {shown})")
         if torn:
-            damage.append(
+            notes.append(
                 f"{where}/{part.name}: the last line is incomplete (a write cut short, or still being written); ignored"
             )
 
@@ -83,22 +72,19 @@ class Texts:
         self._ids: dict[str, int] = {}
 
     def ref(self, text: str) -> int | str:
-        """The text itself when short, else its index in the table."""
-        if len(text) <= INLINE_CHARS:
+        if len(text) <= 160:  # a short text stays in the sample
             return text
         found = self._ids.get(text)
         if found is None:
             found = self._ids[text] = len(self.items)
-            self.items.append(self._cut(text))
             self.full_chars.append(len(text))
+            cap = self.cap
+            if cap is not None and len(text) > cap:  # cut to a head and a tail
+                head = cap * 3 // 4
+                cut = f"[… {len(text) - cap:,} characters not embedded in this report (--context-chars {cap:,}) …]"
+                text = f"{text[:head]}\n\n{cut}\n\n{text[len(text) - cap + head :]}"
+            self.items.append(text)
         return found
-
-    def _cut(self, text: str) -> str:
-        if self.cap is None or len(text) <= self.cap:
-            return text
-        head = self.cap * 3 // 4
-        cut = f"[… {len(text) - self.cap:,} characters not embedded in this report (--context-chars {self.cap:,}) …]"
-        return f"{text[:head]}\n\n{cut}\n\n{text[len(text) - (self.cap - head) :]}"
 
     def cut_summary(self) -> dict:
         cap = self.cap
@@ -113,23 +99,14 @@ class Texts:
 
 
 # the row's keys shown as they are: the answer's call, the grade, the judge's call
-ANSWER_KEYS = ("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls")
-GRADE_KEYS = ("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status")
-JUDGE_KEYS = tuple(
-    f"judge_{key}"
-    for key in ("status", "salvage", "notes", "error", "model", "usage", "latency_s", "attempts", "batch")
+DETAIL_KEYS = (
+    *("status", "error", "finish_reason", "usage", "latency_s", "batch", "calls"),
+    *("answer", "target", "prediction", "parse_mode", "correct", "normalized_correct", "requirement_status"),
+    *(f"judge_{k}" for k in "status salvage notes error model usage latency_s attempts batch".split()),
 )
-DETAIL_KEYS = ANSWER_KEYS + GRADE_KEYS + JUDGE_KEYS
 _SHOWN = {"idx", "messages", "model_output", "rubrics", "metadata", "model", "grading_rationale", "score", "thinking"}
 _SHOWN.update(DETAIL_KEYS)
-ANALYSIS_KEYS = (
-    "error_types",
-    "error_reason",
-    "analysis_status",
-    "analysis_error",
-    "analysis_model",
-    "analysis_attempts",
-)
+ANALYSIS_KEYS = ("error_types", "error_reason", *(f"analysis_{k}" for k in "status error model attempts".split()))
 
 
 def rubric_texts(rubrics: Any) -> list[str]:
@@ -138,15 +115,13 @@ def rubric_texts(rubrics: Any) -> list[str]:
 
 
 def passed(row: dict) -> int:
-    """1 or 0 from a judge row's score (anything but a clear 1 is a fail)."""
-    score = row.get("score")
-    return 1 if score in (1, "1", True) or (type(score) is float and score == 1.0) else 0
+    """1 or 0 from a judge row's score (anything but a clear 1, 1.0, "1" or true is a fail)."""
+    return 1 if row.get("score") in (1, "1") else 0
 
 
 def sample_from(row: dict, judged: bool, shape: Shape, texts: Texts) -> dict:
     """A compact sample: the index fields the list filters on, and the detail shown when it is opened."""
-    answer = row.get("model_output")
-    answer = answer if isinstance(answer, str) else as_text(answer)
+    answer = as_text(row.get("model_output"))
     detail: dict[str, Any] = {"output": answer}
     thought = row.get("thinking")
     if isinstance(thought, str) and thought:  # a reasoning model's thinking, shown folded above the answer
@@ -238,12 +213,8 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     run = Run(model, k)
     where = f"{bench}/{model}/run-{k}"
     infer_path, judge_path = folder / "infer.jsonl", folder / "judge.jsonl"
-    by_id: dict[str, dict] = {}
-    damage: list[str] = []
     judged, answers = shards.exists(judge_path), shards.exists(infer_path)
-    for row in scan(judge_path, where, damage):
-        sample = sample_from(row, True, shape, texts)
-        by_id[sample["id"]] = sample
+    by_id = {row_id(row): sample_from(row, True, shape, texts) for row in scan(judge_path, where, run.problems)}
     run.judge_rows = len(by_id)
     if answers and not judged:
         run.problems.append(f"{where}: no judge.jsonl yet (answers shown ungraded; run judge)")
@@ -252,7 +223,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     judged_ids = set(by_id)
     # every answer counts once; only those without a judge row are parsed (the others are skipped by id)
     answered: set[str] = set()
-    for row in scan(infer_path, where, damage, judged_ids, answered):
+    for row in scan(infer_path, where, run.problems, judged_ids, answered):
         task = row_id(row)
         answered.add(task)
         if task not in judged_ids:
@@ -261,21 +232,13 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
     if judged and len(by_id) > len(judged_ids):
         run.problems.append(f"{where}: {len(by_id) - len(judged_ids)} answer(s) have no judge row yet (run judge)")
     analysis_path = paths.error_analysis_path(judge_path, "error_analysis")
-    for row in scan(analysis_path, where, damage):
+    for row in scan(analysis_path, where, run.problems):
         run.analysis_rows += 1
         analysed = by_id.get(row_id(row))
         if analysed is not None:
             types = row.get("error_types")
             analysed["errors"] = [as_text(t) for t in types] if isinstance(types, list) else []
             analysed["detail"]["analysis"] = {key: row[key] for key in ANALYSIS_KEYS if key in row}
-    run.problems += damage
-    for path in (infer_path, judge_path, analysis_path):
-        for part in [path, *shards.shard_files(path).values()]:
-            pid = _writer_alive(folder / f"{part.name}.lock")
-            if pid is not None:
-                run.problems.append(
-                    f"{where}/{part.name}: being written by a running stage (pid {pid}): this is a snapshot"
-                )
     score_path = folder / "score.json"
     if score_path.exists():
         run.score = _read_json(score_path)
@@ -296,7 +259,7 @@ def read_run(bench: str, model: str, k: int, folder: Path, shape: Shape, texts: 
 
 
 def is_run_dir(p: Path) -> bool:
-    return any(shards.exists(p / f) for f in STAGE_FILES)
+    return any(shards.exists(p / f) for f in ("infer.jsonl", "judge.jsonl", "score.json"))
 
 
 def _figures_from_scores(declared: Sequence[ItemFigure], runs: list[Run]) -> list[dict]:
@@ -354,8 +317,7 @@ def _model(m: dict) -> dict:
 def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run], problems: list[str]) -> dict:
     """The leaderboard from aggregate.json, else from the runs' score.json (the `declared` figures' headline values)."""
     path = bench_dir / "aggregate.json"
-    data = _read_json(path)
-    source = "aggregate.json"
+    data, source = _read_json(path), "aggregate.json"
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         problems.append(
             f"{bench_dir.name}: no aggregate.json"
@@ -375,14 +337,9 @@ def leaderboard(bench_dir: Path, declared: Sequence[ItemFigure], runs: list[Run]
 
 def _notes(data: dict) -> list[str]:
     """How to read the figures: aggregate.json's `methods` (by name), its `notes`, or its older `ci95` note."""
-    out = []
-    methods = data.get("methods")
-    if isinstance(methods, dict):
-        out += [as_text(v) for v in methods.values() if v]
-    elif methods:
-        out.append(as_text(methods))
-    notes = data.get("notes")
-    out += [as_text(n) for n in notes if n] if isinstance(notes, list) else [as_text(notes)] if notes else []
+    methods, notes = data.get("methods"), data.get("notes")
+    out = [as_text(v) for v in (methods.values() if isinstance(methods, dict) else [methods]) if v]
+    out += [as_text(n) for n in (notes if isinstance(notes, list) else [notes]) if n]
     if isinstance(data.get("ci95"), str) and not isinstance(methods, dict):
         out.append(data["ci95"])
     return out
@@ -395,7 +352,7 @@ def plots(bench_dir: Path, problems: list[str]) -> list[dict]:
             data = png.read_bytes()
         except OSError:
             continue
-        if len(data) > PLOT_BYTES_MAX or not data.startswith(b"\x89PNG"):
+        if len(data) > 2_000_000 or not data.startswith(b"\x89PNG"):
             problems.append(f"{bench_dir.name}/{png.name}: not embedded (too large or not a PNG)")
             continue
         out.append({"name": png.name, "src": "data:image/png;base64," + base64.b64encode(data).decode()})

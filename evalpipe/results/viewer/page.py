@@ -1,8 +1,4 @@
-"""The single HTML file: CSS and script inline, the data in inert blocks, a strict CSP (docs/viewer.md).
-
-Data never becomes markup: the summary is JSON escaped so nothing in it can end its block; the bulk is gzip +
-base64 (no `<` in that alphabet).
-"""
+"""The single HTML file: CSS and script inline, the data in inert blocks, a strict CSP (docs/viewer.md)."""
 
 import base64
 import gzip
@@ -46,7 +42,6 @@ _MARKER = re.compile(r"%%(CSP|STYLE|META|BLOCKS|SCRIPT)%%")
 
 
 def render(meta: dict, blocks: list[tuple[str, str]]) -> str:
-    """The page: the template with its CSS, script, CSP, the escaped summary and the packed blocks."""
     assets = resources.files(__package__)
     template, style, script = (
         assets.joinpath(f"viewer.{ext}").read_text(encoding="utf-8") for ext in ("html", "css", "js")
