@@ -171,7 +171,7 @@ def test_sigint_stops_new_calls_waits_for_calls_in_flight_and_exits_130(tmp_path
         await asyncio.sleep(0.05)
         return {"idx": task.id}
 
-    summary = run(tasks(30), work, out, workers=2, grace_s=5)
+    summary = run(tasks(30), work, out, workers=2, grace=5)
     assert summary.interrupted
     assert "SIGINT received: no new calls" in capsys.readouterr().err
     assert set(started) <= {"t0", "t1", "t2", "t3"}  # at most the next call per worker was already under way
@@ -192,7 +192,7 @@ def test_calls_still_running_after_the_grace_period_are_abandoned(tmp_path):
         return {"idx": task.id}
 
     began = time.monotonic()
-    summary = run(tasks(3), work, out, workers=3, grace_s=0.3)
+    summary = run(tasks(3), work, out, workers=3, grace=0.3)
     assert time.monotonic() - began < 5
     assert summary.interrupted and summary.written == 1
     assert [r["idx"] for r in read_jsonl(out)] == ["t0"]
@@ -221,7 +221,7 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
             raise CallFailed("nope")
         return {"idx": task.id}
 
-    run(tasks(3), work, tmp_path / "out.jsonl", workers=1, log_every_s=0, label="judge")
+    run(tasks(3), work, tmp_path / "out.jsonl", workers=1, log_every=0, label="judge")
     lines = [said for said in capsys.readouterr().err.splitlines() if said.startswith("judge: ")]
     assert lines[-1].startswith("judge: 3/3 finished, 1 failed, ")
 
@@ -230,7 +230,7 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
 
 
 def settings(**kw) -> runner.Settings:
-    return runner.Settings(**{"workers": 3, "grace_s": 5.0, "progress": "log", **kw})
+    return runner.Settings(**{"workers": 3, "grace": 5.0, "progress": "log", **kw})
 
 
 def endpoint_for(server, **kw) -> Endpoint:

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,14 @@ class _Captured(Exception):
     """The request line of the call a task makes first."""
 
 
-def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list[dict]:
+def request_lines(job: "Job", pending: runner.Tasks) -> list[dict]:
     """The next call of every pending task that needs one (tasks done without a call need none)."""
     lines = []
 
     async def capture() -> None:
         for task in pending:
             try:
-                await work(task, BatchClient(endpoint, task.id))
+                await job.work(task, BatchClient(job.endpoint, task.id))
             except _Captured as captured:
                 lines.append(captured.args[0])
 
@@ -71,18 +72,26 @@ def write_request_files(lines: list[dict], path: Path, settings: runner.Settings
     return targets
 
 
-def export(
-    label: str, pending: runner.Tasks, work: Work, endpoint: Endpoint | None, path: Path, settings: runner.Settings
-) -> int:
-    if endpoint is None:
-        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --export-batch")
-    lines = request_lines(pending, work, endpoint)
+@dataclass(frozen=True)
+class Job:
+    """What the batch engines (export, import, the Batch API's) are given of a stage's job."""
+
+    label: str  # "infer", "judge", "error analysis"
+    work: Work
+    endpoint: Endpoint
+    output: Path
+    settings: runner.Settings
+    current: Callable[[], dict] | None = None  # the output's latest rows, when a pending task can have one
+
+
+def export(job: Job, pending: runner.Tasks, path: Path) -> int:
+    lines = request_lines(job, pending)
     if not lines:
-        print(f"{label}: no pending task needs a call; nothing exported", file=sys.stderr)
+        print(f"{job.label}: no pending task needs a call; nothing exported", file=sys.stderr)
         return 0
-    files = write_request_files(lines, path, settings)
+    files = write_request_files(lines, path, job.settings)
     print(
-        f"{label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
+        f"{job.label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
         f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)",
         file=sys.stderr,
     )
@@ -145,21 +154,9 @@ class BatchClient:
 BATCH_FLAG = {"infer": "batch", "judge": "judge_batch", "error analysis": "analysis_batch"}
 
 
-def import_files(
-    label: str,
-    pending: runner.Tasks,
-    work: Work,
-    endpoint: Endpoint | None,
-    paths: list[Path],
-    output: Path,
-    settings: runner.Settings,
-    current: Callable[[], dict] | None = None,
-) -> runner.RunSummary:
-    """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
-    `current`: reads the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
-    if endpoint is None:
-        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
-    redact.register(endpoint.api_key)
+def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.RunSummary:
+    """Write the rows the batch results complete, exactly as an online run would."""
+    redact.register(job.endpoint.api_key)
     results: dict[str, dict] = {}  # custom_id → its line, from output and error files in any order
     for path in paths:
         if not Path(path).exists():
@@ -172,16 +169,16 @@ def import_files(
                 )
             if not _ok(results.get(cid)) or _ok(row):  # an answer is never replaced by an error line
                 results[cid] = row
-    side = runner.failures_path(output)
+    side = runner.failures_path(job.output)
     side_rows = jsonl.iter_rows(side, torn_tail_ok=True) if side.exists() else []
     recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
-    latest = current() if current is not None else None
+    latest = job.current() if job.current is not None else None
 
     async def replay(task):
         try:
-            row = await work(task, BatchClient(endpoint, task.id, results))
+            row = await job.work(task, BatchClient(job.endpoint, task.id, results))
             if row is not None:
-                row[BATCH_FLAG[label]] = True
+                row[BATCH_FLAG[job.label]] = True
             if latest is not None and row == latest.get(task.id):
                 return None  # the same row from the same batch line is there already
             return row
@@ -193,5 +190,6 @@ def import_files(
             raise
 
     if paths:
-        print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    return asyncio.run(runner.run(pending, replay, output, dataclasses.replace(settings, workers=1), label=label))
+        print(f"{job.label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
+    settings = dataclasses.replace(job.settings, workers=1)
+    return asyncio.run(runner.run(pending, replay, job.output, settings, label=job.label))

@@ -24,16 +24,16 @@ from .spending import SpendingCap, SpendingCapReached
 
 @dataclass(frozen=True)
 class Settings:
-    """How a stage's calls go: its flags, read once by the stage (engine.py) and handed down as values."""
+    """How a stage's calls go: its flags, each field named as its flag, read once by engine.py and handed down."""
 
     workers: int = 8  # calls in flight at most
-    grace_s: float = 10.0  # after a stop, how long the calls in flight may take
-    log_every_s: float = 30.0
+    grace: float = 10.0  # seconds the calls in flight may take after a stop
+    log_every: float = 30.0  # seconds between progress lines
     progress: str = "auto"
     batch_max_requests: int = 50_000  # OpenAI Batch API limits per input file
     batch_max_bytes: int = 200 * 1024 * 1024
-    batch_wait_s: float = 0.0  # --backend batch: keep polling this long
-    batch_poll_s: float = 30.0
+    batch_wait: float = 0.0  # seconds --backend batch keeps polling
+    batch_poll: float = 30.0
 
 
 class Tasks(Protocol):
@@ -65,7 +65,7 @@ def failures_path(output: Path) -> Path:
 class _Sink:
     """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
     rescue file for the next run), each failure to the side file, and their count to the progress display: a tqdm
-    bar on a terminal, a plain line every `log_every_s` otherwise (cron logs). The first write that fails for want
+    bar on a terminal, a plain line every `log_every` otherwise (cron logs). The first write that fails for want
     of space or permission stops new calls."""
 
     def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, settings: Settings):
@@ -126,7 +126,7 @@ class _Sink:
                 self.bar.set_postfix(failed=summary.failed)
             return
         now = time.monotonic()
-        if now - self.shown < self.settings.log_every_s:
+        if now - self.shown < self.settings.log_every:
             return
         self.shown = now
         done = summary.written + summary.rescued + summary.lost + summary.failed + summary.skipped
@@ -143,7 +143,7 @@ class _Sink:
             self.summary.unwritable = exc
             print(
                 f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {self.settings.grace_s:g}s for calls in flight",
+                f"waiting up to {self.settings.grace:g}s for calls in flight",
                 file=sys.stderr,
                 flush=True,
             )
@@ -183,7 +183,7 @@ async def _worker(next_task, work, sink: _Sink) -> None:
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
     """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
     period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
-    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace_s
+    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace
 
     def on_signal(signame: str) -> None:
         if stop.is_set():

@@ -78,19 +78,14 @@ def run(job: Job, args) -> int:
                 job.label, pending, work, job.endpoint, args.max_tokens, prices, job.first_call_only, args.max_cost
             )
         return EXIT_OK
-    settings = runner.Settings(
-        workers=args.workers,
-        grace_s=args.grace,
-        log_every_s=args.log_every,
-        progress=args.progress,
-        batch_max_requests=args.batch_max_requests,
-        batch_max_bytes=args.batch_max_bytes,
-        batch_wait_s=args.batch_wait,
-        batch_poll_s=args.batch_poll,
-    )
+    settings = runner.Settings(**{name: getattr(args, name) for name in runner.Settings.__dataclass_fields__})
+    given = {"--export-batch": args.export_batch, "--backend batch": args.backend == "batch"}
+    batch_flag = next((flag for flag, on in {**given, "--import-batch": args.import_batch}.items() if on), None)
+    if batch_flag and job.endpoint is None:
+        raise BadInput(f"{job.label} makes no API calls for this benchmark: run it without {batch_flag}")
     cap = None
     if job.endpoint is not None and args.max_cost is not None:  # a rule judge spends nothing
-        if args.backend == "batch" or args.export_batch or args.import_batch:
+        if batch_flag:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
@@ -104,8 +99,10 @@ def run(job: Job, args) -> int:
         pending = job.pending_given(written)
         job.announce(pending)
         if args.export_batch:
+            assert job.endpoint is not None  # refused above
             with job.rows.session(False) as work:
-                return batch.export(job.label, pending, work, job.endpoint, args.export_batch, settings)
+                calls = batch.Job(job.label, work, job.endpoint, job.output, settings)
+                return batch.export(calls, pending, args.export_batch)
         record = manifest.Record(job.output, job.manifest)
         name, total = job.total  # the manifest's counts before the run
         counts = {name: total, "done_before": total - len(pending), "pending": len(pending)}
@@ -114,20 +111,19 @@ def run(job: Job, args) -> int:
             return job.rows.settle(EXIT_OK)
         current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
         with job.rows.session(True) as work:
+            if batch_flag:
+                assert job.endpoint is not None  # refused above
+                calls = batch.Job(job.label, work, job.endpoint, job.output, settings, current)
             if args.backend == "batch":  # a step of the Batch API state file (or more, with --batch-wait)
 
                 def still_pending() -> Pending:
                     return job.pending_given(job.written())
 
-                code = batch_backend.advance(
-                    job.label, still_pending, work, job.endpoint, job.output, settings, current
-                )
+                code = batch_backend.advance(calls, still_pending)
                 record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
                 return code
             if args.import_batch:  # the rows the batch files complete
-                summary = batch.import_files(
-                    job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
-                )
+                summary = batch.import_files(calls, pending, args.import_batch)
             else:
                 online = runner.run_with_client(
                     job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
