@@ -21,8 +21,8 @@ from evalpipe.client.batch_backend import (
 )
 from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import Reply
-from evalpipe.stages import engine
 from evalpipe.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
+from evalpipe.stages import engine
 from evalpipe.store import jsonl
 
 from .conftest import API_KEY, read_jsonl

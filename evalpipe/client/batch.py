@@ -174,7 +174,7 @@ def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.R
     recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
     latest = job.current() if job.current is not None else None
 
-    async def replay(task):
+    async def replay(task, _client) -> dict | None:
         try:
             row = await job.work(task, BatchClient(job.endpoint, task.id, results))
             if row is not None:

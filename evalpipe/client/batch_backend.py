@@ -23,7 +23,7 @@ from ..errors import (
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from . import batch, runner
-from .llm import Endpoint, connect_failure, describe
+from .llm import connect_failure, describe
 
 FINISHED = {"completed", "expired", "cancelled", "failed"}
 MAX_SUBMISSIONS = 3  # a request that failed this many batches is left to the user (side file)
@@ -162,7 +162,8 @@ def _collect(job: batch.Job, pending_now: Callable[[], runner.Tasks], client, st
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
             print(
-                f"{job.label}: batch {entry['id']} {info.status}: imported {summary.written} rows, {summary.failed} failed",
+                f"{job.label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
+                f"{summary.failed} failed",
                 file=sys.stderr,
             )
             steps = StepCache.path_for(job.output)

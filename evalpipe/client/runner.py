@@ -160,11 +160,11 @@ class _Sink:
         self._out.close()
 
 
-async def _worker(next_task, work, sink: _Sink) -> None:
+async def _worker(next_task, work, client: ChatClient | None, sink: _Sink) -> None:
     summary, stop = sink.summary, sink.stop
     while (task := await next_task()) is not None:
         try:
-            row = await work(task)
+            row = await work(task, client)
         except CallFailed as exc:
             sink.failed(task, str(exc))
         except (EndpointRefused, SpendingCapReached) as exc:
@@ -215,15 +215,18 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
 
 async def run(
     tasks: Tasks,
-    work: Callable[[Any], Awaitable[dict | None]],
+    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
     output: Path,
     settings: Settings,
     *,
     label: str,
+    endpoint: Endpoint | None = None,
     group_of: GroupOf | None = None,
+    cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule.
-    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
+    """Run `work(task, client)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule;
+    the client calls `endpoint` (None: no client), its calls in flight adapting below `workers`. Raises
+    OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
     total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
@@ -236,39 +239,24 @@ async def run(
     async def next_task():
         return next(queue, None) if schedule is None else await schedule.next()
 
-    if schedule is not None:
-        work = schedule.watching(work)
+    client = ChatClient(endpoint, AdaptiveLimit(workers), cap) if endpoint is not None else None
+    watched = schedule.watching(work) if schedule is not None else work
     sink = _Sink(output, summary, stop, label, settings)
     try:
-        running = [asyncio.create_task(_worker(next_task, work, sink)) for _ in range(max(1, min(workers, total)))]
+        running = [
+            asyncio.create_task(_worker(next_task, watched, client, sink)) for _ in range(max(1, min(workers, total)))
+        ]
         await _until_done_or_stopped(asyncio.gather(*running), sink)
     finally:
         sink.close()
+        if client is not None:
+            await client.aclose()
     summary.elapsed_s = time.monotonic() - sink.started
     if summary.unwritable is not None:
         _print_counts(label, summary)
         summary.unwritable.note = sink.rescue_note()
         raise summary.unwritable
     return summary
-
-
-async def run_with_client(
-    label: str,
-    endpoint: Endpoint | None,
-    pending: Tasks,
-    output: Path,
-    settings: Settings,
-    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
-    group_of: GroupOf | None = None,
-    cap: SpendingCap | None = None,
-) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls), its calls in flight adapting below `workers`."""
-    client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
-    try:
-        return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
-    finally:
-        if client is not None:
-            await client.aclose()
 
 
 def _print_counts(stage: str, summary: RunSummary) -> None:

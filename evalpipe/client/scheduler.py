@@ -54,12 +54,12 @@ class PrefixSchedule:
             await self._wait_for_change()
         return None
 
-    def watching(self, work: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    def watching(self, work: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """`work` that tells the schedule how each task ended: answered (it returned) or failed (it raised)."""
 
-        async def watched(task: Any) -> Any:
+        async def watched(task: Any, *args: Any) -> Any:
             try:
-                result = await work(task)
+                result = await work(task, *args)
             except BaseException:
                 self.ended(task, answered=False)
                 raise

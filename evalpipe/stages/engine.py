@@ -125,8 +125,15 @@ def run(job: Job, args) -> int:
             if args.import_batch:  # the rows the batch files complete
                 summary = batch.import_files(calls, pending, args.import_batch)
             else:
-                online = runner.run_with_client(
-                    job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
+                online = runner.run(
+                    pending,
+                    work,
+                    job.output,
+                    settings,
+                    label=job.label,
+                    endpoint=job.endpoint,
+                    group_of=job.prefix_group,
+                    cap=cap,
                 )
                 summary = asyncio.run(online)
         extra = job.rows.counts(summary)
