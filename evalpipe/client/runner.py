@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tqdm import tqdm
 
@@ -36,11 +36,19 @@ class Settings:
     batch_poll: float = 30.0
 
 
-class Tasks(Protocol):
-    """The pending tasks: counted, and read (again) from the start each time they are iterated."""
+@dataclass
+class Tasks:
+    """The pending tasks, counted when made and read lazily, from the start, each time they are iterated: a stage
+    over a million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
 
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator: ...
+    count: int
+    read: Callable[[], Iterator]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator:
+        return self.read()
 
 
 @dataclass

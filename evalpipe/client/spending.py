@@ -99,13 +99,13 @@ class SpendingCap:
         self._changed = asyncio.Event()
 
 
-def amount(text: str) -> float:
-    """A cap in USD as given (--max-cost, MAX_COST): a finite amount above 0, else ValueError saying so."""
+def amount(text: str, zero_ok: bool = False) -> float:
+    """An amount in USD as given (--max-cost, MAX_COST: above 0; a ledger line: 0 or more), else ValueError."""
     try:
         usd = float(text)
     except ValueError:
         usd = math.nan
-    if not (math.isfinite(usd) and usd > 0):
+    if not (math.isfinite(usd) and (usd > 0 or zero_ok and usd == 0)):
         raise ValueError(f"{text}: give a positive amount in USD")
     return usd
 
@@ -127,13 +127,9 @@ def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path 
     prices = prices_for(prices_path, model)
     spent = 0.0
     for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):
-        if not line.strip():
-            continue
         try:
-            amount = float(line)
+            spent += amount(line, zero_ok=True) if line.strip() else 0
         except ValueError:
-            amount = math.nan
-        if not (math.isfinite(amount) and amount >= 0):
-            raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
-        spent += amount
+            said = line.strip()[:40]
+            raise BadInput(f"the spending ledger holds {said!r}, not an amount spent", ledger, number) from None
     return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent)

@@ -2,7 +2,7 @@
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +20,7 @@ from ..store.checkpoint import StepCache
 Work = Callable[[Task, Any], Awaitable[dict | None]]
 
 
-class Pending:
-    """The tasks still to do, counted when made and read lazily each time they are iterated: a stage over a
-    million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
-
-    def __init__(self, count: int, tasks: Callable[[], Iterator[Task]]):
-        self.count, self._tasks = count, tasks
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[Task]:
-        return self._tasks()
+Pending = runner.Tasks
 
 
 class Rows(Protocol):
