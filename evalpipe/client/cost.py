@@ -5,6 +5,7 @@ import math
 import os
 import re
 from array import array
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,22 +119,20 @@ def _counts_valid(usage: dict, calls: int) -> bool:
 class Ledger:
     """Calls, tokens and latencies per stage (infer, judge, error_analysis) of one run."""
 
-    stages: dict[str, _StageTally] = field(default_factory=dict)
+    stages: defaultdict[str, _StageTally] = field(default_factory=lambda: defaultdict(_StageTally))
 
     def add(self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls=1, batch=False):
         # called once per call of a run (millions): kept to plain dict operations
-        tally = self.stages.get(stage)
-        if tally is None:
-            tally = self.stages[stage] = _StageTally()
+        tally = self.stages[stage]
         tally.calls += calls
         if batch:
             tally.batch_calls += calls
         if usage and not _counts_valid(usage, calls):
             tally.invalid_usage += calls
         elif usage:
-            sums = tally.usages.get((model, batch))
-            if sums is None:
-                sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
+            sums = tally.usages.get((model, batch)) or tally.usages.setdefault(
+                (model, batch), dict.fromkeys(TOKEN_KEYS, 0)
+            )
             for key in TOKEN_KEYS:
                 value = usage.get(key)
                 if value:

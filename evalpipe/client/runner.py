@@ -226,7 +226,6 @@ async def run(
     work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
     output: Path,
     settings: Settings,
-    *,
     label: str,
     endpoint: Endpoint | None = None,
     group_of: GroupOf | None = None,

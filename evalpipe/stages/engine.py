@@ -15,8 +15,7 @@ from ..errors import EXIT_OK, BadInput
 from ..store import jsonl, lock, manifest
 from ..store.checkpoint import StepCache
 
-# The work on one task: work(task, client) -> its row (None: nothing to write now). The client is an
-# llm.ChatClient, or a stand-in that answers as one does (batch.py's, dryrun.py's), or None without an endpoint.
+# work(task, client) -> its row (None: nothing to write now); the client: an llm.ChatClient, a stand-in, or None
 Work = Callable[[Task, Any], Awaitable[dict | None]]
 
 
@@ -44,16 +43,13 @@ class Job:
     fingerprint: dict | None  # what makes the rows what they are; None: nothing to keep apart
     manifest: dict  # what the manifest records of this invocation
     total: tuple[str, int]  # what the pending tasks are counted out of, e.g. ("selected", 100)
-    # the ids the output holds that are done; true when it holds any row (all paid for, done or not)
-    written: Callable[[], set]
+    written: Callable[[], set]  # the done ids in the output; true when it holds any row (all paid for)
     pending_given: Callable[[set], Pending]  # the tasks still to do, given `written()`
     announce: Callable[[Pending], None]  # print what this invocation will do, given the pending tasks
     rows: Rows
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
-    # a pending task can have a row already (a judge's stand-in): the batch engines compare with the output's latest
-    rows_pending: bool = False
-    # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
-    prefix_group: Callable[[Task], str | None] | None = None
+    rows_pending: bool = False  # a pending task can have a row (a judge's stand-in): batch import compares
+    prefix_group: Callable[[Task], str | None] | None = None  # online: a task's group (scheduler.py); None: in order
 
 
 def run(job: Job, args) -> int:
@@ -78,10 +74,9 @@ def run(job: Job, args) -> int:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
-        if job.endpoint is not None:  # send --max-tokens in the field an earlier run learned this endpoint takes
-            field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
-            if field in TOKEN_FIELDS:
-                job.endpoint.use_token_field(field)
+        token_fields = manifest.learned(job.output, "token_field")  # the field each endpoint took --max-tokens in
+        if job.endpoint is not None and token_fields.get(job.endpoint.learned_key) in TOKEN_FIELDS:
+            job.endpoint.use_token_field(token_fields[job.endpoint.learned_key])
         written = job.written()
         in_batches = batch_backend.State(job.output).open_batches()
         _refuse(job, args, written, in_batches)
@@ -114,32 +109,17 @@ def run(job: Job, args) -> int:
             if args.import_batch:  # the rows the batch files complete
                 summary = batch.import_files(calls, pending, args.import_batch)
             else:
-                online = runner.run(
-                    pending,
-                    work,
-                    job.output,
-                    settings,
-                    label=job.label,
-                    endpoint=job.endpoint,
-                    group_of=job.prefix_group,
-                    cap=cap,
-                )
+                online = runner.run(pending, work, job.output, settings, job.label, job.endpoint, job.prefix_group, cap)
                 summary = asyncio.run(online)
         extra = job.rows.counts(summary)
-        learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
+        learned = extra.pop("learned", {})
+        if job.endpoint is not None and job.endpoint.token_field is not None:  # learned: not the flag's, or learned before
+            field, key = job.endpoint.token_field, job.endpoint.learned_key
+            if field != args.max_tokens_param or key in token_fields:
+                learned["token_field"] = {**token_fields, key: field}
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
     return job.rows.settle(runner.finish(job.label, summary, job.output))
-
-
-def _learned_token_field(job: Job, args) -> dict:
-    """The field the endpoint took --max-tokens in, when not --max-tokens-param's or an earlier run learned another."""
-    if job.endpoint is None or job.endpoint.token_field is None:
-        return {}
-    learned, key = manifest.learned(job.output, "token_field"), job.endpoint.learned_key
-    if job.endpoint.token_field == args.max_tokens_param and key not in learned:
-        return {}
-    return {"token_field": {**learned, key: job.endpoint.token_field}}
 
 
 def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
