@@ -5,7 +5,6 @@ run's; a custom_id covers the request body's sha256, so an answer only ever land
 import asyncio
 import dataclasses
 import hashlib
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,13 +86,12 @@ class Job:
 def export(job: Job, pending: runner.Tasks, path: Path) -> int:
     lines = request_lines(job, pending)
     if not lines:
-        print(f"{job.label}: no pending task needs a call; nothing exported", file=sys.stderr)
+        runner.say(f"{job.label}: no pending task needs a call; nothing exported")
         return 0
     files = write_request_files(lines, path, job.settings)
-    print(
+    runner.say(
         f"{job.label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
-        f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)",
-        file=sys.stderr,
+        f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)"
     )
     return 0
 
@@ -190,6 +188,6 @@ def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.R
             raise
 
     if paths:
-        print(f"{job.label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
+        runner.say(f"{job.label}: importing {len(results)} batch results for {len(pending)} pending tasks")
     settings = dataclasses.replace(job.settings, workers=1)
     return asyncio.run(runner.run(pending, replay, job.output, settings, label=job.label))

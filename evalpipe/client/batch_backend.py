@@ -4,7 +4,6 @@ state file `<output>.batch.json`: import what finished, submit what is missing, 
 
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,20 +106,16 @@ def advance(job: batch.Job, pending_now: Callable[[], runner.Tasks]) -> int:
         status = getattr(exc, "status_code", None)
         if status is not None and status < 500 and status not in (408, 409, 429):
             raise BadInput(f"the Batch API rejected a request: {describe(exc)}") from None
-        print(
-            f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later",
-            file=sys.stderr,
-        )
+        runner.say(f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later")
         return EXIT_INCOMPLETE
     if running:
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
-        print(f"{label}: submitted, waiting: {counts}; run the same command again to continue", file=sys.stderr)
+        runner.say(f"{label}: submitted, waiting: {counts}; run the same command again to continue")
         return EXIT_WAITING
     if left := pending_now():
-        print(
+        runner.say(
             f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
-            f"(see {job.output.name}.failed.jsonl)",
-            file=sys.stderr,
+            f"(see {job.output.name}.failed.jsonl)"
         )
         return EXIT_INCOMPLETE
     return EXIT_OK
@@ -161,10 +156,9 @@ def _collect(job: batch.Job, pending_now: Callable[[], runner.Tasks], client, st
             if summary.interrupted or summary.refused:
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
-            print(
+            runner.say(
                 f"{job.label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
-                f"{summary.failed} failed",
-                file=sys.stderr,
+                f"{summary.failed} failed"
             )
             steps = StepCache.path_for(job.output)
             if steps.exists():  # imported steps reach the disk before the batch counts as imported
@@ -223,4 +217,4 @@ def _submit(job: batch.Job, client, state: State, pending: runner.Tasks) -> None
             created = client.batches.retrieve(entry["id"])
         entry.update(id=created.id, status=created.status)
         state.save()
-        print(f"{job.label}: submitted batch {created.id} with {entry['requests']} requests", file=sys.stderr)
+        runner.say(f"{job.label}: submitted batch {created.id} with {entry['requests']} requests")

@@ -66,6 +66,11 @@ class RunSummary:
     first_errors: list[str] = field(default_factory=list)
 
 
+def say(text: str) -> None:
+    """A line for the user on stderr, flushed at once (cron logs)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def failures_path(output: Path) -> Path:
     return output.with_name(output.name + ".failed.jsonl")
 
@@ -139,21 +144,15 @@ class _Sink:
         self.shown = now
         done = summary.written + summary.rescued + summary.lost + summary.failed + summary.skipped
         rate = done / (now - self.started) if now > self.started else 0.0
-        print(
-            f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s")
 
     def stop_writing(self, exc: OutputUnwritable) -> None:
         """As on SIGINT: no new calls; the calls in flight get the grace period."""
         if self.summary.unwritable is None:
             self.summary.unwritable = exc
-            print(
+            say(
                 f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {self.settings.grace:g}s for calls in flight",
-                file=sys.stderr,
-                flush=True,
+                f"waiting up to {self.settings.grace:g}s for calls in flight"
             )
         self.stop.set()
 
@@ -198,11 +197,7 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
             all_done.cancel()
             return
         sink.summary.interrupted = True
-        print(
-            f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight")
         stop.set()
 
     loop = asyncio.get_running_loop()
@@ -269,14 +264,13 @@ async def run(
 def _print_counts(stage: str, summary: RunSummary) -> None:
     rate = summary.written / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
     unwritten = summary.rescued + summary.lost
-    print(
+    say(
         f"{stage}: wrote {summary.written} rows, "
         + (f"{unwritten} finished but not written, " if unwritten else "")
         + f"{summary.failed} failed, "
         + (f"{summary.skipped} not in the batch files, " if summary.skipped else "")
         + f"{summary.pending - summary.written - unwritten - summary.failed - summary.skipped} not attempted, "
-        f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)",
-        file=sys.stderr,
+        f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)"
     )
 
 
@@ -284,15 +278,15 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     """Print what a run did and return its exit code (raise EndpointRefused if refused)."""
     _print_counts(stage, summary)
     for line in summary.first_errors:
-        print(f"{stage}: failed: {line}", file=sys.stderr)
+        say(f"{stage}: failed: {line}")
     if summary.failed:
-        print(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them", file=sys.stderr)
+        say(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them")
     if summary.refused is not None:
         if isinstance(summary.refused, SpendingCapReached):
-            print(f"{stage}: {summary.refused}", file=sys.stderr)
+            say(f"{stage}: {summary.refused}")
             return summary.refused.exit_code
         raise summary.refused
     if summary.interrupted:
-        print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)
+        say(f"{stage}: interrupted; rerun the same command to continue")
         return EXIT_INTERRUPTED
     return EXIT_INCOMPLETE if summary.written < summary.pending else EXIT_OK
