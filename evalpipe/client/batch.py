@@ -29,8 +29,8 @@ def custom_id(task_id, body: dict) -> str:
     return f"{task_id}~{digest}"
 
 
-class _Captured(Exception):
-    """The request line of the call a task makes first."""
+class _Unanswered(Exception):
+    """A call the stand-in client does not answer: with its request line when exporting, bare when importing."""
 
 
 def request_lines(job: "Job", pending: runner.Tasks) -> list[dict]:
@@ -41,8 +41,8 @@ def request_lines(job: "Job", pending: runner.Tasks) -> list[dict]:
         for task in pending:
             try:
                 await job.work(task, BatchClient(job.endpoint, task.id))
-            except _Captured as captured:
-                lines.append(captured.args[0])
+            except _Unanswered as call:
+                lines.append(call.args[0])
 
     asyncio.run(capture())
     return lines
@@ -96,21 +96,14 @@ def export(job: Job, pending: runner.Tasks, path: Path) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- import
-
-
 def _ok(row: dict | None) -> bool:
     response = (row or {}).get("response")
     return isinstance(response, dict) and response.get("status_code") == 200
 
 
-class NotInBatch(Exception):
-    """The call a task needs next has no answer in the imported files."""
-
-
 class BatchClient:
     """Stands in for llm.ChatClient and sends nothing: without `results` the first call a task makes becomes a
-    request line (raised as _Captured); with them, each call is answered from the imported batch results."""
+    request line (raised as _Unanswered); with them, each call is answered from the imported batch results."""
 
     batched = True  # one call per task: a batch cannot answer a second attempt
 
@@ -120,10 +113,10 @@ class BatchClient:
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         body = self.endpoint.request_body(messages, fields)
         if self.results is None:
-            raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+            raise _Unanswered({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
         row = self.results.get(custom_id(self.task_id, body))
         if row is None:
-            raise NotInBatch()
+            raise _Unanswered()  # not in the imported files
         response = row.get("response") or {}
         if _ok(row):
             from openai.types.chat import ChatCompletion
@@ -180,7 +173,7 @@ def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.R
             if latest is not None and row == latest.get(task.id):
                 return None  # the same row from the same batch line is there already
             return row
-        except NotInBatch:
+        except _Unanswered:
             return None
         except CallFailed as exc:
             if (task.id, str(exc)) in recorded:

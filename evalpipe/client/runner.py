@@ -76,10 +76,8 @@ def failures_path(output: Path) -> Path:
 
 
 class _Sink:
-    """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
-    rescue file for the next run), each failure to the side file, and their count to the progress display: a tqdm
-    bar on a terminal, a plain line every `log_every` otherwise (cron logs). The first write that fails for want
-    of space or permission stops new calls."""
+    """Where a run's results go: rows to the output (else to the rescue file, for the next run), failures to the
+    side file, counts to a tqdm bar on a terminal or a line every `log_every` (cron logs)."""
 
     def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, settings: Settings):
         self.output, self.summary, self.stop, self.label, self.settings = output, summary, stop, label, settings
@@ -108,14 +106,6 @@ class _Sink:
                 except (OutputUnwritable, OSError):
                     self.summary.lost += 1
         self._progress()
-
-    def rescue_note(self) -> str:
-        path, parts = jsonl.rescue_path(self.output), []
-        if self.summary.rescued:
-            parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
-        if self.summary.lost:
-            parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
-        return "; ".join(parts)
 
     def failed(self, task, error: str) -> None:
         self.summary.failed += 1
@@ -256,7 +246,12 @@ async def run(
     summary.elapsed_s = time.monotonic() - sink.started
     if summary.unwritable is not None:
         _print_counts(label, summary)
-        summary.unwritable.note = sink.rescue_note()
+        path, notes = jsonl.rescue_path(output), []
+        if summary.rescued:
+            notes.append(f"{summary.rescued} finished answers were kept in {path}; the next run adds them first")
+        if summary.lost:
+            notes.append(f"{summary.lost} finished answers were lost ({path} could not be written either)")
+        summary.unwritable.note = "; ".join(notes)
         raise summary.unwritable
     return summary
 

@@ -113,7 +113,7 @@ def run(job: Job, args) -> int:
                 summary = asyncio.run(online)
         extra = job.rows.counts(summary)
         learned = extra.pop("learned", {})
-        if job.endpoint is not None and job.endpoint.token_field is not None:  # learned: not the flag's, or learned before
+        if job.endpoint is not None and job.endpoint.token_field is not None:  # not the flag's, or learned before
             field, key = job.endpoint.token_field, job.endpoint.learned_key
             if field != args.max_tokens_param or key in token_fields:
                 learned["token_field"] = {**token_fields, key: field}
