@@ -1,6 +1,5 @@
-"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation, each advancing the
-state file `<output>.batch.json`: import what finished, submit what is missing, exit 75 while a batch still runs
-(docs/batch.md)."""
+"""--backend batch: the pending calls through OpenAI's Batch API, each invocation a step of `<output>.batch.json`:
+import what finished, submit what is missing, exit 75 while a batch still runs (docs/batch.md)."""
 
 import os
 import secrets

@@ -175,7 +175,7 @@ class Ledger:
 
 
 def format_summary(summary: dict) -> str:
-    lines = []
+    lines, invalid = [], []
     for stage, s in summary["stages"].items():
         t, lat = s["tokens"], s["latency_s"]
         cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
@@ -186,13 +186,12 @@ def format_summary(summary: dict) -> str:
             f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}{cached}  completion "
             f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  {timing}  {cost}"
         )
-    invalid = {
-        stage: s["invalid_usage_calls"] for stage, s in summary["stages"].items() if s.get("invalid_usage_calls")
-    }
+        if s.get("invalid_usage_calls"):
+            invalid.append(f"{stage} {s['invalid_usage_calls']:,} calls")
     if invalid:
         lines.append(
             "  warning: usage numbers that are not token counts (fractions, negatives, over 10^12) left out of tokens "
-            "and cost: " + ", ".join(f"{stage} {count:,} calls" for stage, count in invalid.items())
+            "and cost: " + ", ".join(invalid)
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")

@@ -1,6 +1,5 @@
-"""How many requests may be in flight (AIMD), and when the next may start: paced to the limits a server announces
-in x-ratelimit-* headers, or to a rate measured between its 429s; never longer than the caller's `max_wait_s`
-(PacedPastLimit instead). docs/design.md (Concurrency) says how and why."""
+"""How many requests may be in flight (AIMD), and when the next may start: paced to a server's x-ratelimit-* headers
+or to a rate measured between its 429s, never past `max_wait_s` (docs/design.md#concurrency says how and why)."""
 
 import asyncio
 import bisect

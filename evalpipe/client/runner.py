@@ -1,6 +1,5 @@
-"""The bounded-concurrency loop every API-calling stage runs on its pending tasks: at most `workers` calls in
-flight, each finished row appended at once (one writer: the event loop), failures in a side file, progress shown,
-and a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
+"""The bounded-concurrency loop every API-calling stage runs on its pending tasks, the event loop the one writer,
+with a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
 
 import asyncio
 import contextlib

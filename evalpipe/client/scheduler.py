@@ -1,6 +1,5 @@
-"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered, so
-that a prefix-caching server computes their shared prefix once. docs/design.md (Shared-prefix scheduling) gives
-the rules and the measurements."""
+"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered, so that
+a prefix-caching server computes their prefix once (docs/design.md#shared-prefix-scheduling)."""
 
 import asyncio
 import time

@@ -1,6 +1,5 @@
-"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass. Each call's worst case
-(a prompt token per byte of its request, plus the completion tokens it may answer) is reserved before it goes
-and replaced by its reply's cost; docs/results.md (A spending cap) says how."""
+"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass. Each call's worst case is
+reserved before it goes and replaced by its reply's cost (docs/results.md#a-spending-cap)."""
 
 import asyncio
 import json

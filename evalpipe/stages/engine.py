@@ -27,9 +27,7 @@ class Rows(Protocol):
 
     # the work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's
     def session(self, paying: bool) -> AbstractContextManager[Work]: ...
-
     def counts(self, summary: runner.RunSummary) -> dict: ...  # what the manifest adds of a run
-
     def settle(self, code: int) -> int: ...  # the last word on an online or import run's exit code
 
 
