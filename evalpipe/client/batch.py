@@ -182,5 +182,4 @@ def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.R
 
     if paths:
         runner.say(f"{job.label}: importing {len(results)} batch results for {len(pending)} pending tasks")
-    settings = dataclasses.replace(job.settings, workers=1)
-    return asyncio.run(runner.run(pending, replay, job.output, settings, label=job.label))
+    return asyncio.run(runner.run(pending, replay, job.output, dataclasses.replace(job.settings, workers=1), job.label))

@@ -74,13 +74,15 @@ class SpendingCap:
         return Reservation(worst, bound)
 
     def release(self, reservation: Reservation) -> None:
-        """A call that got no reply: it cost nothing."""
+        """A call done: its reservation gives way (a call that got no reply cost nothing)."""
         self.reserved_usd -= reservation.usd
-        self._done()
+        self.in_flight -= 1
+        self._changed.set()  # wake the calls waiting for room; they check again
+        self._changed = asyncio.Event()
 
     def settle(self, reservation: Reservation, usage: dict) -> None:
         """A reply: its cost replaces its reservation; without usage (or invalid usage) the reservation counts."""
-        self.reserved_usd -= reservation.usd
+        self.release(reservation)
         priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
         spent = reservation.usd if priced is None else priced
         self.spent_usd += spent
@@ -90,12 +92,6 @@ class SpendingCap:
         if self.ledger is not None and spent:
             with open(self.ledger, "a") as f:
                 f.write(f"{spent!r}\n")
-        self._done()
-
-    def _done(self) -> None:
-        self.in_flight -= 1
-        self._changed.set()  # wake the calls waiting for room; they check again
-        self._changed = asyncio.Event()
 
 
 def amount(text: str, zero_ok: bool = False) -> float:
