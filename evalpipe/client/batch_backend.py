@@ -199,8 +199,7 @@ def _submit(job: batch.Job, client, state: State, pending: runner.Tasks) -> None
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         state.batches.append(entry)
-        for cid in ids:
-            state.submissions[cid] = state.submissions.get(cid, 0) + 1
+        state.submissions.update((cid, state.submissions.get(cid, 0) + 1) for cid in ids)
         state.save()  # before create: a crash now is found again by its upload, never submitted twice
         try:
             # no SDK retries: a retried create whose first response was lost would make a second batch

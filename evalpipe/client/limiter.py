@@ -323,8 +323,7 @@ class Attempt:
     """A slot and the pacing's go-ahead for one HTTP attempt, whose reply's headers go back to the budgets."""
 
     def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int, max_wait_s: float, announce: Announce):
-        self.limit, self.prompt_chars = limit, prompt_chars
-        self.max_wait_s, self.announce = max_wait_s, announce
+        self.limit, self.prompt_chars, self.max_wait_s, self.announce = limit, prompt_chars, max_wait_s, announce
         self.costs = {"requests": 1.0, "tokens": limit.estimated_tokens(prompt_chars, max_tokens)}
         self.marks: dict[str, float] = {}
         self.sent_at = 0.0

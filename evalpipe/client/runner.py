@@ -215,9 +215,8 @@ async def run(
     group_of: GroupOf | None = None,
     cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """Run `work(task, client)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule;
-    the client calls `endpoint` (None: no client), its calls in flight adapting below `workers`. Raises
-    OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
+    """`work(task, client)` for every task (by `group_of`'s PrefixSchedule, else in order), the client calling
+    `endpoint` if any; OutputUnwritable, once the calls in flight finished, if a file could not be written."""
     total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now

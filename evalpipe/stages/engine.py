@@ -49,11 +49,14 @@ class Job:
     rows_pending: bool = False  # a pending task can have a row (a judge's stand-in): batch import compares
     prefix_group: Callable[[Task], str | None] | None = None  # online: a task's group (scheduler.py); None: in order
 
+    def pending(self) -> Pending:
+        return self.pending_given(self.written())
+
 
 def run(job: Job, args) -> int:
     """Run the job's pending tasks through the engine the flags choose; return the exit code."""
     if args.dry_run:  # reads only: no folder, lock file or manifest
-        pending = job.pending_given(job.written())
+        pending = job.pending()
         job.announce(pending)
         prices = cost.load_prices(args.prices)
         with job.rows.session(False) as work:
@@ -97,12 +100,8 @@ def run(job: Job, args) -> int:
                 assert job.endpoint is not None  # refused above
                 calls = batch.Job(job.label, work, job.endpoint, job.output, settings, current)
             if args.backend == "batch":  # a step of the Batch API state file (or more, with --batch-wait)
-
-                def still_pending() -> Pending:
-                    return job.pending_given(job.written())
-
-                code = batch_backend.advance(calls, still_pending)
-                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+                code = batch_backend.advance(calls, job.pending)
+                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(job.pending()))
                 return code
             if args.import_batch:  # the rows the batch files complete
                 summary = batch.import_files(calls, pending, args.import_batch)
