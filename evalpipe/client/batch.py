@@ -102,8 +102,7 @@ def _ok(row: dict | None) -> bool:
 
 
 class BatchClient:
-    """Stands in for llm.ChatClient and sends nothing: without `results` the first call a task makes becomes a
-    request line (raised as _Unanswered); with them, each call is answered from the imported batch results."""
+    """llm.ChatClient's stand-in, sending nothing: a call becomes a request line or, given `results`, is answered."""
 
     batched = True  # one call per task: a batch cannot answer a second attempt
 

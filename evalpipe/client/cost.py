@@ -103,8 +103,7 @@ MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a
 
 
 def _counts_valid(usage: dict, calls: int) -> bool:
-    """Whether a call's usage (or the summed usage of `calls` calls) holds token counts only: not marked invalid
-    by llm.usage_dict, every number whole, from 0 to MAX_TOKEN_COUNT a call (older rows may hold anything)."""
+    """Whether `calls` calls' usage holds whole counts, 0 to MAX_TOKEN_COUNT a call (older rows may hold anything)."""
     if "invalid" in usage:
         return False
     limit = MAX_TOKEN_COUNT * max(1, calls)

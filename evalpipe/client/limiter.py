@@ -45,8 +45,7 @@ def parse_duration(text: str) -> float | None:
 
 
 def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
-    """{"requests"|"tokens": (limit, remaining, seconds until full again)} for each limit whose three
-    x-ratelimit-* headers are all there and readable (a limit below one is no limit anyone could pace to)."""
+    """{kind: (limit, remaining, seconds until full)} for each limit whose x-ratelimit-* headers are readable."""
     found = {}
     for kind in LIMITS:
         try:
@@ -55,7 +54,7 @@ def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float
             reset_s = parse_duration(headers[f"x-ratelimit-reset-{kind}"])
         except (KeyError, ValueError):
             continue
-        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit < math.inf:
+        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit < math.inf:  # below 1: none to pace to
             found[kind] = (limit, max(0.0, remaining), reset_s)
     return found
 
@@ -166,8 +165,7 @@ class ServerBudget:
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
         self._last_said = (limit, remaining, reset_s, time.time())
         fitted = self._fitted(remaining, reset_s)
-        if fitted == (0.0, 0.0):
-            # fixed windows: this one ends `reset_s` after the server counted the attempt (after it was sent)
+        if fitted == (0.0, 0.0):  # fixed windows: this one ends `reset_s` after the attempt reached the server
             self.limit, self.rate = limit, 0.0
             end = sent_at + reset_s
             if end < self._latest_end - 0.01 or end <= self._window_over + 0.01:
@@ -181,20 +179,19 @@ class ServerBudget:
                 self.level = min(self.level, remaining - self.unsent)
             else:
                 self.level = remaining - (self.spent - mark)
-            self.at = now
-            return
-        self.window_end = None
-        if fitted is not None:
-            self.limit, self.rate = max(fitted[0], remaining, 1.0), fitted[1]
         else:
-            self.limit = limit
-            if reset_s > 0 and remaining < limit:
-                self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
-                self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
-            # never seen short: OpenAI's limits are per minute
-            self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
-        refilled = self.rate * max(0.0, now - sent_at)
-        self.level = min(self.limit, remaining + refilled) - (self.spent - mark)
+            self.window_end = None
+            if fitted is not None:
+                self.limit, self.rate = max(fitted[0], remaining, 1.0), fitted[1]
+            else:
+                self.limit = limit
+                if reset_s > 0 and remaining < limit:
+                    self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
+                    self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
+                # never seen short: OpenAI's limits are per minute
+                self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
+            refilled = self.rate * max(0.0, now - sent_at)
+            self.level = min(self.limit, remaining + refilled) - (self.spent - mark)
         self.at = now
 
     def found_empty(self, rate: float, taken_after: float, sent_at: float, now: float) -> None:

@@ -177,8 +177,7 @@ async def _worker(next_task, work, client: ChatClient | None, sink: _Sink) -> No
 
 
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
-    """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
-    period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
+    """Wait for the workers; on a stop, the calls in flight get the grace period (none after a second signal)."""
     stop, label, grace_s = sink.stop, sink.label, sink.settings.grace
 
     def on_signal(signame: str) -> None:

@@ -117,8 +117,7 @@ def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
 
 
 def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
-    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent;
-    a ledger line that is not an amount (nan, inf, a negative, text) is refused: it would cap nothing."""
+    """The stage's cap, counting from what the runner's `ledger` says was spent (a line not an amount is refused)."""
     prices = prices_for(prices_path, model)
     spent = 0.0
     for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):

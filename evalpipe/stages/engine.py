@@ -80,7 +80,14 @@ def run(job: Job, args) -> int:
             job.endpoint.use_token_field(token_fields[job.endpoint.learned_key])
         written = job.written()
         in_batches = batch_backend.State(job.output).open_batches()
-        _refuse(job, args, written, in_batches)
+        # paid-for work made under another configuration is not added to, open Batch API batches not bypassed: a
+        # rule's rows cost nothing (`is_judged` decides); a step cache with steps in it (infer's chains) is paid for
+        steps = StepCache.path_for(job.output)
+        paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
+        if job.fingerprint is not None and paid_for and not args.allow_config_change:
+            manifest.refuse_if_changed(job.output, job.fingerprint)
+        if args.backend != "batch":
+            batch_backend.refuse_other_engines(job.output, in_batches)
         pending = job.pending_given(written)
         job.announce(pending)
         if args.export_batch:
@@ -117,14 +124,3 @@ def run(job: Job, args) -> int:
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
     return job.rows.settle(runner.finish(job.label, summary, job.output))
-
-
-def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
-    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches. A
-    rule's rows cost nothing (`is_judged` decides); a step cache with steps in it (infer's chains) is paid for."""
-    steps = StepCache.path_for(job.output)
-    paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
-    if job.fingerprint is not None and paid_for and not args.allow_config_change:
-        manifest.refuse_if_changed(job.output, job.fingerprint)
-    if args.backend != "batch":
-        batch_backend.refuse_other_engines(job.output, in_batches)
