@@ -20,9 +20,6 @@ from .llm import Completion, Endpoint, completion_from, context_length_error
 
 URL = "/v1/chat/completions"
 
-# work(task, client): a stage's work on one of its tasks, which this module knows by their `.id`
-Work = Callable[[Any, Any], Awaitable[dict | None]]
-
 
 def custom_id(task_id, body: dict) -> str:
     digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
@@ -76,7 +73,7 @@ class Job:
     """What the batch engines (export, import, the Batch API's) are given of a stage's job."""
 
     label: str  # "infer", "judge", "error analysis"
-    work: Work
+    work: Callable[[Any, Any], Awaitable[dict | None]]  # work(task, client) on a task, known here by its `.id`
     endpoint: Endpoint
     output: Path
     settings: runner.Settings

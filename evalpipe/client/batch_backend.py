@@ -23,7 +23,6 @@ from ..store.checkpoint import StepCache
 from . import batch, runner
 from .llm import connect_failure, describe
 
-FINISHED = {"completed", "expired", "cancelled", "failed"}
 MAX_SUBMISSIONS = 3  # a request that failed this many batches is left to the user (side file)
 
 
@@ -134,7 +133,7 @@ def _collect(job: batch.Job, pending_now: Callable[[], runner.Tasks], client, st
             status=info.status, request_counts=info.request_counts.model_dump() if info.request_counts else None
         )
         state.save()
-        if info.status not in FINISHED:
+        if info.status not in ("completed", "expired", "cancelled", "failed"):
             continue
         if info.status == "failed":
             entry.update(imported=True, errors=info.errors.model_dump() if info.errors else None)

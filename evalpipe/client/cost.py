@@ -194,9 +194,8 @@ def format_summary(summary: dict) -> str:
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")
-    lines.append(
-        f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)"
-    )
+    prices = summary["prices"]
+    lines.append(f"  prices: {prices['file']} (as of {prices['as_of']}; review before relying on them)")
     return "\n".join(lines)
 
 

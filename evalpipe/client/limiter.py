@@ -381,8 +381,7 @@ class Attempt:
         self.limit._outcomes.append(True)
         announced = self._announced(headers)
         if not self.limit.limit_reached(announced):
-            # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on (it is
-            # still not among what the server admitted, for when a rate is measured between 429s)
+            # an overloaded server's sporadic 429: only this request waits (and it counts as not admitted)
             self.limit._rejected.append(self.sent_at)
             return
         if not announced and "learned" in self.marks:

@@ -37,8 +37,7 @@ class Settings:
 
 @dataclass
 class Tasks:
-    """The pending tasks, counted when made and read lazily, from the start, each time they are iterated: a stage
-    over a million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
+    """The pending tasks, counted when made and read again lazily each time: a stage holds ids, never the tasks."""
 
     count: int
     read: Callable[[], Iterator]
@@ -157,22 +156,21 @@ class _Sink:
 
 
 async def _worker(next_task, work, client: ChatClient | None, sink: _Sink) -> None:
-    summary, stop = sink.summary, sink.stop
     while (task := await next_task()) is not None:
         try:
             row = await work(task, client)
         except CallFailed as exc:
             sink.failed(task, str(exc))
         except (EndpointRefused, SpendingCapReached) as exc:
-            summary.refused = summary.refused or exc
-            stop.set()
+            sink.summary.refused = sink.summary.refused or exc
+            sink.stop.set()
             return
         except OutputUnwritable as exc:  # a side file of the work, such as the step cache
             sink.stop_writing(exc)
             return
         else:
             sink.write(row)
-        if stop.is_set():
+        if sink.stop.is_set():
             return
 
 

@@ -36,8 +36,7 @@ class PrefixSchedule:
     async def next(self) -> Any | None:
         """The next task to work on, waiting for a leader when only its siblings remain; None: no more (or stop)."""
         while not self._stop.is_set():
-            task = self._take()
-            if task is not None:
+            if (task := self._take()) is not None:
                 return task
             if self._exhausted and not self._waiting:  # nothing is left that a leader could release
                 return None

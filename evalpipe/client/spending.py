@@ -52,10 +52,9 @@ class SpendingCap:
 
     async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
         """Reserve a call's worst case, waiting while calls in flight may leave room; SpendingCapReached if none is."""
-        usage = {
-            "prompt_tokens": request_size + PROMPT_OVERHEAD,
-            "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
-        }
+        usage = dict(
+            prompt_tokens=request_size + PROMPT_OVERHEAD, completion_tokens=max_tokens or DEFAULT_WORST_COMPLETION
+        )
         bound = self.prices.cost(self.model, usage) or 0.0
         while True:
             worst = bound * self.factor
