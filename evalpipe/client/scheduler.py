@@ -43,12 +43,12 @@ class PrefixSchedule:
             await self._wait_for_change()
         return None
 
-    def watching(self, work: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def watching(self, work: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
         """`work` that tells the schedule how each task ended: answered (it returned) or failed (it raised)."""
 
-        async def watched(task: Any, *args: Any) -> Any:
+        async def watched(task: Any, client: Any) -> Any:
             try:
-                result = await work(task, *args)
+                result = await work(task, client)
             except BaseException:
                 self.ended(task, answered=False)
                 raise
