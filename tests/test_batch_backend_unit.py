@@ -1,6 +1,8 @@
 """evalpipe.client.batch_backend in process: the state file, the open-batch guard, and `advance` driving
 FakeOpenAI's Files and Batches endpoints with the real openai client (no subprocesses)."""
 
+import argparse
+import dataclasses
 import json
 import signal
 import socket
@@ -20,6 +22,7 @@ from evalpipe.client.batch_backend import (
 from evalpipe.client.llm import Endpoint
 from evalpipe.devtools.testserver import Reply
 from evalpipe.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WAITING, BadInput, EndpointRefused, EndpointUnreachable
+from evalpipe.stages import engine
 from evalpipe.store import jsonl
 
 from .conftest import API_KEY, read_jsonl
@@ -48,7 +51,7 @@ def pending_for(out, tasks=TASKS):
 
 
 def settings(**kw) -> runner.Settings:
-    return runner.Settings(**{"batch_poll_s": 0.01, "grace_s": 5.0, "progress": "log", **kw})
+    return runner.Settings(**{"batch_poll": 0.01, "grace": 5.0, "progress": "log", **kw})
 
 
 def endpoint_for(server) -> Endpoint:
@@ -63,8 +66,12 @@ def keep_sigterm():
     signal.signal(signal.SIGTERM, before)
 
 
+def job_for(endpoint, out, **kw) -> batch.Job:
+    return batch.Job("infer", work, endpoint, out, settings(**kw))
+
+
 def go(server, out, tasks=TASKS, **kw):
-    return advance("infer", pending_for(out, tasks), work, endpoint_for(server), out, settings(**kw))
+    return advance(job_for(endpoint_for(server), out, **kw), pending_for(out, tasks))
 
 
 # ---------------------------------------------------------------- the state file
@@ -153,14 +160,14 @@ def test_cron_steps_exit_75_until_the_batch_is_imported(server, tmp_path):
 def test_batch_wait_keeps_polling_in_one_call(server, tmp_path):
     server.handler, server.batch_polls_to_finish = answer, 3
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait_s=20, batch_poll_s=0.01) == EXIT_OK
+    assert go(server, out, batch_wait=20, batch_poll=0.01) == EXIT_OK
     assert len(read_jsonl(out)) == 5 and len(server.batches()) == 1
 
 
 def test_expired_batches_keep_their_answers_and_the_rest_is_sent_again(server, tmp_path):
     server.handler, server.batch_polls_to_finish, server.batch_expire_after = answer, 1, 2
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait_s=20) == EXIT_OK
+    assert go(server, out, batch_wait=20) == EXIT_OK
     assert [(b["status"], b["request_counts"]["total"]) for b in server.batches()] == [
         ("expired", 5),
         ("expired", 3),
@@ -173,7 +180,7 @@ def test_a_request_that_keeps_failing_is_given_up_after_max_submissions(server, 
     server.handler = lambda r: Reply.error(400, "unsupported content") if r.last_content.endswith(" 1") else answer(r)
     server.batch_polls_to_finish = 1
     out = tmp_path / "infer.jsonl"
-    assert go(server, out, batch_wait_s=20) == EXIT_INCOMPLETE
+    assert go(server, out, batch_wait=20) == EXIT_INCOMPLETE
     assert [b["request_counts"]["total"] for b in server.batches()] == [5] + [1] * (MAX_SUBMISSIONS - 1)
     assert sorted(r["idx"] for r in read_jsonl(out)) == ["t0", "t2", "t3", "t4"]
     [failed] = [cid for cid, n in State(out).submissions.items() if cid.startswith("t1~")]
@@ -191,14 +198,14 @@ def test_a_batch_that_fails_validation_is_bad_input_with_its_reasons(server, tmp
     server.batch_fail_validation, server.batch_polls_to_finish = True, 1
     out = tmp_path / "infer.jsonl"
     with pytest.raises(BadInput, match="failed validation .*batch_fail_validation"):
-        go(server, out, batch_wait_s=20)
+        go(server, out, batch_wait=20)
     [entry] = State(out).batches
     assert entry["imported"] and entry["status"] == "failed" and entry["errors"]["data"]
     assert len(server.batches()) == 1 and read_jsonl(out) == []
 
 
 def upload_requests(server, tmp_path, out):
-    lines = batch.request_lines(TASKS, work, endpoint_for(server))
+    lines = batch.request_lines(job_for(endpoint_for(server), out), TASKS)
     [path] = batch.write_request_files(lines, batch_backend.files_dir(out) / "input-crash.jsonl", settings())
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
     uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
@@ -214,7 +221,7 @@ def test_a_batch_created_before_a_crash_saved_its_id_is_adopted(server, tmp_path
     out = tmp_path / "infer.jsonl"
     client, uploaded = upload_requests(server, tmp_path, out)
     created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    assert go(server, out, batch_wait_s=20) == EXIT_OK
+    assert go(server, out, batch_wait=20) == EXIT_OK
     assert [b["id"] for b in server.batches()] == [created.id]  # nothing submitted twice
     assert State(out).batches[0]["id"] == created.id
     assert len(read_jsonl(out)) == 5
@@ -224,23 +231,34 @@ def test_an_upload_that_never_became_a_batch_is_dropped_and_sent_again(server, t
     server.handler, server.batch_polls_to_finish = answer, 1
     out = tmp_path / "infer.jsonl"
     upload_requests(server, tmp_path, out)
-    assert go(server, out, batch_wait_s=20) == EXIT_OK
+    assert go(server, out, batch_wait=20) == EXIT_OK
     assert len(server.batches()) == 1 and len(read_jsonl(out)) == 5
     assert [b.get("input") for b in State(out).batches if "crash" in b.get("input", "")] == []
 
 
-def test_without_an_endpoint_there_is_nothing_to_batch(tmp_path):
-    out = tmp_path / "score.json"
-    with pytest.raises(BadInput, match="makes no API calls"):
-        advance("score", lambda: [], work, None, out, settings())
-    assert not state_path(out).exists()
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        ({"backend": "batch"}, "--backend batch"),
+        ({"export_batch": "x.jsonl"}, "--export-batch"),
+        ({"import_batch": ["x.jsonl"], "max_cost": 1.0}, "--import-batch"),
+    ],
+)
+def test_without_an_endpoint_there_is_nothing_to_batch(tmp_path, flags, named):
+    """engine.run refuses every batch engine to a stage that makes no API calls (a rule judge), before its lock."""
+    out = tmp_path / "judge.jsonl"
+    args = {"dry_run": False, "backend": "online", "export_batch": None, "import_batch": None, "max_cost": None}
+    job = engine.Job("judge", out, None, None, {}, ("selected", 0), set, None, None, None)
+    with pytest.raises(BadInput, match=f"judge makes no API calls for this benchmark: run it without {named}"):
+        engine.run(job, argparse.Namespace(**{**dataclasses.asdict(runner.Settings()), **args, **flags}))
+    assert not state_path(out).exists() and not out.exists()
 
 
 def test_a_server_without_a_batch_api_is_a_refusal(server, tmp_path):
     out = tmp_path / "infer.jsonl"
     endpoint = Endpoint("m", base_url=server.base_url.replace("/v1", "/no-batches-here"), api_key=API_KEY)
     with pytest.raises(EndpointRefused, match="the Batch API refused us") as refused:
-        advance("infer", pending_for(out), work, endpoint, out, settings())
+        advance(job_for(endpoint, out), pending_for(out))
     assert API_KEY not in str(refused.value)
     assert not state_path(out).exists()
 
@@ -252,4 +270,4 @@ def test_nothing_listening_is_unreachable_and_says_where(tmp_path):
     out = tmp_path / "infer.jsonl"
     endpoint = Endpoint("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY)
     with pytest.raises(EndpointUnreachable, match=f"cannot reach the Batch API at http://127.0.0.1:{port}/v1"):
-        advance("infer", pending_for(out), work, endpoint, out, settings())
+        advance(job_for(endpoint, out), pending_for(out))

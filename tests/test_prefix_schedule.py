@@ -67,7 +67,11 @@ class Recorder:
 
 def run(tasks, work, output, **kw):
     settings = runner.Settings(**{"workers": 4, "progress": "log", **kw})
-    return asyncio.run(asyncio.wait_for(runner.run(tasks, work, output, settings, label="unit", group_of=group_of), 30))
+    return asyncio.run(
+        asyncio.wait_for(
+            runner.run(tasks, lambda task, _: work(task), output, settings, label="unit", group_of=group_of), 30
+        )
+    )
 
 
 # ---------------------------------------------------------------- the scheduler in runner.run

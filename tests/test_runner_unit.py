@@ -33,7 +33,7 @@ def tasks(n: int) -> list[Task]:
 
 def run(pending, work, output: Path, label="unit", **kw):
     settings = runner.Settings(**{"workers": 4, "progress": "log", **kw})
-    return asyncio.run(runner.run(pending, work, output, settings, label=label))
+    return asyncio.run(runner.run(pending, lambda task, client: work(task), output, settings, label=label))
 
 
 async def echo(task):
@@ -171,7 +171,7 @@ def test_sigint_stops_new_calls_waits_for_calls_in_flight_and_exits_130(tmp_path
         await asyncio.sleep(0.05)
         return {"idx": task.id}
 
-    summary = run(tasks(30), work, out, workers=2, grace_s=5)
+    summary = run(tasks(30), work, out, workers=2, grace=5)
     assert summary.interrupted
     assert "SIGINT received: no new calls" in capsys.readouterr().err
     assert set(started) <= {"t0", "t1", "t2", "t3"}  # at most the next call per worker was already under way
@@ -192,7 +192,7 @@ def test_calls_still_running_after_the_grace_period_are_abandoned(tmp_path):
         return {"idx": task.id}
 
     began = time.monotonic()
-    summary = run(tasks(3), work, out, workers=3, grace_s=0.3)
+    summary = run(tasks(3), work, out, workers=3, grace=0.3)
     assert time.monotonic() - began < 5
     assert summary.interrupted and summary.written == 1
     assert [r["idx"] for r in read_jsonl(out)] == ["t0"]
@@ -221,16 +221,16 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
             raise CallFailed("nope")
         return {"idx": task.id}
 
-    run(tasks(3), work, tmp_path / "out.jsonl", workers=1, log_every_s=0, label="judge")
+    run(tasks(3), work, tmp_path / "out.jsonl", workers=1, log_every=0, label="judge")
     lines = [said for said in capsys.readouterr().err.splitlines() if said.startswith("judge: ")]
     assert lines[-1].startswith("judge: 3/3 finished, 1 failed, ")
 
 
-# ---------------------------------------------------------------- run_with_client against the loopback server
+# ---------------------------------------------------------------- runner.run with a client against the loopback server
 
 
 def settings(**kw) -> runner.Settings:
-    return runner.Settings(**{"workers": 3, "grace_s": 5.0, "progress": "log", **kw})
+    return runner.Settings(**{"workers": 3, "grace": 5.0, "progress": "log", **kw})
 
 
 def endpoint_for(server, **kw) -> Endpoint:
@@ -243,10 +243,10 @@ async def ask(task, client):
     return {"idx": task.id, "model_output": done.text, "usage": done.usage}
 
 
-def test_run_with_client_sends_one_call_per_task_and_writes_its_answer(server, tmp_path):
+def test_run_with_a_client_sends_one_call_per_task_and_writes_its_answer(server, tmp_path):
     server.handler = lambda r: Reply(content="A:" + r.last_content, delay=0.02)
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(6), out, settings(), ask))
+    summary = asyncio.run(runner.run(tasks(6), ask, out, settings(), label="infer", endpoint=endpoint_for(server)))
     rows = {r["idx"]: r for r in read_jsonl(out)}
     assert len(read_jsonl(out)) == 6 and rows["t4"]["model_output"] == "A:question 4"
     assert rows["t4"]["usage"]["completion_tokens"] >= 1
@@ -255,12 +255,12 @@ def test_run_with_client_sends_one_call_per_task_and_writes_its_answer(server, t
     assert runner.finish("infer", summary, out) == EXIT_OK
 
 
-def test_run_with_client_http_failures_become_side_file_rows(server, tmp_path):
+def test_run_with_a_client_http_failures_become_side_file_rows(server, tmp_path):
     server.handler = lambda r: (
         Reply.error(400, "unsupported content") if r.last_content == "question 2" else Reply("ok")
     )
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("infer", endpoint_for(server), tasks(4), out, settings(), ask))
+    summary = asyncio.run(runner.run(tasks(4), ask, out, settings(), label="infer", endpoint=endpoint_for(server)))
     assert sorted(r["idx"] for r in read_jsonl(out)) == ["t0", "t1", "t3"]
     [failure] = read_jsonl(runner.failures_path(out))
     assert failure["idx"] == "t2" and "HTTP 400" in failure["error"] and "unsupported content" in failure["error"]
@@ -268,11 +268,11 @@ def test_run_with_client_http_failures_become_side_file_rows(server, tmp_path):
     assert runner.finish("infer", summary, out) == EXIT_INCOMPLETE
 
 
-def test_run_with_client_stops_when_the_endpoint_refuses(server, tmp_path):
+def test_run_with_a_client_stops_when_the_endpoint_refuses(server, tmp_path):
     server.handler = lambda r: Reply.error(401, "invalid api key", code="invalid_api_key")
     out = tmp_path / "out.jsonl"
     summary = asyncio.run(
-        runner.run_with_client("infer", endpoint_for(server), tasks(30), out, settings(workers=2), ask)
+        runner.run(tasks(30), ask, out, settings(workers=2), label="infer", endpoint=endpoint_for(server))
     )
     assert summary.refused is not None and summary.written == 0
     assert len(server.chat_requests()) < 30
@@ -280,7 +280,7 @@ def test_run_with_client_stops_when_the_endpoint_refuses(server, tmp_path):
         runner.finish("infer", summary, out)
 
 
-def test_run_with_client_without_an_endpoint_hands_work_no_client(tmp_path):
+def test_run_with_a_client_without_an_endpoint_hands_work_no_client(tmp_path):
     seen = []
 
     async def work(task, client):
@@ -288,5 +288,5 @@ def test_run_with_client_without_an_endpoint_hands_work_no_client(tmp_path):
         return {"idx": task.id}
 
     out = tmp_path / "out.jsonl"
-    summary = asyncio.run(runner.run_with_client("score", None, tasks(3), out, settings(), work))
+    summary = asyncio.run(runner.run(tasks(3), work, out, settings(), label="score"))
     assert seen == [None, None, None] and summary.written == 3

@@ -5,8 +5,8 @@ run's; a custom_id covers the request body's sha256, so an answer only ever land
 import asyncio
 import dataclasses
 import hashlib
-import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +20,26 @@ from .llm import Completion, Endpoint, completion_from, context_length_error
 
 URL = "/v1/chat/completions"
 
-# work(task, client): a stage's work on one of its tasks, which this module knows by their `.id`
-Work = Callable[[Any, Any], Awaitable[dict | None]]
-
 
 def custom_id(task_id, body: dict) -> str:
     digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     return f"{task_id}~{digest}"
 
 
-class _Captured(Exception):
-    """The request line of the call a task makes first."""
+class _Unanswered(Exception):
+    """A call the stand-in client does not answer: with its request line when exporting, bare when importing."""
 
 
-def request_lines(pending: runner.Tasks, work: Work, endpoint: Endpoint) -> list[dict]:
+def request_lines(job: "Job", pending: runner.Tasks) -> list[dict]:
     """The next call of every pending task that needs one (tasks done without a call need none)."""
     lines = []
 
     async def capture() -> None:
         for task in pending:
             try:
-                await work(task, BatchClient(endpoint, task.id))
-            except _Captured as captured:
-                lines.append(captured.args[0])
+                await job.work(task, BatchClient(job.endpoint, task.id))
+            except _Unanswered as call:
+                lines.append(call.args[0])
 
     asyncio.run(capture())
     return lines
@@ -71,25 +68,29 @@ def write_request_files(lines: list[dict], path: Path, settings: runner.Settings
     return targets
 
 
-def export(
-    label: str, pending: runner.Tasks, work: Work, endpoint: Endpoint | None, path: Path, settings: runner.Settings
-) -> int:
-    if endpoint is None:
-        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --export-batch")
-    lines = request_lines(pending, work, endpoint)
+@dataclass(frozen=True)
+class Job:
+    """What the batch engines (export, import, the Batch API's) are given of a stage's job."""
+
+    label: str  # "infer", "judge", "error analysis"
+    work: Callable[[Any, Any], Awaitable[dict | None]]  # work(task, client) on a task, known here by its `.id`
+    endpoint: Endpoint
+    output: Path
+    settings: runner.Settings
+    current: Callable[[], dict] | None = None  # the output's latest rows, when a pending task can have one
+
+
+def export(job: Job, pending: runner.Tasks, path: Path) -> int:
+    lines = request_lines(job, pending)
     if not lines:
-        print(f"{label}: no pending task needs a call; nothing exported", file=sys.stderr)
+        runner.say(f"{job.label}: no pending task needs a call; nothing exported")
         return 0
-    files = write_request_files(lines, path, settings)
-    print(
-        f"{label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
-        f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)",
-        file=sys.stderr,
+    files = write_request_files(lines, path, job.settings)
+    runner.say(
+        f"{job.label}: exported {len(lines)} requests to {', '.join(map(str, files))}; "
+        f"{len(pending) - len(lines)} pending tasks need no call now (import writes them)"
     )
     return 0
-
-
-# ---------------------------------------------------------------- import
 
 
 def _ok(row: dict | None) -> bool:
@@ -97,13 +98,8 @@ def _ok(row: dict | None) -> bool:
     return isinstance(response, dict) and response.get("status_code") == 200
 
 
-class NotInBatch(Exception):
-    """The call a task needs next has no answer in the imported files."""
-
-
 class BatchClient:
-    """Stands in for llm.ChatClient and sends nothing: without `results` the first call a task makes becomes a
-    request line (raised as _Captured); with them, each call is answered from the imported batch results."""
+    """llm.ChatClient's stand-in, sending nothing: a call becomes a request line or, given `results`, is answered."""
 
     batched = True  # one call per task: a batch cannot answer a second attempt
 
@@ -113,10 +109,10 @@ class BatchClient:
     async def complete(self, messages: list[dict], fields: dict | None = None, final=None) -> Completion:
         body = self.endpoint.request_body(messages, fields)
         if self.results is None:
-            raise _Captured({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
+            raise _Unanswered({"custom_id": custom_id(self.task_id, body), "method": "POST", "url": URL, "body": body})
         row = self.results.get(custom_id(self.task_id, body))
         if row is None:
-            raise NotInBatch()
+            raise _Unanswered()  # not in the imported files
         response = row.get("response") or {}
         if _ok(row):
             from openai.types.chat import ChatCompletion
@@ -145,21 +141,9 @@ class BatchClient:
 BATCH_FLAG = {"infer": "batch", "judge": "judge_batch", "error analysis": "analysis_batch"}
 
 
-def import_files(
-    label: str,
-    pending: runner.Tasks,
-    work: Work,
-    endpoint: Endpoint | None,
-    paths: list[Path],
-    output: Path,
-    settings: runner.Settings,
-    current: Callable[[], dict] | None = None,
-) -> runner.RunSummary:
-    """Write the rows the batch results complete, exactly as an online run would; returns a RunSummary.
-    `current`: reads the output's latest rows, when pending tasks can have one (a judge's provisional rows)."""
-    if endpoint is None:
-        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --import-batch")
-    redact.register(endpoint.api_key)
+def import_files(job: Job, pending: runner.Tasks, paths: list[Path]) -> runner.RunSummary:
+    """Write the rows the batch results complete, exactly as an online run would."""
+    redact.register(job.endpoint.api_key)
     results: dict[str, dict] = {}  # custom_id → its line, from output and error files in any order
     for path in paths:
         if not Path(path).exists():
@@ -172,20 +156,20 @@ def import_files(
                 )
             if not _ok(results.get(cid)) or _ok(row):  # an answer is never replaced by an error line
                 results[cid] = row
-    side = runner.failures_path(output)
+    side = runner.failures_path(job.output)
     side_rows = jsonl.iter_rows(side, torn_tail_ok=True) if side.exists() else []
     recorded = {(r.get("idx"), r.get("error")) for _, r in side_rows}
-    latest = current() if current is not None else None
+    latest = job.current() if job.current is not None else None
 
-    async def replay(task):
+    async def replay(task, _client) -> dict | None:
         try:
-            row = await work(task, BatchClient(endpoint, task.id, results))
+            row = await job.work(task, BatchClient(job.endpoint, task.id, results))
             if row is not None:
-                row[BATCH_FLAG[label]] = True
+                row[BATCH_FLAG[job.label]] = True
             if latest is not None and row == latest.get(task.id):
                 return None  # the same row from the same batch line is there already
             return row
-        except NotInBatch:
+        except _Unanswered:
             return None
         except CallFailed as exc:
             if (task.id, str(exc)) in recorded:
@@ -193,5 +177,5 @@ def import_files(
             raise
 
     if paths:
-        print(f"{label}: importing {len(results)} batch results for {len(pending)} pending tasks", file=sys.stderr)
-    return asyncio.run(runner.run(pending, replay, output, dataclasses.replace(settings, workers=1), label=label))
+        runner.say(f"{job.label}: importing {len(results)} batch results for {len(pending)} pending tasks")
+    return asyncio.run(runner.run(pending, replay, job.output, dataclasses.replace(job.settings, workers=1), job.label))

@@ -1,10 +1,8 @@
-"""--backend batch: run the pending calls through OpenAI's Batch API, one step per invocation, each advancing the
-state file `<output>.batch.json`: import what finished, submit what is missing, exit 75 while a batch still runs
-(docs/batch.md)."""
+"""--backend batch: the pending calls through OpenAI's Batch API, each invocation a step of `<output>.batch.json`:
+import what finished, submit what is missing, exit 75 while a batch still runs (docs/batch.md)."""
 
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,9 +21,8 @@ from ..errors import (
 from ..store import jsonl
 from ..store.checkpoint import StepCache
 from . import batch, runner
-from .llm import Endpoint, connect_failure, describe
+from .llm import connect_failure, describe
 
-FINISHED = {"completed", "expired", "cancelled", "failed"}
 MAX_SUBMISSIONS = 3  # a request that failed this many batches is left to the user (side file)
 
 
@@ -72,37 +69,24 @@ def refuse_other_engines(output: Path, in_batches: list[dict]) -> None:
         )
 
 
-def advance(
-    label: str,
-    pending_now: Callable[[], runner.Tasks],
-    work: batch.Work,
-    endpoint: Endpoint | None,
-    output: Path,
-    settings: runner.Settings,
-    current: Callable[[], dict] | None = None,
-) -> int:
+def advance(job: batch.Job, pending_now: Callable[[], runner.Tasks]) -> int:
     """One or more steps (see the module docstring); returns the stage's exit code."""
-    if endpoint is None:
-        raise BadInput(f"{label} makes no API calls for this benchmark: run it without --backend batch")
     import openai
 
     sigterm_as_interrupt()  # a stop between steps is a clean stop: the state is saved after each one
+    endpoint, label = job.endpoint, job.label
     client = openai.OpenAI(**endpoint.sdk_options(), timeout=endpoint.timeout, max_retries=max(2, endpoint.max_retries))
-    state = State(output)
-    deadline, wait = time.monotonic() + settings.batch_wait_s, settings.batch_poll_s
+    state = State(job.output)
+    deadline, wait = time.monotonic() + job.settings.batch_wait, job.settings.batch_poll
     changed = True  # the first pass, and every pass after a batch finished: pending tasks may differ
     passes = 0
-
-    def import_files(paths: list[Path]) -> runner.RunSummary:
-        return batch.import_files(label, pending_now(), work, endpoint, paths, output, settings, current)
-
     try:
         while True:
             passes += 1
-            changed |= _collect(label, client, state, output, import_files)
+            changed |= _collect(job, pending_now, client, state)
             if changed:
-                import_files([])
-                _submit(label, client, state, pending_now(), work, endpoint, output, settings)
+                batch.import_files(job, pending_now(), [])
+                _submit(job, client, state, pending_now())
                 changed = False
             running = state.open_batches()
             if not running or time.monotonic() + wait > deadline:
@@ -120,28 +104,22 @@ def advance(
         status = getattr(exc, "status_code", None)
         if status is not None and status < 500 and status not in (408, 409, 429):
             raise BadInput(f"the Batch API rejected a request: {describe(exc)}") from None
-        print(
-            f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later",
-            file=sys.stderr,
-        )
+        runner.say(f"{label}: the Batch API did not answer ({describe(exc)}); the state is saved, run again later")
         return EXIT_INCOMPLETE
     if running:
         counts = ", ".join(f"{b['id']} {b.get('status', '?')} ({b['requests']} requests)" for b in running)
-        print(f"{label}: submitted, waiting: {counts}; run the same command again to continue", file=sys.stderr)
+        runner.say(f"{label}: submitted, waiting: {counts}; run the same command again to continue")
         return EXIT_WAITING
     if left := pending_now():
-        print(
+        runner.say(
             f"{label}: {len(left)} tasks still without a row: their requests failed in {MAX_SUBMISSIONS} batches "
-            f"(see {output.name}.failed.jsonl)",
-            file=sys.stderr,
+            f"(see {job.output.name}.failed.jsonl)"
         )
         return EXIT_INCOMPLETE
     return EXIT_OK
 
 
-def _collect(
-    label: str, client, state: State, output: Path, import_files: Callable[[list[Path]], runner.RunSummary]
-) -> bool:
+def _collect(job: batch.Job, pending_now: Callable[[], runner.Tasks], client, state: State) -> bool:
     """Retrieve open batches; download and import finished ones. True if one finished."""
     finished = False
     for entry in state.open_batches():
@@ -155,7 +133,7 @@ def _collect(
             status=info.status, request_counts=info.request_counts.model_dump() if info.request_counts else None
         )
         state.save()
-        if info.status not in FINISHED:
+        if info.status not in ("completed", "expired", "cancelled", "failed"):
             continue
         if info.status == "failed":
             entry.update(imported=True, errors=info.errors.model_dump() if info.errors else None)
@@ -166,21 +144,21 @@ def _collect(
         downloaded = []
         for kind, file_id in (("output", info.output_file_id), ("errors", info.error_file_id)):
             if file_id:
-                target = files_dir(output) / f"{entry['id']}.{kind}.jsonl"
+                target = files_dir(job.output) / f"{entry['id']}.{kind}.jsonl"
                 if not target.exists():
                     jsonl.atomic_write(target, client.files.content(file_id).read())
                 downloaded.append(target)
         entry["files"] = [str(p) for p in downloaded]
         if downloaded:
-            summary = import_files(downloaded)
+            summary = batch.import_files(job, pending_now(), downloaded)
             if summary.interrupted or summary.refused:
                 state.save()  # not marked imported: the next run imports this batch again, paying nothing
                 raise KeyboardInterrupt
-            print(
-                f"{label}: batch {entry['id']} {info.status}: imported {summary.written} rows, {summary.failed} failed",
-                file=sys.stderr,
+            runner.say(
+                f"{job.label}: batch {entry['id']} {info.status}: imported {summary.written} rows, "
+                f"{summary.failed} failed"
             )
-            steps = StepCache.path_for(output)
+            steps = StepCache.path_for(job.output)
             if steps.exists():  # imported steps reach the disk before the batch counts as imported
                 with open(steps, "rb") as f:
                     os.fsync(f.fileno())
@@ -199,17 +177,17 @@ def _adopt(client, entry: dict) -> bool:
     return False
 
 
-def _submit(label, client, state: State, pending, work, endpoint, output, settings) -> None:
+def _submit(job: batch.Job, client, state: State, pending: runner.Tasks) -> None:
     in_flight = {line["custom_id"] for entry in state.open_batches() for _, line in jsonl.iter_rows(entry["input"])}
     lines = [
         line
-        for line in batch.request_lines(pending, work, endpoint)
+        for line in batch.request_lines(job, pending)
         if line["custom_id"] not in in_flight and state.submissions.get(line["custom_id"], 0) < MAX_SUBMISSIONS
     ]
     if not lines:
         return
     name = f"input-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}.jsonl"
-    paths = batch.write_request_files(lines, files_dir(output) / name, settings)
+    paths = batch.write_request_files(lines, files_dir(job.output) / name, job.settings)
     for path in paths:
         ids = [line["custom_id"] for _, line in jsonl.iter_rows(path)]
         uploaded = client.files.create(file=(path.name, path.read_bytes()), purpose="batch")
@@ -220,8 +198,7 @@ def _submit(label, client, state: State, pending, work, endpoint, output, settin
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         state.batches.append(entry)
-        for cid in ids:
-            state.submissions[cid] = state.submissions.get(cid, 0) + 1
+        state.submissions.update((cid, state.submissions.get(cid, 0) + 1) for cid in ids)
         state.save()  # before create: a crash now is found again by its upload, never submitted twice
         try:
             # no SDK retries: a retried create whose first response was lost would make a second batch
@@ -229,7 +206,7 @@ def _submit(label, client, state: State, pending, work, endpoint, output, settin
                 input_file_id=uploaded.id,
                 endpoint=batch.URL,
                 completion_window="24h",
-                metadata={"evalpipe_output": str(output)[-500:]},
+                metadata={"evalpipe_output": str(job.output)[-500:]},
             )
         except Exception:
             if not _adopt(client, entry):
@@ -237,4 +214,4 @@ def _submit(label, client, state: State, pending, work, endpoint, output, settin
             created = client.batches.retrieve(entry["id"])
         entry.update(id=created.id, status=created.status)
         state.save()
-        print(f"{label}: submitted batch {created.id} with {entry['requests']} requests", file=sys.stderr)
+        runner.say(f"{job.label}: submitted batch {created.id} with {entry['requests']} requests")

@@ -5,6 +5,7 @@ import math
 import os
 import re
 from array import array
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +103,7 @@ MAX_TOKEN_COUNT = 10**12  # more tokens than any call has: a count above it is a
 
 
 def _counts_valid(usage: dict, calls: int) -> bool:
-    """Whether a call's usage (or the summed usage of `calls` calls) holds token counts only: not marked invalid
-    by llm.usage_dict, every number whole, from 0 to MAX_TOKEN_COUNT a call (older rows may hold anything)."""
+    """Whether `calls` calls' usage holds whole counts, 0 to MAX_TOKEN_COUNT a call (older rows may hold anything)."""
     if "invalid" in usage:
         return False
     limit = MAX_TOKEN_COUNT * max(1, calls)
@@ -118,22 +118,20 @@ def _counts_valid(usage: dict, calls: int) -> bool:
 class Ledger:
     """Calls, tokens and latencies per stage (infer, judge, error_analysis) of one run."""
 
-    stages: dict[str, _StageTally] = field(default_factory=dict)
+    stages: defaultdict[str, _StageTally] = field(default_factory=lambda: defaultdict(_StageTally))
 
     def add(self, stage: str, model: str | None, usage: dict | None, latency_s: float | None, calls=1, batch=False):
         # called once per call of a run (millions): kept to plain dict operations
-        tally = self.stages.get(stage)
-        if tally is None:
-            tally = self.stages[stage] = _StageTally()
+        tally = self.stages[stage]
         tally.calls += calls
         if batch:
             tally.batch_calls += calls
         if usage and not _counts_valid(usage, calls):
             tally.invalid_usage += calls
         elif usage:
-            sums = tally.usages.get((model, batch))
-            if sums is None:
-                sums = tally.usages[(model, batch)] = dict.fromkeys(TOKEN_KEYS, 0)
+            sums = tally.usages.get((model, batch)) or tally.usages.setdefault(
+                (model, batch), dict.fromkeys(TOKEN_KEYS, 0)
+            )
             for key in TOKEN_KEYS:
                 value = usage.get(key)
                 if value:
@@ -176,7 +174,7 @@ class Ledger:
 
 
 def format_summary(summary: dict) -> str:
-    lines = []
+    lines, invalid = [], []
     for stage, s in summary["stages"].items():
         t, lat = s["tokens"], s["latency_s"]
         cost = "no price" if s["cost_usd"] is None else f"${s['cost_usd']:.4f}"
@@ -187,19 +185,17 @@ def format_summary(summary: dict) -> str:
             f"  {stage:15} {s['calls']:7d} calls{via}  prompt {t.get('prompt_tokens', 0):>10,}{cached}  completion "
             f"{t.get('completion_tokens', 0):>9,}  reasoning {t.get('reasoning_tokens', 0):>8,}  {timing}  {cost}"
         )
-    invalid = {
-        stage: s["invalid_usage_calls"] for stage, s in summary["stages"].items() if s.get("invalid_usage_calls")
-    }
+        if s.get("invalid_usage_calls"):
+            invalid.append(f"{stage} {s['invalid_usage_calls']:,} calls")
     if invalid:
         lines.append(
             "  warning: usage numbers that are not token counts (fractions, negatives, over 10^12) left out of tokens "
-            "and cost: " + ", ".join(f"{stage} {count:,} calls" for stage, count in invalid.items())
+            "and cost: " + ", ".join(invalid)
         )
     if summary["unpriced_models"]:
         lines.append(f"  no price for {', '.join(summary['unpriced_models'])} (add them to a --prices file)")
-    lines.append(
-        f"  prices: {summary['prices']['file']} (as of {summary['prices']['as_of']}; review before relying on them)"
-    )
+    prices = summary["prices"]
+    lines.append(f"  prices: {prices['file']} (as of {prices['as_of']}; review before relying on them)")
     return "\n".join(lines)
 
 

@@ -1,6 +1,5 @@
-"""How many requests may be in flight (AIMD), and when the next may start: paced to the limits a server announces
-in x-ratelimit-* headers, or to a rate measured between its 429s; never longer than the caller's `max_wait_s`
-(PacedPastLimit instead). docs/design.md (Concurrency) says how and why."""
+"""How many requests may be in flight (AIMD), and when the next may start: paced to a server's x-ratelimit-* headers
+or to a rate measured between its 429s, never past `max_wait_s` (docs/design.md#concurrency says how and why)."""
 
 import asyncio
 import bisect
@@ -46,8 +45,7 @@ def parse_duration(text: str) -> float | None:
 
 
 def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float, float]]:
-    """{"requests"|"tokens": (limit, remaining, seconds until full again)} for each limit whose three
-    x-ratelimit-* headers are all there and readable (a limit below one is no limit anyone could pace to)."""
+    """{kind: (limit, remaining, seconds until full)} for each limit whose x-ratelimit-* headers are readable."""
     found = {}
     for kind in LIMITS:
         try:
@@ -56,7 +54,7 @@ def announced_limits(headers: Mapping[str, str]) -> dict[str, tuple[float, float
             reset_s = parse_duration(headers[f"x-ratelimit-reset-{kind}"])
         except (KeyError, ValueError):
             continue
-        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit < math.inf:
+        if reset_s is not None and math.isfinite(reset_s) and 1 <= limit < math.inf:  # below 1: none to pace to
             found[kind] = (limit, max(0.0, remaining), reset_s)
     return found
 
@@ -167,8 +165,7 @@ class ServerBudget:
         """A reply's headers for the attempt that took up to `mark` and started at `sent_at`."""
         self._last_said = (limit, remaining, reset_s, time.time())
         fitted = self._fitted(remaining, reset_s)
-        if fitted == (0.0, 0.0):
-            # fixed windows: this one ends `reset_s` after the server counted the attempt (after it was sent)
+        if fitted == (0.0, 0.0):  # fixed windows: this one ends `reset_s` after the attempt reached the server
             self.limit, self.rate = limit, 0.0
             end = sent_at + reset_s
             if end < self._latest_end - 0.01 or end <= self._window_over + 0.01:
@@ -182,20 +179,19 @@ class ServerBudget:
                 self.level = min(self.level, remaining - self.unsent)
             else:
                 self.level = remaining - (self.spent - mark)
-            self.at = now
-            return
-        self.window_end = None
-        if fitted is not None:
-            self.limit, self.rate = max(fitted[0], remaining, 1.0), fitted[1]
         else:
-            self.limit = limit
-            if reset_s > 0 and remaining < limit:
-                self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
-                self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
-            # never seen short: OpenAI's limits are per minute
-            self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
-        refilled = self.rate * max(0.0, now - sent_at)
-        self.level = min(self.limit, remaining + refilled) - (self.spent - mark)
+            self.window_end = None
+            if fitted is not None:
+                self.limit, self.rate = max(fitted[0], remaining, 1.0), fitted[1]
+            else:
+                self.limit = limit
+                if reset_s > 0 and remaining < limit:
+                    self._deficit_sum = RATE_MEMORY * self._deficit_sum + (limit - remaining)
+                    self._reset_sum = RATE_MEMORY * self._reset_sum + reset_s
+                # never seen short: OpenAI's limits are per minute
+                self.rate = self._deficit_sum / self._reset_sum if self._reset_sum > 0 else limit / 60
+            refilled = self.rate * max(0.0, now - sent_at)
+            self.level = min(self.limit, remaining + refilled) - (self.spent - mark)
         self.at = now
 
     def found_empty(self, rate: float, taken_after: float, sent_at: float, now: float) -> None:
@@ -324,8 +320,7 @@ class Attempt:
     """A slot and the pacing's go-ahead for one HTTP attempt, whose reply's headers go back to the budgets."""
 
     def __init__(self, limit: AdaptiveLimit, prompt_chars: int, max_tokens: int, max_wait_s: float, announce: Announce):
-        self.limit, self.prompt_chars = limit, prompt_chars
-        self.max_wait_s, self.announce = max_wait_s, announce
+        self.limit, self.prompt_chars, self.max_wait_s, self.announce = limit, prompt_chars, max_wait_s, announce
         self.costs = {"requests": 1.0, "tokens": limit.estimated_tokens(prompt_chars, max_tokens)}
         self.marks: dict[str, float] = {}
         self.sent_at = 0.0
@@ -386,8 +381,7 @@ class Attempt:
         self.limit._outcomes.append(True)
         announced = self._announced(headers)
         if not self.limit.limit_reached(announced):
-            # an overloaded server's sporadic 429: the request waits its Retry-After, the others go on (it is
-            # still not among what the server admitted, for when a rate is measured between 429s)
+            # an overloaded server's sporadic 429: only this request waits (and it counts as not admitted)
             self.limit._rejected.append(self.sent_at)
             return
         if not announced and "learned" in self.marks:

@@ -1,6 +1,5 @@
-"""The bounded-concurrency loop every API-calling stage runs on its pending tasks: at most `workers` calls in
-flight, each finished row appended at once (one writer: the event loop), failures in a side file, progress shown,
-and a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
+"""The bounded-concurrency loop every API-calling stage runs on its pending tasks, the event loop the one writer,
+with a clean stop on SIGINT/SIGTERM, a refusing endpoint or an unwritable output (docs/operations.md)."""
 
 import asyncio
 import contextlib
@@ -10,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tqdm import tqdm
 
@@ -24,23 +23,30 @@ from .spending import SpendingCap, SpendingCapReached
 
 @dataclass(frozen=True)
 class Settings:
-    """How a stage's calls go: its flags, read once by the stage (engine.py) and handed down as values."""
+    """How a stage's calls go: its flags, each field named as its flag, read once by engine.py and handed down."""
 
     workers: int = 8  # calls in flight at most
-    grace_s: float = 10.0  # after a stop, how long the calls in flight may take
-    log_every_s: float = 30.0
+    grace: float = 10.0  # seconds the calls in flight may take after a stop
+    log_every: float = 30.0  # seconds between progress lines
     progress: str = "auto"
     batch_max_requests: int = 50_000  # OpenAI Batch API limits per input file
     batch_max_bytes: int = 200 * 1024 * 1024
-    batch_wait_s: float = 0.0  # --backend batch: keep polling this long
-    batch_poll_s: float = 30.0
+    batch_wait: float = 0.0  # seconds --backend batch keeps polling
+    batch_poll: float = 30.0
 
 
-class Tasks(Protocol):
-    """The pending tasks: counted, and read (again) from the start each time they are iterated."""
+@dataclass
+class Tasks:
+    """The pending tasks, counted when made and read again lazily each time: a stage holds ids, never the tasks."""
 
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator: ...
+    count: int
+    read: Callable[[], Iterator]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator:
+        return self.read()
 
 
 @dataclass
@@ -58,15 +64,18 @@ class RunSummary:
     first_errors: list[str] = field(default_factory=list)
 
 
+def say(text: str) -> None:
+    """A line for the user on stderr, flushed at once (cron logs)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def failures_path(output: Path) -> Path:
     return output.with_name(output.name + ".failed.jsonl")
 
 
 class _Sink:
-    """Where a run's results go: each finished row to the output (or, when the output cannot take it, to the
-    rescue file for the next run), each failure to the side file, and their count to the progress display: a tqdm
-    bar on a terminal, a plain line every `log_every_s` otherwise (cron logs). The first write that fails for want
-    of space or permission stops new calls."""
+    """Where a run's results go: rows to the output (else to the rescue file, for the next run), failures to the
+    side file, counts to a tqdm bar on a terminal or a line every `log_every` (cron logs)."""
 
     def __init__(self, output: Path, summary: RunSummary, stop: asyncio.Event, label: str, settings: Settings):
         self.output, self.summary, self.stop, self.label, self.settings = output, summary, stop, label, settings
@@ -96,14 +105,6 @@ class _Sink:
                     self.summary.lost += 1
         self._progress()
 
-    def rescue_note(self) -> str:
-        path, parts = jsonl.rescue_path(self.output), []
-        if self.summary.rescued:
-            parts.append(f"{self.summary.rescued} finished answers were kept in {path}; the next run adds them first")
-        if self.summary.lost:
-            parts.append(f"{self.summary.lost} finished answers were lost ({path} could not be written either)")
-        return "; ".join(parts)
-
     def failed(self, task, error: str) -> None:
         self.summary.failed += 1
         if len(self.summary.first_errors) < 3:
@@ -126,26 +127,20 @@ class _Sink:
                 self.bar.set_postfix(failed=summary.failed)
             return
         now = time.monotonic()
-        if now - self.shown < self.settings.log_every_s:
+        if now - self.shown < self.settings.log_every:
             return
         self.shown = now
         done = summary.written + summary.rescued + summary.lost + summary.failed + summary.skipped
         rate = done / (now - self.started) if now > self.started else 0.0
-        print(
-            f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{self.label}: {done}/{summary.pending} finished, {summary.failed} failed, {rate:.2f} tasks/s")
 
     def stop_writing(self, exc: OutputUnwritable) -> None:
         """As on SIGINT: no new calls; the calls in flight get the grace period."""
         if self.summary.unwritable is None:
             self.summary.unwritable = exc
-            print(
+            say(
                 f"{self.label}: cannot write {exc.path} ({exc.error.strerror}): no new calls; "
-                f"waiting up to {self.settings.grace_s:g}s for calls in flight",
-                file=sys.stderr,
-                flush=True,
+                f"waiting up to {self.settings.grace:g}s for calls in flight"
             )
         self.stop.set()
 
@@ -160,41 +155,35 @@ class _Sink:
         self._out.close()
 
 
-async def _worker(next_task, work, sink: _Sink) -> None:
-    summary, stop = sink.summary, sink.stop
+async def _worker(next_task, work, client: ChatClient | None, sink: _Sink) -> None:
     while (task := await next_task()) is not None:
         try:
-            row = await work(task)
+            row = await work(task, client)
         except CallFailed as exc:
             sink.failed(task, str(exc))
         except (EndpointRefused, SpendingCapReached) as exc:
-            summary.refused = summary.refused or exc
-            stop.set()
+            sink.summary.refused = sink.summary.refused or exc
+            sink.stop.set()
             return
         except OutputUnwritable as exc:  # a side file of the work, such as the step cache
             sink.stop_writing(exc)
             return
         else:
             sink.write(row)
-        if stop.is_set():
+        if sink.stop.is_set():
             return
 
 
 async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
-    """Wait for the workers; on a stop (a signal, a refusal, a full disk) give the calls in flight the grace
-    period, then abandon them. A second SIGINT/SIGTERM abandons them at once."""
-    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace_s
+    """Wait for the workers; on a stop, the calls in flight get the grace period (none after a second signal)."""
+    stop, label, grace_s = sink.stop, sink.label, sink.settings.grace
 
     def on_signal(signame: str) -> None:
         if stop.is_set():
             all_done.cancel()
             return
         sink.summary.interrupted = True
-        print(
-            f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{label}: {signame} received: no new calls; waiting up to {grace_s:g}s for calls in flight")
         stop.set()
 
     loop = asyncio.get_running_loop()
@@ -215,15 +204,16 @@ async def _until_done_or_stopped(all_done: asyncio.Future, sink: _Sink) -> None:
 
 async def run(
     tasks: Tasks,
-    work: Callable[[Any], Awaitable[dict | None]],
+    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
     output: Path,
     settings: Settings,
-    *,
     label: str,
+    endpoint: Endpoint | None = None,
     group_of: GroupOf | None = None,
+    cap: SpendingCap | None = None,
 ) -> RunSummary:
-    """Run `work(task)` for every task (each has `.id`), in order or, with `group_of`, by a PrefixSchedule.
-    Raises OutputUnwritable, after the calls in flight finished, if the output or a side file was unwritable."""
+    """`work(task, client)` for every task (by `group_of`'s PrefixSchedule, else in order), the client calling
+    `endpoint` if any; OutputUnwritable, once the calls in flight finished, if a file could not be written."""
     total, workers = len(tasks), settings.workers
     summary = RunSummary(pending=total)
     jsonl.repair_tail(failures_path(output))  # a side file torn by a kill, even if nothing fails now
@@ -236,52 +226,41 @@ async def run(
     async def next_task():
         return next(queue, None) if schedule is None else await schedule.next()
 
-    if schedule is not None:
-        work = schedule.watching(work)
+    client = ChatClient(endpoint, AdaptiveLimit(workers), cap) if endpoint is not None else None
+    watched = schedule.watching(work) if schedule is not None else work
     sink = _Sink(output, summary, stop, label, settings)
     try:
-        running = [asyncio.create_task(_worker(next_task, work, sink)) for _ in range(max(1, min(workers, total)))]
+        running = [
+            asyncio.create_task(_worker(next_task, watched, client, sink)) for _ in range(max(1, min(workers, total)))
+        ]
         await _until_done_or_stopped(asyncio.gather(*running), sink)
     finally:
         sink.close()
+        if client is not None:
+            await client.aclose()
     summary.elapsed_s = time.monotonic() - sink.started
     if summary.unwritable is not None:
         _print_counts(label, summary)
-        summary.unwritable.note = sink.rescue_note()
+        path, notes = jsonl.rescue_path(output), []
+        if summary.rescued:
+            notes.append(f"{summary.rescued} finished answers were kept in {path}; the next run adds them first")
+        if summary.lost:
+            notes.append(f"{summary.lost} finished answers were lost ({path} could not be written either)")
+        summary.unwritable.note = "; ".join(notes)
         raise summary.unwritable
     return summary
-
-
-async def run_with_client(
-    label: str,
-    endpoint: Endpoint | None,
-    pending: Tasks,
-    output: Path,
-    settings: Settings,
-    work: Callable[[Any, ChatClient | None], Awaitable[dict | None]],
-    group_of: GroupOf | None = None,
-    cap: SpendingCap | None = None,
-) -> RunSummary:
-    """`run` with a client for `endpoint` (None: no API calls), its calls in flight adapting below `workers`."""
-    client = ChatClient(endpoint, AdaptiveLimit(settings.workers), cap) if endpoint is not None else None
-    try:
-        return await run(pending, lambda task: work(task, client), output, settings, label=label, group_of=group_of)
-    finally:
-        if client is not None:
-            await client.aclose()
 
 
 def _print_counts(stage: str, summary: RunSummary) -> None:
     rate = summary.written / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
     unwritten = summary.rescued + summary.lost
-    print(
+    say(
         f"{stage}: wrote {summary.written} rows, "
         + (f"{unwritten} finished but not written, " if unwritten else "")
         + f"{summary.failed} failed, "
         + (f"{summary.skipped} not in the batch files, " if summary.skipped else "")
         + f"{summary.pending - summary.written - unwritten - summary.failed - summary.skipped} not attempted, "
-        f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)",
-        file=sys.stderr,
+        f"{summary.elapsed_s:.1f}s ({rate:.2f} tasks/s)"
     )
 
 
@@ -289,15 +268,15 @@ def finish(stage: str, summary: RunSummary, output: Path) -> int:
     """Print what a run did and return its exit code (raise EndpointRefused if refused)."""
     _print_counts(stage, summary)
     for line in summary.first_errors:
-        print(f"{stage}: failed: {line}", file=sys.stderr)
+        say(f"{stage}: failed: {line}")
     if summary.failed:
-        print(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them", file=sys.stderr)
+        say(f"{stage}: failures are listed in {failures_path(output)}; rerun to retry them")
     if summary.refused is not None:
         if isinstance(summary.refused, SpendingCapReached):
-            print(f"{stage}: {summary.refused}", file=sys.stderr)
+            say(f"{stage}: {summary.refused}")
             return summary.refused.exit_code
         raise summary.refused
     if summary.interrupted:
-        print(f"{stage}: interrupted; rerun the same command to continue", file=sys.stderr)
+        say(f"{stage}: interrupted; rerun the same command to continue")
         return EXIT_INTERRUPTED
     return EXIT_INCOMPLETE if summary.written < summary.pending else EXIT_OK

@@ -1,7 +1,5 @@
-"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered, so
-that a prefix-caching server computes their shared prefix once. docs/design.md (Shared-prefix scheduling) gives
-the rules and the measurements.
-"""
+"""Shared-prefix scheduling: a group's first task (its leader) goes alone, its siblings once it is answered, so that
+a prefix-caching server computes their prefix once (docs/design.md#shared-prefix-scheduling)."""
 
 import asyncio
 import time
@@ -25,15 +23,7 @@ class _Group:
 class PrefixSchedule:
     """Hands out `tasks` to concurrent workers, each group's leader first and alone."""
 
-    def __init__(
-        self,
-        tasks: Iterable,
-        group_of: GroupOf,
-        stop: asyncio.Event,
-        *,
-        patience_s: float = 60.0,
-        lookahead: int = 4096,
-    ):
+    def __init__(self, tasks: Iterable, group_of: GroupOf, stop: asyncio.Event, *, patience_s=60.0, lookahead=4096):
         self._source, self._group_of, self._stop = iter(tasks), group_of, stop
         self.patience_s, self.lookahead = patience_s, max(1, lookahead)
         self._exhausted = False
@@ -46,20 +36,19 @@ class PrefixSchedule:
     async def next(self) -> Any | None:
         """The next task to work on, waiting for a leader when only its siblings remain; None: no more (or stop)."""
         while not self._stop.is_set():
-            task = self._take()
-            if task is not None:
+            if (task := self._take()) is not None:
                 return task
             if self._exhausted and not self._waiting:  # nothing is left that a leader could release
                 return None
             await self._wait_for_change()
         return None
 
-    def watching(self, work: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    def watching(self, work: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
         """`work` that tells the schedule how each task ended: answered (it returned) or failed (it raised)."""
 
-        async def watched(task: Any) -> Any:
+        async def watched(task: Any, client: Any) -> Any:
             try:
-                result = await work(task)
+                result = await work(task, client)
             except BaseException:
                 self.ended(task, answered=False)
                 raise
@@ -70,8 +59,9 @@ class PrefixSchedule:
 
     def ended(self, task: Any, answered: bool) -> None:
         """If the task led a group: answered, its siblings go; failed (it stays pending), its next sibling leads."""
-        group = self._led_group(task)
-        if group is None:
+        key = self._group_of(task)
+        group = None if key is None else self._groups.get(key)
+        if group is None or group.leader is not task:
             return
         if not answered and group.waiting and not group.released:
             group.leader = group.waiting.popleft()
@@ -81,7 +71,8 @@ class PrefixSchedule:
         else:
             del self._groups[group.key]
             self._release(group)
-        self._notify()
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _take(self) -> Any | None:
         """A task that may go now, reading ahead in the source as far as `lookahead` allows; None: none."""
@@ -108,19 +99,10 @@ class PrefixSchedule:
             self._waiting += 1
         return None
 
-    def _led_group(self, task: Any) -> _Group | None:
-        key = self._group_of(task)
-        group = None if key is None else self._groups.get(key)
-        return group if group is not None and group.leader is task else None
-
     def _release(self, group: _Group) -> None:
         self._waiting -= len(group.waiting)
         self._released.extend(group.waiting)
         group.waiting.clear()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     async def _wait_for_change(self) -> None:
         """Until a leader ends, the run stops, or the oldest leader outlives its patience."""

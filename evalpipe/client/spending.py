@@ -1,6 +1,5 @@
-"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass. Each call's worst case
-(a prompt token per byte of its request, plus the completion tokens it may answer) is reserved before it goes
-and replaced by its reply's cost; docs/results.md (A spending cap) says how."""
+"""--max-cost USD: a cap on what one run of a stage spends, that a cron job cannot pass. Each call's worst case is
+reserved before it goes and replaced by its reply's cost (docs/results.md#a-spending-cap)."""
 
 import asyncio
 import json
@@ -53,10 +52,9 @@ class SpendingCap:
 
     async def reserve(self, request_size: int, max_tokens: int) -> Reservation:
         """Reserve a call's worst case, waiting while calls in flight may leave room; SpendingCapReached if none is."""
-        usage = {
-            "prompt_tokens": request_size + PROMPT_OVERHEAD,
-            "completion_tokens": max_tokens or DEFAULT_WORST_COMPLETION,
-        }
+        usage = dict(
+            prompt_tokens=request_size + PROMPT_OVERHEAD, completion_tokens=max_tokens or DEFAULT_WORST_COMPLETION
+        )
         bound = self.prices.cost(self.model, usage) or 0.0
         while True:
             worst = bound * self.factor
@@ -75,13 +73,15 @@ class SpendingCap:
         return Reservation(worst, bound)
 
     def release(self, reservation: Reservation) -> None:
-        """A call that got no reply: it cost nothing."""
+        """A call done: its reservation gives way (a call that got no reply cost nothing)."""
         self.reserved_usd -= reservation.usd
-        self._done()
+        self.in_flight -= 1
+        self._changed.set()  # wake the calls waiting for room; they check again
+        self._changed = asyncio.Event()
 
     def settle(self, reservation: Reservation, usage: dict) -> None:
         """A reply: its cost replaces its reservation; without usage (or invalid usage) the reservation counts."""
-        self.reserved_usd -= reservation.usd
+        self.release(reservation)
         priced = self.prices.cost(self.model, usage) if usage and "invalid" not in usage else None
         spent = reservation.usd if priced is None else priced
         self.spent_usd += spent
@@ -91,21 +91,15 @@ class SpendingCap:
         if self.ledger is not None and spent:
             with open(self.ledger, "a") as f:
                 f.write(f"{spent!r}\n")
-        self._done()
-
-    def _done(self) -> None:
-        self.in_flight -= 1
-        self._changed.set()  # wake the calls waiting for room; they check again
-        self._changed = asyncio.Event()
 
 
-def amount(text: str) -> float:
-    """A cap in USD as given (--max-cost, MAX_COST): a finite amount above 0, else ValueError saying so."""
+def amount(text: str, zero_ok: bool = False) -> float:
+    """An amount in USD as given (--max-cost, MAX_COST: above 0; a ledger line: 0 or more), else ValueError."""
     try:
         usd = float(text)
     except ValueError:
         usd = math.nan
-    if not (math.isfinite(usd) and usd > 0):
+    if not (math.isfinite(usd) and (usd > 0 or zero_ok and usd == 0)):
         raise ValueError(f"{text}: give a positive amount in USD")
     return usd
 
@@ -122,18 +116,13 @@ def prices_for(prices_path: Path | None, model: str | None) -> cost.Prices:
 
 
 def cap_for(max_cost: float, prices_path: Path | None, model: str, ledger: Path | None) -> SpendingCap:
-    """The stage's cap, counting from what `ledger` (the runner's, over an invocation's stages) says was spent;
-    a ledger line that is not an amount (nan, inf, a negative, text) is refused: it would cap nothing."""
+    """The stage's cap, counting from what the runner's `ledger` says was spent (a line not an amount is refused)."""
     prices = prices_for(prices_path, model)
     spent = 0.0
     for number, line in enumerate(ledger.read_text().split("\n") if ledger and ledger.exists() else [], 1):
-        if not line.strip():
-            continue
         try:
-            amount = float(line)
+            spent += amount(line, zero_ok=True) if line.strip() else 0
         except ValueError:
-            amount = math.nan
-        if not (math.isfinite(amount) and amount >= 0):
-            raise BadInput(f"the spending ledger holds {line.strip()[:40]!r}, not an amount spent", ledger, number)
-        spent += amount
+            said = line.strip()[:40]
+            raise BadInput(f"the spending ledger holds {said!r}, not an amount spent", ledger, number) from None
     return SpendingCap(max_cost, prices, model, ledger, spent_usd=spent)

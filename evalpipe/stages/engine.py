@@ -2,7 +2,7 @@
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,23 +15,11 @@ from ..errors import EXIT_OK, BadInput
 from ..store import jsonl, lock, manifest
 from ..store.checkpoint import StepCache
 
-# The work on one task: work(task, client) -> its row (None: nothing to write now). The client is an
-# llm.ChatClient, or a stand-in that answers as one does (batch.py's, dryrun.py's), or None without an endpoint.
+# work(task, client) -> its row (None: nothing to write now); the client: an llm.ChatClient, a stand-in, or None
 Work = Callable[[Task, Any], Awaitable[dict | None]]
 
 
-class Pending:
-    """The tasks still to do, counted when made and read lazily each time they are iterated: a stage over a
-    million tasks holds their ids, never the tasks. The online engine pulls them one at a time."""
-
-    def __init__(self, count: int, tasks: Callable[[], Iterator[Task]]):
-        self.count, self._tasks = count, tasks
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[Task]:
-        return self._tasks()
+Pending = runner.Tasks
 
 
 class Rows(Protocol):
@@ -39,9 +27,7 @@ class Rows(Protocol):
 
     # the work on one task; `paying`: a paid run's (it records what must be kept), else --dry-run's or export's
     def session(self, paying: bool) -> AbstractContextManager[Work]: ...
-
     def counts(self, summary: runner.RunSummary) -> dict: ...  # what the manifest adds of a run
-
     def settle(self, code: int) -> int: ...  # the last word on an online or import run's exit code
 
 
@@ -55,22 +41,22 @@ class Job:
     fingerprint: dict | None  # what makes the rows what they are; None: nothing to keep apart
     manifest: dict  # what the manifest records of this invocation
     total: tuple[str, int]  # what the pending tasks are counted out of, e.g. ("selected", 100)
-    # the ids the output holds that are done; true when it holds any row (all paid for, done or not)
-    written: Callable[[], set]
+    written: Callable[[], set]  # the done ids in the output; true when it holds any row (all paid for)
     pending_given: Callable[[set], Pending]  # the tasks still to do, given `written()`
     announce: Callable[[Pending], None]  # print what this invocation will do, given the pending tasks
     rows: Rows
     first_call_only: bool = False  # --dry-run counts one call per task (a judge asks again only to parse)
-    # a pending task can have a row already (a judge's stand-in): the batch engines compare with the output's latest
-    rows_pending: bool = False
-    # online calls: a task's prefix group (scheduler.py: a group's first task alone, then the rest); None: in order
-    prefix_group: Callable[[Task], str | None] | None = None
+    rows_pending: bool = False  # a pending task can have a row (a judge's stand-in): batch import compares
+    prefix_group: Callable[[Task], str | None] | None = None  # online: a task's group (scheduler.py); None: in order
+
+    def pending(self) -> Pending:
+        return self.pending_given(self.written())
 
 
 def run(job: Job, args) -> int:
     """Run the job's pending tasks through the engine the flags choose; return the exit code."""
     if args.dry_run:  # reads only: no folder, lock file or manifest
-        pending = job.pending_given(job.written())
+        pending = job.pending()
         job.announce(pending)
         prices = cost.load_prices(args.prices)
         with job.rows.session(False) as work:
@@ -78,34 +64,37 @@ def run(job: Job, args) -> int:
                 job.label, pending, work, job.endpoint, args.max_tokens, prices, job.first_call_only, args.max_cost
             )
         return EXIT_OK
-    settings = runner.Settings(
-        workers=args.workers,
-        grace_s=args.grace,
-        log_every_s=args.log_every,
-        progress=args.progress,
-        batch_max_requests=args.batch_max_requests,
-        batch_max_bytes=args.batch_max_bytes,
-        batch_wait_s=args.batch_wait,
-        batch_poll_s=args.batch_poll,
-    )
+    settings = runner.Settings(**{name: getattr(args, name) for name in runner.Settings.__dataclass_fields__})
+    given = {"--export-batch": args.export_batch, "--backend batch": args.backend == "batch"}
+    batch_flag = next((flag for flag, on in {**given, "--import-batch": args.import_batch}.items() if on), None)
+    if batch_flag and job.endpoint is None:
+        raise BadInput(f"{job.label} makes no API calls for this benchmark: run it without {batch_flag}")
     cap = None
     if job.endpoint is not None and args.max_cost is not None:  # a rule judge spends nothing
-        if args.backend == "batch" or args.export_batch or args.import_batch:
+        if batch_flag:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
-        if job.endpoint is not None:  # send --max-tokens in the field an earlier run learned this endpoint takes
-            field = manifest.learned(job.output, "token_field").get(job.endpoint.learned_key)
-            if field in TOKEN_FIELDS:
-                job.endpoint.use_token_field(field)
+        token_fields = manifest.learned(job.output, "token_field")  # the field each endpoint took --max-tokens in
+        if job.endpoint is not None and token_fields.get(job.endpoint.learned_key) in TOKEN_FIELDS:
+            job.endpoint.use_token_field(token_fields[job.endpoint.learned_key])
         written = job.written()
         in_batches = batch_backend.State(job.output).open_batches()
-        _refuse(job, args, written, in_batches)
+        # paid-for work made under another configuration is not added to, open Batch API batches not bypassed: a
+        # rule's rows cost nothing (`is_judged` decides); a step cache with steps in it (infer's chains) is paid for
+        steps = StepCache.path_for(job.output)
+        paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
+        if job.fingerprint is not None and paid_for and not args.allow_config_change:
+            manifest.refuse_if_changed(job.output, job.fingerprint)
+        if args.backend != "batch":
+            batch_backend.refuse_other_engines(job.output, in_batches)
         pending = job.pending_given(written)
         job.announce(pending)
         if args.export_batch:
+            assert job.endpoint is not None  # refused above
             with job.rows.session(False) as work:
-                return batch.export(job.label, pending, work, job.endpoint, args.export_batch, settings)
+                calls = batch.Job(job.label, work, job.endpoint, job.output, settings)
+                return batch.export(calls, pending, args.export_batch)
         record = manifest.Record(job.output, job.manifest)
         name, total = job.total  # the manifest's counts before the run
         counts = {name: total, "done_before": total - len(pending), "pending": len(pending)}
@@ -114,48 +103,24 @@ def run(job: Job, args) -> int:
             return job.rows.settle(EXIT_OK)
         current = functools.partial(jsonl.latest_rows, job.output, row_id) if job.rows_pending else None
         with job.rows.session(True) as work:
+            if batch_flag:
+                assert job.endpoint is not None  # refused above
+                calls = batch.Job(job.label, work, job.endpoint, job.output, settings, current)
             if args.backend == "batch":  # a step of the Batch API state file (or more, with --batch-wait)
-
-                def still_pending() -> Pending:
-                    return job.pending_given(job.written())
-
-                code = batch_backend.advance(
-                    job.label, still_pending, work, job.endpoint, job.output, settings, current
-                )
-                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(still_pending()))
+                code = batch_backend.advance(calls, job.pending)
+                record.finish(**counts, backend="batch", exit_code=code, still_pending=len(job.pending()))
                 return code
             if args.import_batch:  # the rows the batch files complete
-                summary = batch.import_files(
-                    job.label, pending, work, job.endpoint, args.import_batch, job.output, settings, current
-                )
+                summary = batch.import_files(calls, pending, args.import_batch)
             else:
-                online = runner.run_with_client(
-                    job.label, job.endpoint, pending, job.output, settings, work, group_of=job.prefix_group, cap=cap
-                )
+                online = runner.run(pending, work, job.output, settings, job.label, job.endpoint, job.prefix_group, cap)
                 summary = asyncio.run(online)
         extra = job.rows.counts(summary)
-        learned = {**extra.pop("learned", {}), **_learned_token_field(job, args)}
+        learned = extra.pop("learned", {})
+        if job.endpoint is not None and job.endpoint.token_field is not None:  # not the flag's, or learned before
+            field, key = job.endpoint.token_field, job.endpoint.learned_key
+            if field != args.max_tokens_param or key in token_fields:
+                learned["token_field"] = {**token_fields, key: field}
         extra |= {"learned": learned} if learned else {}
         record.finish(**counts, written=summary.written, failed=summary.failed, **extra)
     return job.rows.settle(runner.finish(job.label, summary, job.output))
-
-
-def _learned_token_field(job: Job, args) -> dict:
-    """The field the endpoint took --max-tokens in, when not --max-tokens-param's or an earlier run learned another."""
-    if job.endpoint is None or job.endpoint.token_field is None:
-        return {}
-    learned, key = manifest.learned(job.output, "token_field"), job.endpoint.learned_key
-    if job.endpoint.token_field == args.max_tokens_param and key not in learned:
-        return {}
-    return {"token_field": {**learned, key: job.endpoint.token_field}}
-
-
-def _refuse(job: Job, args, written: set, in_batches: list[dict]) -> None:
-    """Refuse to add to paid-for work made under another configuration, or to bypass open Batch API batches. A
-    rule's rows cost nothing (`is_judged` decides); a step cache with steps in it (infer's chains) is paid for."""
-    steps = StepCache.path_for(job.output)
-    paid_for = job.endpoint is not None and (written or in_batches or (steps.exists() and steps.stat().st_size > 0))
-    if job.fingerprint is not None and paid_for and not args.allow_config_change:
-        manifest.refuse_if_changed(job.output, job.fingerprint)
-    if args.backend != "batch":
-        batch_backend.refuse_other_engines(job.output, in_batches)
