@@ -148,6 +148,18 @@ def test_each_variation_byte_for_byte(server, stage):
 
 
 @pytest.mark.e2e
+def test_a_mistake_in_the_first_step_is_given_after_a_newline_as_the_reference(server, stage, tmp_path):
+    # the reference joins the correct steps, then adds "\n" + the mistake: with no correct step, "\n" comes first
+    problem = {**PROBLEMS[0], "correct_steps": [], "incorrect_step": "Step one, wrong.", "mistake_index": 0.0}
+    data = tmp_path / "first-step.jsonl"
+    data.write_text(json.dumps(problem) + "\n")
+    server.handler = lambda request: Reply(content=str(problem["target"]))
+    run_infer(stage, "--input", str(data))
+    given = [r.messages[2]["content"] for r in server.chat_requests() if len(r.messages) == 3]
+    assert sorted(given) == ["", "\nStep one, wrong."]  # CR, IR (NR gives no reasoning)
+
+
+@pytest.mark.e2e
 def test_reference_options_change_roles_and_notices(server, stage):
     server.handler = er_handler()
     p = PROBLEMS[0]

@@ -163,8 +163,10 @@ class ErrorRecovery(Benchmark):
         # the messages a variation starts from, as the reference builds them
         messages = [{"role": "system", "content": TASK_DESCRIPTION}, {"role": "user", "content": p["question"]}]
         if variation != "NR":
-            given = p["correct_steps"] + ([p["incorrect_step"]] if variation == "IR" else [])
-            messages.append({"role": a.reasoning_role, "content": "\n".join(given)})
+            given = "\n".join(p["correct_steps"])
+            if variation == "IR":  # after a newline even when the mistake is the first step, as the reference
+                given += f"\n{p['incorrect_step']}"
+            messages.append({"role": a.reasoning_role, "content": given})
         calls: dict[str, dict] = {}
         mistake, total = int(p["mistake_index"]), p["num_ground_truth_steps"]
         metadata = {"task": p["task"], "variation": variation, "problem": p["problem"], "mistake_index": mistake}
