@@ -112,7 +112,9 @@ def load_rows(path: Path) -> list:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise BadInput("reading Parquet needs pyarrow (pip install pyarrow), or export it to JSONL", path) from None
+            raise BadInput(
+                "reading Parquet needs pyarrow (pip install pyarrow), or export the split to JSONL", path
+            ) from None
         return pq.read_table(path).to_pylist()
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))

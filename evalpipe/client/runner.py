@@ -226,10 +226,11 @@ async def run(
     async def next_task():
         return next(queue, None) if schedule is None else await schedule.next()
 
-    client = ChatClient(endpoint, AdaptiveLimit(workers), cap) if endpoint is not None else None
     watched = schedule.watching(work) if schedule is not None else work
     sink = _Sink(output, summary, stop, label, settings)
+    client = None
     try:
+        client = ChatClient(endpoint, AdaptiveLimit(workers), cap) if endpoint is not None else None
         running = [
             asyncio.create_task(_worker(next_task, watched, client, sink)) for _ in range(max(1, min(workers, total)))
         ]

@@ -75,7 +75,8 @@ def run(job: Job, args) -> int:
             raise BadInput("--max-cost caps online calls; for a batch, --dry-run shows its estimate first")
         cap = spending.cap_for(args.max_cost, args.prices, job.endpoint.model, args.spending_ledger)
     with lock.exclusive(job.output):
-        token_fields = manifest.learned(job.output, "token_field")  # the field each endpoint took --max-tokens in
+        # the field each endpoint took --max-tokens in (a rule judge reads no manifest before its announce line)
+        token_fields = manifest.learned(job.output, "token_field") if job.endpoint is not None else {}
         if job.endpoint is not None and token_fields.get(job.endpoint.learned_key) in TOKEN_FIELDS:
             job.endpoint.use_token_field(token_fields[job.endpoint.learned_key])
         written = job.written()

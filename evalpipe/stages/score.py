@@ -242,9 +242,11 @@ def read_judged(parts: list[Path], fields: tuple[str, ...]) -> tuple[dict, cost.
 
 def _add_calls(ledger: cost.Ledger, calls: Mapping, tasks: Iterable[Task]) -> cost.Ledger:
     """`ledger` with the selected tasks' API calls of `calls` (`cost.api_calls` by id)."""
-    for key in calls.keys() & {task.id for task in tasks}:
-        for call in calls[key]:
-            ledger.add(*call)
+    selected = {task.id for task in tasks}
+    for key, found in calls.items():  # in file order, as the summary lists stages in the order first met
+        if key in selected:
+            for call in found:
+                ledger.add(*call)
     return ledger
 
 
