@@ -67,3 +67,13 @@ def test_bad_flags_exit_2(server, stage):
     assert stage("infer", "--model", "m", "--extra-body", "{not json").returncode == 2
     assert stage("infer", "--model", "m", "--bench", "nope").returncode == 2
     assert stage("infer").returncode == 2  # --model is required
+
+
+def test_a_bedrock_judge_model_is_refused(server, stage):
+    # upstream routes these names to AWS Bedrock; we speak only the OpenAI-compatible protocol
+    stage.infer("--bench", "clbench", "--max-samples", "1", check=0)
+    judge = ("judge", "--bench", "clbench", "--model", "m", "--input", "infer.jsonl", "--output", "judge.jsonl")
+    out = stage(*judge, "--judge-model", "anthropic.claude-3-5-sonnet-20240620-v1:0", check=2)
+    assert "looks like an AWS Bedrock model" in out.stderr and "--base-url" in out.stderr
+    assert not (stage.cwd / "judge.jsonl").exists()
+    stage(*judge, "--judge-model", "gpt-4.1", check=0)  # a dotted OpenAI name is not taken for one
