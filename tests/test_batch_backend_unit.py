@@ -268,6 +268,7 @@ def test_nothing_listening_is_unreachable_and_says_where(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
     out = tmp_path / "infer.jsonl"
-    endpoint = Endpoint("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY)
+    # max_retries 0: the batch client still retries twice (its floor), not the default six times with backoff
+    endpoint = Endpoint("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(EndpointUnreachable, match=f"cannot reach the Batch API at http://127.0.0.1:{port}/v1"):
         advance(job_for(endpoint, out), pending_for(out))
