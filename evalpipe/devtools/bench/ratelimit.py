@@ -48,15 +48,15 @@ class Case:
 
 CASES = (
     # OpenAI's shape: a minute's allowance up front, then 50/s
-    Case("headers, requests-limited", 3000, None, 60.0, True, True, tasks=4500, tiny_tasks=100),
+    Case("headers, requests-limited", 3000, None, 60.0, True, True, tasks=4500, tiny_tasks=50),
     # about 40 requests/s of CL-bench prompts plus max_tokens; requests to spare
-    Case("headers, tokens-limited", 6000, 540_000, 1.0, True, True, tasks=1600, tiny_tasks=60),
-    Case("Retry-After only", 3000, None, 1.0, False, True, tasks=2000, tiny_tasks=60),
-    Case("429 with nothing", 3000, None, 1.0, False, False, tasks=2000, tiny_tasks=60),
+    Case("headers, tokens-limited", 6000, 540_000, 1.0, True, True, tasks=1600, tiny_tasks=30),
+    Case("Retry-After only", 3000, None, 1.0, False, True, tasks=2000, tiny_tasks=30),
+    Case("429 with nothing", 3000, None, 1.0, False, False, tasks=2000, tiny_tasks=30),
     # a token bucket of 50 refilling at 50/s whose limit-requests says the per-minute limit (3000)
-    Case("headers, bucket of 50 announced per minute", 3000, None, 1.0, True, True, 2000, 60, per_minute_limit=True),
-    Case("headers, fixed windows of 50 a second", 3000, None, 1.0, True, True, 2000, 60, shape="window"),
-    Case("headers, bucket of 50 per minute, second server", 3000, None, 1.0, True, True, 2000, 60, shape="plain"),
+    Case("headers, bucket of 50 announced per minute", 3000, None, 1.0, True, True, 2000, 30, per_minute_limit=True),
+    Case("headers, fixed windows of 50 a second", 3000, None, 1.0, True, True, 2000, 30, shape="window"),
+    Case("headers, bucket of 50 per minute, second server", 3000, None, 1.0, True, True, 2000, 30, shape="plain"),
 )
 
 
