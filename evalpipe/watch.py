@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import orjson
-
 from . import benchmarks, pipeline
 from .datasets import hub, subset
 from .errors import EXIT_OK, BadInput, run_stage, writing
@@ -122,7 +120,7 @@ def _subset(watch: Watch, n: int, source: Path, sha: str) -> Path:
     else:
         return rows
     subset.write(source, record["lines"], rows)
-    jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(record_path, record)
     return rows
 
 
@@ -141,7 +139,7 @@ def _night_data(watch: Watch, run_dir: Path) -> Path:
     record = {"file": str(data), "source": str(source), "source_sha256": sha, "revision": hub.source_of(source)}
     with writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-    jsonl.atomic_write(record_path, orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(record_path, record)
     return data
 
 
@@ -208,7 +206,7 @@ def night(watch: Watch) -> int:
             fragment = f"v=compare&cb={quote(watch.bench.name)}&am={model}&ar={before}&bm={model}&br={run}&cf=disagree"
             link = f"{page.resolve().as_uri()}#{fragment}"
         verdict["viewer"] = link
-        jsonl.atomic_write(done, orjson.dumps(verdict, option=orjson.OPT_INDENT_2) + b"\n")
+        jsonl.write_json(done, verdict)
         nights.write_history(folder, f"{watch.bench.name} / {folder.name}")
         print(nights.report(verdict, link) if code != EXIT_OK else nights.summary_line(verdict) + "\n", end="")
         return code

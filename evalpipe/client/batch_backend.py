@@ -52,7 +52,7 @@ class State:
 
     def save(self) -> None:
         body = {"batches": self.batches, "submissions": self.submissions}
-        jsonl.atomic_write(self.path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+        jsonl.write_json(self.path, body)
 
     def open_batches(self) -> list[dict]:
         """Batches submitted for this output and not yet imported (none without a state file)."""

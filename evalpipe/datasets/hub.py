@@ -327,7 +327,7 @@ def _read_lock(folder: Path) -> dict:
 
 def _write_lock(folder: Path, repo: str, lock: dict) -> None:
     body = {"repo": repo, "repo_type": "dataset", "files": dict(sorted(lock.get("files", {}).items()))}
-    jsonl.atomic_write(folder / LOCK_NAME, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(folder / LOCK_NAME, body)
 
 
 def main(argv: list[str]) -> int:

@@ -320,7 +320,7 @@ def write_history(model_dir: Path, title: str, plot: bool = False) -> list[Path]
     power = noise(found, alpha)
     json_file, csv_file, png, md = (model_dir / f"{HISTORY}.{ext}" for ext in ("json", "csv", "png", "md"))
     body = {"format": FORMAT, "title": title, "noise": power, "nights": rows}
-    jsonl.atomic_write(json_file, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(json_file, body)
     # each interval as two cells: ci95 as ci_low, ci_high
     headers = [h for k in rows[0] for h in ([f"{k[:-2]}_low", f"{k[:-2]}_high"] if k.endswith("ci95") else [k])]
     cells = [[c for k, v in r.items() for c in ((v or [None, None]) if k.endswith("ci95") else [v])] for r in rows]

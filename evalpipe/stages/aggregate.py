@@ -330,7 +330,7 @@ def main(argv: list[str]) -> int:
         "models": models,
         "comparisons": comparisons,
     }
-    jsonl.atomic_write(out_dir / "aggregate.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(out_dir / "aggregate.json", summary)
     for name, text in (("aggregate.md", out.markdown), ("aggregate.csv", out.csv), ("aggregate.tex", out.latex)):
         jsonl.atomic_write(out_dir / name, text.encode())
     jsonl.atomic_write(out_dir / "aggregate_comparisons.csv", out.comparisons_csv.encode())

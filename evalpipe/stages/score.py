@@ -198,7 +198,7 @@ def main(argv: list[str]) -> int:
     # items.json before score.json, so that a score.json is never older than its items
     jsonl.atomic_write(paths.items_path(output), items.encoded(bench.name, bench.prefix_group, columns))
     del columns
-    jsonl.atomic_write(output, orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
+    jsonl.write_json(output, metrics)
     print(bench.format_metrics(metrics))
     print("Calls, tokens, latency and cost:\n" + cost.format_summary(metrics["cost"]))
     if "agreement" in metrics:

@@ -251,6 +251,11 @@ def atomic_write(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> None
             raise
 
 
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """`value` as indented JSON with a final newline, written whole (`atomic_write`)."""
+    atomic_write(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+
+
 def rescue_path(output: str | os.PathLike) -> Path:
     """Where a run keeps the rows it could not append to `output`: outside its folder (often on the full disk)."""
     key = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]

@@ -128,7 +128,7 @@ class Record:
 
     def _write(self) -> None:
         body = {**self.info, "history": self.history}
-        jsonl.atomic_write(path_for(self.output), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+        jsonl.write_json(path_for(self.output), body)
 
 
 # Flags that change how a run goes, not what its rows are: left out of the fingerprint. extra_body is
