@@ -58,7 +58,7 @@ def _add_args(parser: argparse.ArgumentParser, bench: Benchmark) -> None:
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("judge", "Grade every inference row not yet judged (resumable).", _add_args, argv)
-    check_judge_label(args.judge_label)
+    paths.check_judge_label(args.judge_label)
     if args.judge_label is not None and args.output is not None:
         raise BadInput("give --judge-label or --output, not both")
     if getattr(args, "error_analysis", False):
@@ -91,12 +91,6 @@ def main(argv: list[str]) -> int:
         work=bench.grade,
         by_model=uses_judge_model(bench),
     )
-
-
-def check_judge_label(label: str | None) -> None:
-    """Refuse a --judge-label that would not be a plain file name part."""
-    if label is not None and not paths.JUDGE_LABEL.fullmatch(label):
-        raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
 
 
 def _error_analysis(bench: Benchmark, args) -> int:

@@ -24,7 +24,6 @@ from ..store import jsonl, manifest, paths, shards
 from ..store.rows import THINKING_TRUNCATED, Coverage
 from . import agreement
 from .graded import input_path
-from .judge import check_judge_label
 from .selected import SelectedTasks, shard_key
 
 
@@ -148,7 +147,7 @@ def _field_counts(counted: list[tuple[dict, int]], key: str, default: str | None
 
 def main(argv: list[str]) -> int:
     bench, args = cli.parser_for("score", "Compute one run's metrics.", _add_args, argv)
-    check_judge_label(args.judge_label)
+    paths.check_judge_label(args.judge_label)
     judge_path = input_path(bench, args, paths.judge_file_name(args.judge_label))
     parts = shards.parts(judge_path)  # the judge file as the files that hold it: its own, then its shards'
     infer_path = judge_path.with_name("infer.jsonl")

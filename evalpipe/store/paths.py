@@ -62,6 +62,12 @@ JUDGE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _LABELLED_JUDGE = re.compile(rf"judge-({JUDGE_LABEL.pattern})\.jsonl")
 
 
+def check_judge_label(label: str | None) -> None:
+    """Refuse a --judge-label that would not be a plain file name part."""
+    if label is not None and not JUDGE_LABEL.fullmatch(label):
+        raise BadInput(f"--judge-label {label!r}: use letters, digits, '.' and '-' (not starting with '.' or '-')")
+
+
 def judge_file_name(label: str | None = None) -> str:
     return f"judge-{label}.jsonl" if label else "judge.jsonl"
 
