@@ -77,3 +77,9 @@ def test_a_bedrock_judge_model_is_refused(server, stage):
     assert "looks like an AWS Bedrock model" in out.stderr and "--base-url" in out.stderr
     assert not (stage.cwd / "judge.jsonl").exists()
     stage(*judge, "--judge-model", "gpt-4.1", check=0)  # a dotted OpenAI name is not taken for one
+
+
+@pytest.mark.parametrize("script", ["judge", "score"])
+def test_a_judge_label_that_is_no_plain_file_name_part_is_refused(stage, script):
+    out = stage(script, "--bench", "coin_flip", "--model", "m", "--judge-label", "../x", check=2)
+    assert "--judge-label '../x': use letters, digits" in out.stderr
